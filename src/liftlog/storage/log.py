@@ -1,0 +1,615 @@
+"""The commit log of one partition replica: segments, offsets and checkpoints.
+
+Directory layout::
+
+    <dir>/00000000000000000000.log        record batches (see records.py)
+    <dir>/00000000000000000000.index      offset index   (see index.py)
+    <dir>/00000000000000000000.timeindex  time index
+    <dir>/high-watermark.checkpoint       last committed offset
+    <dir>/leader-epoch.checkpoint         epoch -> first offset
+    <dir>/log-start-offset.checkpoint     first offset still served
+
+Offsets: ``log_start_offset`` is the first offset that can be read,
+``log_end_offset`` (LEO) the offset the next record gets. The high
+watermark follows Liftbridge: the offset of the last committed record, -1
+when none is committed. The log stores it; replication decides it.
+
+Threads: a log belongs to one owner thread (the event loop), which calls
+every method except ``compact``. ``compact`` may run in a worker thread at
+the same time; it works on closed segments and swaps its results in under
+a lock, giving up if the owner truncated the log meanwhile. Segments that
+leave the log are closed later by the owner, never under a reader.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkpoint import CorruptCheckpoint, LeaderEpochCache, OffsetCheckpoint, fsync_dir
+from .compaction import build_key_map, clean_segment, discard_cleaning_dir, swap_in
+from .config import FsyncPolicy, LogConfig
+from .errors import InvalidBatch, LogClosed, NonMonotonicOffset, OffsetOutOfRange, StaleLeaderEpoch
+from .records import (
+    BatchHeader,
+    NewRecord,
+    Record,
+    batch_crc_ok,
+    decode_records,
+    encode_batch,
+    iter_batch_headers,
+    parse_batch_header,
+)
+from .segment import MAX_RELATIVE_OFFSET, Segment
+
+__all__ = ["CommitLog", "CompactionResult"]
+
+log = logging.getLogger(__name__)
+
+HW_FILE = "high-watermark.checkpoint"
+EPOCH_FILE = "leader-epoch.checkpoint"
+START_FILE = "log-start-offset.checkpoint"
+
+Clock = Callable[[], int]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    segments_rewritten: int
+    records_removed: int
+    bytes_before: int
+    bytes_after: int
+
+
+class CommitLog:
+    """A segmented, append-only log of record batches. Create with ``open``."""
+
+    def __init__(self, directory: Path, config: LogConfig, clock: Clock) -> None:
+        self.directory = directory
+        self.config = config
+        self._clock = clock
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._lock = threading.Lock()
+        self._retired: list[Segment] = []
+        self._compacting = False
+        self._generation = 0
+        self._start_ckpt = OffsetCheckpoint(directory / START_FILE, "log-start-offset")
+        self._hw_ckpt = OffsetCheckpoint(directory / HW_FILE, "high-watermark")
+        self.epoch_cache = LeaderEpochCache(directory / EPOCH_FILE)
+        self.log_start_offset = 0
+        self.high_watermark = -1
+        self._last_fsync_ns = clock()
+        self._closed = False
+
+    # -- opening and recovery -----------------------------------------
+
+    @classmethod
+    def open(cls, directory: str | Path, config: LogConfig | None = None, clock: Clock = time.time_ns) -> CommitLog:
+        """Open (or create) the log in ``directory``, recovering from a crash.
+
+        The newest segment is validated batch by batch and a torn or corrupt
+        tail is cut off with a warning; damaged indexes are rebuilt; a
+        damaged epoch cache is rebuilt from the batches' leader epochs.
+        """
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self = cls(path, config or LogConfig(), clock)
+        self._recover()
+        return self
+
+    def _recover(self) -> None:
+        for leftover in self.directory.glob("*.tmp"):
+            leftover.unlink()
+        discard_cleaning_dir(self.directory)
+        bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
+        interval = self.config.index_interval_bytes
+        for base in bases[:-1]:
+            self._segments.append(Segment.open_closed(self.directory, base, interval))
+        try:
+            start = self._start_ckpt.read()
+        except CorruptCheckpoint as exc:
+            log.warning("%s; using the first segment's base offset", exc)
+            start = None
+        if bases:
+            self._segments.append(Segment.open_active(self.directory, bases[-1], interval))
+        else:
+            self._segments.append(Segment.create(self.directory, start or 0, interval))
+        self._bases = [s.base_offset for s in self._segments]
+        first = self._segments[0].base_offset
+        self.log_start_offset = min(max(start if start is not None else first, first), self.log_end_offset)
+        self._start_ckpt.write(self.log_start_offset)
+
+        try:
+            self.epoch_cache = LeaderEpochCache.load(self.directory / EPOCH_FILE)
+        except CorruptCheckpoint as exc:
+            log.warning("%s; rebuilding it from the log", exc)
+            self._rebuild_epoch_cache()
+        self.epoch_cache.truncate_from_end(self.log_end_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+
+        try:
+            hw = self._hw_ckpt.read()
+        except CorruptCheckpoint as exc:
+            log.warning("%s; the high watermark restarts at the log start", exc)
+            hw = None
+        self.high_watermark = self.log_start_offset - 1 if hw is None else hw
+        self._clamp_high_watermark()
+
+    def _rebuild_epoch_cache(self) -> None:
+        self.epoch_cache = LeaderEpochCache(self.directory / EPOCH_FILE)
+        latest = -1
+        for seg in self._segments:
+            for header in seg.iter_headers():
+                if header.leader_epoch > latest:
+                    latest = header.leader_epoch
+                    self.epoch_cache.assign(header.leader_epoch, header.base_offset)
+        self.epoch_cache.flush()
+
+    # -- properties ----------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def newest_offset(self) -> int:
+        """Offset of the last record, -1 when the log has never held one."""
+        return self.log_end_offset - 1
+
+    @property
+    def active_segment(self) -> Segment:
+        return self._segments[-1]
+
+    @property
+    def segments(self) -> list[Segment]:
+        return list(self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    # -- writing -------------------------------------------------------
+
+    def append(self, records: Sequence[NewRecord], leader_epoch: int = 0) -> int:
+        """Assign offsets to ``records``, write them as one batch, return the new LEO.
+
+        Raises RecordTooLarge (nothing written) for a record over
+        ``max_record_bytes``, StaleLeaderEpoch for an epoch older than the
+        log's latest.
+        """
+        self._check_open()
+        if not records:
+            return self.log_end_offset
+        latest = self.epoch_cache.latest_epoch
+        if latest is not None and leader_epoch < latest:
+            raise StaleLeaderEpoch(leader_epoch, latest)
+        now = self._clock()
+        base = self.log_end_offset
+        data = encode_batch(base, leader_epoch, records, now, self.config.max_record_bytes)
+        header = parse_batch_header(data)
+        self._write(data, [header], now)
+        return self.log_end_offset
+
+    def append_raw(self, data: bytes | memoryview) -> int:
+        """Append batches encoded elsewhere (a leader's log) without re-encoding.
+
+        Every batch must be whole and pass its CRC, and offsets must not go
+        below the LEO (gaps are legal: a compacted leader sends them).
+        Returns the new LEO.
+        """
+        self._check_open()
+        if not data:
+            return self.log_end_offset
+        headers: list[BatchHeader] = []
+        expected = self.log_end_offset
+        try:
+            for header in iter_batch_headers(data):
+                if header.base_offset < expected:
+                    raise NonMonotonicOffset(header.base_offset, expected)
+                if not batch_crc_ok(data, header):
+                    raise InvalidBatch(f"batch at base offset {header.base_offset} fails its CRC")
+                headers.append(header)
+                expected = header.next_offset
+        except InvalidBatch as exc:
+            raise InvalidBatch(f"append_raw: {exc}") from None
+        consumed = headers[-1].position + headers[-1].size if headers else 0
+        if consumed != len(data):
+            raise InvalidBatch(f"append_raw: {len(data) - consumed} trailing bytes do not form a whole batch")
+        self._write(bytes(data), headers, self._clock())
+        return self.log_end_offset
+
+    def _write(self, data: bytes, headers: list[BatchHeader], now: int) -> None:
+        seg = self._segments[-1]
+        first, last = headers[0], headers[-1]
+        if seg.size and (
+            seg.size + len(data) > self.config.segment_max_bytes
+            or last.last_offset - seg.base_offset > MAX_RELATIVE_OFFSET
+            or self._too_old(seg, now)
+        ):
+            seg = self._roll(first.base_offset)
+        elif not seg.size and first.base_offset != seg.base_offset:
+            # An empty segment must be named for its first offset (raw appends may skip offsets).
+            seg = self._replace_empty_active(first.base_offset)
+        latest = self.epoch_cache.latest_epoch
+        for h in headers:
+            if latest is None or h.leader_epoch > latest:
+                self.epoch_cache.assign(h.leader_epoch, h.base_offset)
+                latest = h.leader_epoch
+        seg.append(data, headers, now)
+        policy = self.config.fsync
+        if policy is FsyncPolicy.ALWAYS:
+            seg.flush()
+            self._last_fsync_ns = now
+        elif policy is FsyncPolicy.INTERVAL:
+            self.flush_if_due(now)
+        if self._retired:
+            self._close_retired()
+
+    def _too_old(self, seg: Segment, now: int) -> bool:
+        max_age = self.config.segment_max_age_ms
+        return bool(max_age and seg.first_append_ns is not None and now - seg.first_append_ns >= max_age * 1_000_000)
+
+    def roll(self) -> Segment:
+        """Close the active segment and start a new one at the LEO (no-op when it is empty)."""
+        self._check_open()
+        if not self._segments[-1].size:
+            return self._segments[-1]
+        return self._roll(self.log_end_offset)
+
+    def _roll(self, base: int) -> Segment:
+        old = self._segments[-1]
+        # Closed segments must be whole on disk: recovery only repairs the newest one.
+        old.flush()
+        new = Segment.create(self.directory, base, self.config.index_interval_bytes)
+        with self._lock:
+            self._segments.append(new)
+            self._bases.append(base)
+        fsync_dir(self.directory)
+        return new
+
+    def _replace_empty_active(self, base: int) -> Segment:
+        old = self._segments[-1]
+        new = Segment.create(self.directory, base, self.config.index_interval_bytes)
+        with self._lock:
+            self._segments[-1] = new
+            self._bases[-1] = base
+            self._generation += 1
+        old.delete()
+        self._retire(old)
+        if len(self._segments) == 1:
+            self._set_log_start(base)
+        return new
+
+    def flush(self) -> None:
+        """fsync the active segment and its indexes, and checkpoint the high watermark."""
+        self._check_open()
+        self._segments[-1].flush()
+        self._hw_ckpt.write(self.high_watermark)
+        self._last_fsync_ns = self._clock()
+
+    def flush_if_due(self, now: int | None = None) -> bool:
+        """With the ``interval`` policy, fsync when the interval has passed; True if it did."""
+        if self.config.fsync is not FsyncPolicy.INTERVAL:
+            return False
+        now = self._clock() if now is None else now
+        if now - self._last_fsync_ns < self.config.fsync_interval_ms * 1_000_000:
+            return False
+        self._segments[-1].flush()
+        self._last_fsync_ns = now
+        return True
+
+    # -- high watermark ------------------------------------------------
+
+    def set_high_watermark(self, offset: int) -> None:
+        """Record the last committed offset (clamped to the log); checkpointed by ``checkpoint_high_watermark``."""
+        self.high_watermark = offset
+        self._clamp_high_watermark()
+
+    def checkpoint_high_watermark(self) -> None:
+        self._hw_ckpt.write(self.high_watermark)
+
+    def _clamp_high_watermark(self) -> None:
+        self.high_watermark = max(min(self.high_watermark, self.newest_offset), self.log_start_offset - 1)
+
+    # -- reading -------------------------------------------------------
+
+    def _check_range(self, offset: int) -> None:
+        if offset < self.log_start_offset or offset > self.log_end_offset:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)
+
+    def _segment_index(self, offset: int, segments: list[Segment]) -> int:
+        bases = [s.base_offset for s in segments] if segments is not self._segments else self._bases
+        return max(bisect.bisect_right(bases, offset) - 1, 0)
+
+    def read(
+        self,
+        offset: int,
+        max_records: int = 10_000,
+        max_bytes: int = 1 << 20,
+        max_offset: int | None = None,
+    ) -> list[Record]:
+        """Decoded records from ``offset`` on, bounded so one call stays short.
+
+        Stops after ``max_records`` records, after the batch that passes
+        ``max_bytes`` (at least one batch is always read), and before
+        ``max_offset`` (exclusive; pass ``high_watermark + 1`` for committed
+        reads). Compaction gaps are skipped. Raises OffsetOutOfRange below
+        the log start or above the LEO; reading at the LEO returns [].
+        """
+        self._check_open()
+        self._check_range(offset)
+        limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+        out: list[Record] = []
+        budget = max_bytes
+        segments = self._segments
+        for seg in segments[self._segment_index(offset, segments) :]:
+            if seg.next_offset <= offset:
+                continue
+            for data, header in self._batches(seg, offset, budget):
+                if header.base_offset >= limit:
+                    return out
+                seg.check_crc(data, header)
+                out.extend(decode_records(data, header, offset, limit))
+                budget -= header.size
+                if len(out) >= max_records or budget <= 0:
+                    return out[:max_records]
+            if seg.next_offset >= limit:
+                break
+        return out
+
+    def _batches(self, seg: Segment, offset: int, max_bytes: int) -> Iterator[tuple[memoryview, BatchHeader]]:
+        return seg.batches(seg.find_position(offset), max_bytes)
+
+    def read_raw(self, offset: int, max_bytes: int = 1 << 20, max_offset: int | None = None) -> bytes:
+        """Whole encoded batches from the one holding ``offset``, up to ``max_bytes``.
+
+        For replication and fast consumers: the bytes go out as they are on
+        disk. The first batch may start below ``offset`` (callers skip those
+        records) and is returned even when larger than ``max_bytes``.
+        Batches starting at or after ``max_offset`` are left out. Returns
+        b"" at the LEO; raises OffsetOutOfRange outside the log.
+        """
+        self._check_open()
+        self._check_range(offset)
+        limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+        segments = self._segments
+        i = self._segment_index(offset, segments)
+        while offset < limit and i < len(segments):
+            seg = segments[i]
+            position = seg.find_position(offset)
+            if position < seg.size:
+                chunk = seg.pread(position, min(max_bytes, seg.size - position))
+                end = 0
+                for header in iter_batch_headers(chunk):
+                    if header.base_offset >= limit:
+                        break
+                    end = header.position + header.size
+                if end == 0:
+                    header = seg.header_at(position)
+                    if header.base_offset >= limit:
+                        return b""
+                    return seg.pread(position, header.size)
+                return chunk[:end]
+            i += 1
+            if i < len(segments):
+                offset = segments[i].base_offset
+        return b""
+
+    def iter_records(self, start: int, end: int | None = None, chunk_bytes: int = 1 << 20) -> Iterator[Record]:
+        """Every record from ``start`` up to ``end`` (exclusive; default the LEO)."""
+        offset = start
+        limit = self.log_end_offset if end is None else end
+        while offset < limit:
+            records = self.read(offset, max_bytes=chunk_bytes, max_offset=limit)
+            if not records:
+                return
+            yield from records
+            offset = records[-1].offset + 1
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """First offset whose record has a timestamp >= ``timestamp``; None if none does."""
+        self._check_open()
+        for seg in list(self._segments):
+            if seg.max_timestamp < timestamp or not seg.size:
+                continue
+            start = max(seg.time_index.lookup(timestamp), self.log_start_offset)
+            for data, header in self._batches(seg, start, 1 << 62):
+                if header.max_timestamp < timestamp:
+                    continue
+                seg.check_crc(data, header)
+                for record in decode_records(data, header, self.log_start_offset):
+                    if record.timestamp >= timestamp:
+                        return record.offset
+        return None
+
+    # -- truncation ----------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or above ``offset`` (replication uses it).
+
+        A no-op when ``offset`` >= LEO. Below the log start offset it raises
+        OffsetOutOfRange; use ``reset`` to empty the log instead.
+        """
+        self._check_open()
+        if offset >= self.log_end_offset:
+            return
+        if offset < self.log_start_offset:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset, what="truncate")
+        with self._lock:
+            self._generation += 1
+            keep = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+            if self._segments[keep].base_offset == offset and keep > 0:
+                keep -= 1
+            dropped = self._segments[keep + 1 :]
+            del self._segments[keep + 1 :]
+            del self._bases[keep + 1 :]
+        for seg in dropped:
+            seg.delete()
+            self._retire(seg)
+        self._segments[-1].truncate_to(offset)
+        self.epoch_cache.truncate_from_end(offset)
+        self._clamp_high_watermark()
+        self._close_retired()
+
+    def reset(self, offset: int) -> None:
+        """Delete everything and restart the log empty at ``offset`` (a follower far behind)."""
+        self._check_open()
+        with self._lock:
+            self._generation += 1
+            dropped, self._segments, self._bases = self._segments, [], []
+        for seg in dropped:
+            seg.delete()
+            self._retire(seg)
+        new = Segment.create(self.directory, offset, self.config.index_interval_bytes)
+        with self._lock:
+            self._segments, self._bases = [new], [offset]
+        fsync_dir(self.directory)
+        self.epoch_cache.clear()
+        self._set_log_start(offset)
+        self.high_watermark = offset - 1
+        self._close_retired()
+
+    def _set_log_start(self, offset: int) -> None:
+        self.log_start_offset = offset
+        self._start_ckpt.write(offset)
+        self.epoch_cache.truncate_from_start(offset)
+        self._clamp_high_watermark()
+
+    # -- retention -----------------------------------------------------
+
+    def enforce_retention(self, now: int | None = None) -> int:
+        """Delete whole closed segments beyond the age, size or count limits.
+
+        The active segment is never deleted. Returns the number deleted;
+        the log start offset moves to the first remaining segment.
+        """
+        self._check_open()
+        cfg = self.config
+        now = self._clock() if now is None else now
+        total_bytes = self.size_bytes
+        deleted: list[Segment] = []
+        for seg in self._segments[:-1]:
+            nxt = self._segments[len(deleted) + 1].base_offset
+            too_old = cfg.retention_max_age_ms and seg.max_timestamp < now - cfg.retention_max_age_ms * 1_000_000
+            too_big = cfg.retention_max_bytes and total_bytes - seg.size >= cfg.retention_max_bytes
+            too_many = cfg.retention_max_messages and self.log_end_offset - nxt >= cfg.retention_max_messages
+            if not (too_old or too_big or too_many):
+                break
+            deleted.append(seg)
+            total_bytes -= seg.size
+        if not deleted:
+            return 0
+        with self._lock:
+            del self._segments[: len(deleted)]
+            del self._bases[: len(deleted)]
+        self._set_log_start(max(self.log_start_offset, self._segments[0].base_offset))
+        for seg in deleted:
+            log.info("%s: deleted by retention (offsets %d..%d)", seg.log_path, seg.base_offset, seg.next_offset - 1)
+            seg.delete()
+            self._retire(seg)
+        self._close_retired()
+        return len(deleted)
+
+    def _retire(self, seg: Segment) -> None:
+        self._retired.append(seg)
+
+    def _close_retired(self) -> None:
+        with self._lock:
+            if self._compacting:
+                return
+            retired, self._retired = self._retired, []
+        for seg in retired:
+            seg.close()
+
+    # -- compaction ----------------------------------------------------
+
+    def compact(self) -> CompactionResult:
+        """Keep only the newest record per key in closed segments; safe from a worker thread.
+
+        Records without a key are always kept; offsets never change (gaps
+        appear). Only records at or below the high watermark are cleaned or
+        used to decide, so an uncommitted record that may be truncated never
+        hides a committed one. Each segment is replaced crash-safely (temp
+        files, fsync, rename). Gives up if the owner truncates meanwhile.
+        """
+
+        with self._lock:
+            if self._compacting:
+                raise RuntimeError("compaction is already running on this log")
+            self._compacting = True
+            generation = self._generation
+            segments = list(self._segments)
+            bound = self.high_watermark + 1
+        try:
+            candidates = [s for s in segments[:-1] if s.next_offset <= bound]
+            if not candidates:
+                return CompactionResult(0, 0, 0, 0)
+            latest = build_key_map(segments, bound)
+            rewritten = removed = before = after = 0
+            for seg in candidates:
+                cleaned = clean_segment(seg, latest)
+                if cleaned is None:
+                    continue
+                with self._lock:
+                    if self._generation != generation or seg not in self._segments:
+                        cleaned.discard()
+                        log.info("%s: compaction abandoned, the log changed under it", self.directory)
+                        break
+                    new = swap_in(seg, cleaned)
+                    i = self._segments.index(seg)
+                    self._segments[i] = new
+                    self._retired.append(seg)
+                rewritten += 1
+                removed += cleaned.records_removed
+                before += seg.size
+                after += new.size
+            return CompactionResult(rewritten, removed, before, after)
+        finally:
+            with self._lock:
+                self._compacting = False
+
+    # -- closing -------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, checkpoint and close every file. The log cannot be used after."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        for seg in self._segments + self._retired:
+            seg.close()
+        self._retired = []
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosed(f"log {self.directory} is closed")
+
+    def __repr__(self) -> str:
+        return (
+            f"CommitLog({self.directory}, start={self.log_start_offset}, end={self.log_end_offset}, "
+            f"hw={self.high_watermark}, segments={len(self._segments)})"
+        )
+
+
+def _moved_to(header: BatchHeader, position: int) -> BatchHeader:
+    if header.position == position:
+        return header
+    return BatchHeader(
+        header.base_offset,
+        header.length,
+        header.leader_epoch,
+        header.magic,
+        header.crc,
+        header.attributes,
+        header.last_offset_delta,
+        header.first_timestamp,
+        header.max_timestamp,
+        header.record_count,
+        position=position,
+    )

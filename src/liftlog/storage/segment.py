@@ -1,0 +1,383 @@
+"""One segment of a commit log: a ``.log`` file of batches and its two indexes.
+
+Files are named by the segment's base offset in 20 digits
+(``00000000000000000000.log``, ``.index``, ``.timeindex``). The log file is
+append-only; only truncation (replication) and compaction (which replaces
+the whole file) rewrite it.
+
+Not safe to share between threads, except that ``read``/``pread`` may run
+in a worker thread while the owner appends (compaction does this on closed
+segments).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import CorruptBatch, InvalidBatch
+from .index import OffsetIndex, TimeIndex
+from .records import (
+    BATCH_HEADER_SIZE,
+    BatchHeader,
+    batch_crc_ok,
+    encode_empty_batch,
+    iter_batch_headers,
+    parse_batch_header,
+    record_keys,
+    retain_records,
+)
+
+__all__ = ["Segment", "segment_name"]
+
+log = logging.getLogger(__name__)
+
+_SCAN_CHUNK = 1 << 20
+_HEADER_CHUNK = 16384
+#: Offsets inside a segment are stored relative to its base in 32 bits.
+MAX_RELATIVE_OFFSET = 2**32 - 2
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+class Segment:
+    """A ``.log`` file with its offset and time indexes.
+
+    ``next_offset`` is one past the last offset the segment holds (its base
+    offset when empty); ``size`` is the log file's length in bytes.
+    """
+
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        name = segment_name(base_offset)
+        self.log_path = directory / f"{name}.log"
+        self.index = OffsetIndex(directory / f"{name}.index", base_offset)
+        self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset)
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.size = os.fstat(self._fd).st_size
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        #: Wall-clock ns when the segment got its first batch (for age-based rolling).
+        self.first_append_ns: int | None = None
+        self._bytes_since_index = 0
+        self.closed = False
+
+    # -- opening -------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
+        seg = cls(directory, base_offset, index_interval_bytes)
+        if seg.size:
+            raise FileExistsError(f"segment {seg.log_path} already exists and is not empty")
+        seg.index.rewrite([])
+        seg.time_index.rewrite([])
+        return seg
+
+    @classmethod
+    def open_closed(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
+        """Open a segment that is not the newest: its data must be whole.
+
+        Indexes that fail their sanity check are rebuilt. The tail after
+        the last index entry is walked to learn ``next_offset``; a batch
+        there that cannot be parsed is an error, never skipped.
+        """
+        seg = cls(directory, base_offset, index_interval_bytes)
+        if not seg.index.load(seg.size):
+            log.warning("%s: offset index missing or invalid, rebuilding from the log", seg.index.path)
+            seg.rebuild_indexes(verify=False)
+            return seg
+        start = max(seg.index.last_position, 0)
+        end_position = start
+        for header in seg._walk(start, strict=True):
+            seg.next_offset = header.next_offset
+            seg.max_timestamp = max(seg.max_timestamp, header.max_timestamp)
+            end_position = header.position + header.size
+        if end_position != seg.size:
+            raise CorruptBatch(str(seg.log_path), end_position, "segment ends with a partial batch")
+        if not seg.time_index.load(seg.next_offset):
+            log.warning("%s: time index missing or invalid, rebuilding from the log", seg.time_index.path)
+            seg.rebuild_indexes(verify=False)
+            return seg
+        seg.max_timestamp = max(seg.max_timestamp, seg.time_index.max_timestamp)
+        return seg
+
+    @classmethod
+    def open_active(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
+        """Open the newest segment, validating every batch and cutting a torn tail."""
+        seg = cls(directory, base_offset, index_interval_bytes)
+        seg.rebuild_indexes(verify=True)
+        return seg
+
+    def rebuild_indexes(self, verify: bool) -> None:
+        """Rebuild both indexes by scanning the log.
+
+        With ``verify`` (the active segment), a batch that fails its checks
+        or offset order ends the valid data: the file is truncated there and
+        a warning says how much was dropped. Without it, such a batch is an
+        error naming the file and position.
+        """
+        offsets: list[tuple[int, int]] = []
+        times: list[tuple[int, int]] = []
+        self.next_offset = self.base_offset
+        self.max_timestamp = -1
+        self.first_append_ns = None
+        since = self.index_interval_bytes
+        last_time = -1
+        end = 0
+        for header in self._walk(0, strict=not verify, verify=verify):
+            if header.base_offset < self.next_offset:
+                if not verify:
+                    raise CorruptBatch(
+                        str(self.log_path), header.position, "batch offsets go backwards", header.base_offset
+                    )
+                break
+            if self.first_append_ns is None:
+                self.first_append_ns = header.first_timestamp
+            self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+            if since >= self.index_interval_bytes:
+                offsets.append((header.base_offset, header.position))
+                if self.max_timestamp > last_time:
+                    times.append((self.max_timestamp, header.base_offset))
+                    last_time = self.max_timestamp
+                since = 0
+            since += header.size
+            self.next_offset = header.next_offset
+            end = header.position + header.size
+        if end != self.size:
+            if not verify:
+                raise CorruptBatch(str(self.log_path), end, "segment ends with a partial batch")
+            log.warning(
+                "%s: dropping %d bytes of torn or corrupt data from byte %d to the end",
+                self.log_path,
+                self.size - end,
+                end,
+            )
+            os.ftruncate(self._fd, end)
+            self.size = end
+        self._bytes_since_index = since
+        self.index.rewrite(offsets)
+        self.time_index.rewrite(times)
+
+    def _walk(self, position: int, strict: bool, verify: bool = False) -> Iterator[BatchHeader]:
+        """Headers of the batches from ``position`` to the end of the file.
+
+        Without ``verify`` only headers are read (a small read per jump, so
+        lookups stay cheap); with it every batch is read whole and its CRC
+        checked. Non-strict: stops quietly at the first batch that is cut
+        off or fails its checks. Strict: such a batch raises CorruptBatch.
+        """
+        chunk = _HEADER_CHUNK if not verify else _SCAN_CHUNK
+        buf = b""
+        buf_start = position
+        while position < self.size:
+            rel = position - buf_start
+            if rel + BATCH_HEADER_SIZE > len(buf):
+                buf = self.pread(position, chunk)
+                buf_start, rel = position, 0
+            try:
+                header = _moved(parse_batch_header(buf, rel), buf_start)
+            except InvalidBatch as exc:
+                if strict:
+                    raise CorruptBatch(str(self.log_path), position, str(exc)) from None
+                return
+            end = position + header.size
+            problem = ""
+            if end > self.size:
+                problem = "batch runs past the end of the file"
+            elif verify:
+                if end - buf_start > len(buf):
+                    buf = self.pread(position, max(chunk, header.size))
+                    buf_start = position
+                if not batch_crc_ok(buf, _moved(header, -buf_start)):
+                    problem = "CRC mismatch"
+            if problem:
+                if strict:
+                    raise CorruptBatch(str(self.log_path), position, problem, header.base_offset)
+                return
+            yield header
+            position = end
+
+    # -- writing -------------------------------------------------------
+
+    def append(self, data: bytes, headers: list[BatchHeader], now_ns: int) -> None:
+        """Write whole batches (positions in ``headers`` relative to ``data``) in one call."""
+        position = self.size
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        if self.first_append_ns is None:
+            self.first_append_ns = now_ns
+        since = self._bytes_since_index
+        interval = self.index_interval_bytes
+        for h in headers:
+            if h.max_timestamp > self.max_timestamp:
+                self.max_timestamp = h.max_timestamp
+            if since >= interval or position == 0:
+                self.index.append(h.base_offset, position + h.position)
+                self.time_index.append(self.max_timestamp, h.base_offset)
+                since = 0
+            since += h.size
+        self._bytes_since_index = since
+        self.size = position + len(data)
+        self.next_offset = headers[-1].next_offset
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+        self.index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self._fd)
+            self.index.close()
+            self.time_index.close()
+
+    def delete(self) -> None:
+        """Remove the files; the descriptor stays open until ``close`` for readers still on it."""
+        for path in (self.log_path, self.index.path, self.time_index.path):
+            path.unlink(missing_ok=True)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or above ``offset``; afterwards ``next_offset == offset``.
+
+        A batch that straddles ``offset`` is rewritten with the records below
+        it. If the remaining data ends below ``offset`` (a compaction gap), an
+        empty batch keeps the offsets up to ``offset`` assigned.
+        """
+        if offset >= self.next_offset or offset < self.base_offset:
+            return
+        position = self.find_position(offset)
+        epoch = 0
+        if position < self.size:
+            header = self.header_at(position)
+            epoch = header.leader_epoch
+            tail = b""
+            if header.base_offset < offset:
+                batch = self.pread(position, header.size)
+                at_zero = _moved(header, -position)
+                keep = [o - header.base_offset for o, _ in record_keys(batch, at_zero) if o < offset]
+                lod = offset - header.base_offset - 1
+                tail = retain_records(batch, at_zero, keep, lod) or encode_empty_batch(header.base_offset, lod, epoch)
+            os.ftruncate(self._fd, position)
+            self.size = position
+            self.index.truncate_from_position(position + 1 if tail else position)
+            self.time_index.truncate_from_offset(offset)
+            if tail:
+                os.write(self._fd, tail)
+                self.size += len(tail)
+        self._refresh_tail()
+        if self.base_offset < offset and self.next_offset < offset:
+            filler = encode_empty_batch(self.next_offset, offset - self.next_offset - 1, epoch)
+            self.append(filler, [parse_batch_header(filler)], self.first_append_ns or 0)
+
+    def _refresh_tail(self) -> None:
+        """Recompute next_offset, max timestamp and the index spacing after a truncation."""
+        start = max(self.index.last_position, 0)
+        self.next_offset = self.base_offset
+        self.max_timestamp = self.time_index.max_timestamp
+        since = self.index_interval_bytes
+        for header in self._walk(start, strict=True):
+            self.next_offset = header.next_offset
+            self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+            since = header.position + header.size - start
+        if self.size == 0:
+            self.first_append_ns = None
+            since = self.index_interval_bytes
+        self._bytes_since_index = since
+
+    # -- reading -------------------------------------------------------
+
+    def pread(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    def header_at(self, position: int) -> BatchHeader:
+        raw = self.pread(position, BATCH_HEADER_SIZE)
+        try:
+            return _moved(parse_batch_header(raw), position)
+        except InvalidBatch as exc:
+            raise CorruptBatch(str(self.log_path), position, str(exc)) from None
+
+    def find_position(self, offset: int, _retried: bool = False) -> int:
+        """Byte position of the batch holding ``offset``, or of the first batch after it.
+
+        Returns ``size`` when no batch in this segment reaches ``offset``.
+        An index entry that does not point at the batch it names means the
+        index is damaged: it is rebuilt and the lookup repeated.
+        """
+        indexed_offset, position = self.index.lookup(offset)
+        first = indexed_offset >= 0
+        for header in self._walk(position, strict=True):
+            if first and header.base_offset != indexed_offset:
+                if _retried:
+                    raise CorruptBatch(str(self.log_path), position, "index and log disagree after a rebuild")
+                log.warning("%s: index entry for offset %d is wrong, rebuilding", self.index.path, indexed_offset)
+                self.rebuild_indexes(verify=False)
+                return self.find_position(offset, _retried=True)
+            first = False
+            if header.next_offset > offset:
+                return header.position
+        return self.size
+
+    def batches(self, position: int = 0, max_bytes: int = 1 << 62) -> Iterator[tuple[memoryview, BatchHeader]]:
+        """(batch bytes, header) of whole batches from ``position``, about ``max_bytes`` worth.
+
+        Each header's position is relative to its own bytes (zero). Reads
+        in chunks, so a scan costs one system call per chunk, not per batch.
+        """
+        end = self.size
+        while position < end and max_bytes > 0:
+            chunk = memoryview(self.pread(position, min(max(max_bytes, 64 * 1024), end - position, _SCAN_CHUNK)))
+            consumed = 0
+            for header in iter_batch_headers(chunk):
+                start = header.position
+                yield chunk[start : start + header.size], _moved(header, -start)
+                consumed = start + header.size
+                max_bytes -= header.size
+                if max_bytes <= 0:
+                    return
+            if consumed == 0:
+                header = self.header_at(position)
+                data = self.pread(position, header.size)
+                if len(data) < header.size:
+                    raise CorruptBatch(str(self.log_path), position, "batch runs past the end of the file")
+                yield memoryview(data), _moved(header, -position)
+                consumed = header.size
+                max_bytes -= header.size
+            position += consumed
+
+    def iter_headers(self, position: int = 0) -> Iterator[BatchHeader]:
+        """Headers of the batches from ``position``; corrupt data raises CorruptBatch."""
+        return self._walk(position, strict=True)
+
+    def check_crc(self, data: bytes | memoryview, header: BatchHeader) -> None:
+        """Raise CorruptBatch unless ``data`` (one batch, header at 0) passes its CRC."""
+        if not batch_crc_ok(data, header):
+            position = self.find_position(header.base_offset)
+            raise CorruptBatch(str(self.log_path), position, "CRC mismatch", header.base_offset)
+
+    def __repr__(self) -> str:
+        return f"Segment({self.log_path.name}, next_offset={self.next_offset}, size={self.size})"
+
+
+def _moved(header: BatchHeader, delta: int) -> BatchHeader:
+    """The same header with its position shifted by ``delta``."""
+    return BatchHeader(
+        header.base_offset,
+        header.length,
+        header.leader_epoch,
+        header.magic,
+        header.crc,
+        header.attributes,
+        header.last_offset_delta,
+        header.first_timestamp,
+        header.max_timestamp,
+        header.record_count,
+        position=header.position + delta,
+    )
