@@ -227,8 +227,10 @@ def parse_batch_header(buf: bytes | bytearray | memoryview, position: int = 0) -
     """Parse the header at ``position``; raises InvalidBatch if it cannot be one."""
     if len(buf) - position < BATCH_HEADER_SIZE:
         raise InvalidBatch(f"{len(buf) - position} bytes at position {position} are too few for a batch header")
-    fields = BATCH_HEADER.unpack_from(buf, position)
-    header = BatchHeader(*(fields + (position,)))
+    base, length, epoch, magic, crc, attributes, last_delta, first_ts, max_ts, count = BATCH_HEADER.unpack_from(
+        buf, position
+    )
+    header = BatchHeader(base, length, epoch, magic, crc, attributes, last_delta, first_ts, max_ts, count, position)
     _check_header(header)
     return header
 

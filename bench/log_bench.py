@@ -1,0 +1,99 @@
+"""Commit-log micro-benchmark: prints one JSON line.
+
+    python bench/log_bench.py [--records N] [--value-bytes B] [--batch N] [--fsync never|interval|always]
+
+Measures batched and single-record appends, decoded sequential reads and
+raw batch reads on a log in a temporary directory (page cache warm, so the
+read figures are CPU cost, not disk speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+
+from liftlog.storage import CommitLog, FsyncPolicy, LogConfig, NewRecord
+from liftlog.storage.records import iter_batch_headers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000, help="records for the batched append and reads")
+    parser.add_argument("--single-records", type=int, default=200_000, help="records for the one-per-call append")
+    parser.add_argument("--value-bytes", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--fsync", choices=[p.value for p in FsyncPolicy], default="never")
+    parser.add_argument("--dir", default=None, help="where to put the log (default: a temp dir)")
+    args = parser.parse_args()
+
+    root = tempfile.mkdtemp(prefix="liftlog-bench-", dir=args.dir)
+    config = LogConfig(fsync=FsyncPolicy(args.fsync))
+    value = os.urandom(args.value_bytes)
+    batch = [NewRecord(value) for _ in range(args.batch)]
+    try:
+        log = CommitLog.open(os.path.join(root, "batched"), config)
+        n_batches = args.records // args.batch
+        t0 = time.perf_counter()
+        for _ in range(n_batches):
+            log.append(batch)
+        batched_s = time.perf_counter() - t0
+        total = n_batches * args.batch
+        log_bytes = log.size_bytes
+
+        t0 = time.perf_counter()
+        read = 0
+        offset = 0
+        end = log.log_end_offset
+        while offset < end:
+            records = log.read(offset, max_records=100_000, max_bytes=4 << 20)
+            read += len(records)
+            offset = records[-1].offset + 1
+        read_s = time.perf_counter() - t0
+        assert read == total, (read, total)
+
+        t0 = time.perf_counter()
+        raw_bytes = 0
+        offset = 0
+        while offset < end:
+            chunk = log.read_raw(offset, max_bytes=4 << 20)
+            raw_bytes += len(chunk)
+            *_, last = iter_batch_headers(chunk)
+            offset = last.next_offset
+        raw_s = time.perf_counter() - t0
+        log.close()
+
+        single = CommitLog.open(os.path.join(root, "single"), config)
+        one = [NewRecord(value)]
+        t0 = time.perf_counter()
+        for _ in range(args.single_records):
+            single.append(one)
+        single_s = time.perf_counter() - t0
+        single.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    result = {
+        "bench": "log",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "fsync": args.fsync,
+        "value_bytes": args.value_bytes,
+        "batch_records": args.batch,
+        "records": total,
+        "log_bytes": log_bytes,
+        "append_batched_records_per_s": round(total / batched_s),
+        "append_batched_mb_per_s": round(log_bytes / batched_s / 1e6, 1),
+        "append_single_records_per_s": round(args.single_records / single_s),
+        "read_records_per_s": round(total / read_s),
+        "read_raw_mb_per_s": round(raw_bytes / raw_s / 1e6, 1),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import pytest
+
+from liftlog.storage import InvalidBatch, NewRecord, RecordTooLarge
+from liftlog.storage.records import (
+    BATCH_HEADER_SIZE,
+    batch_crc_ok,
+    decode_records,
+    encode_batch,
+    encode_empty_batch,
+    iter_batch_headers,
+    parse_batch_header,
+    record_keys,
+    retain_records,
+)
+
+
+def sample() -> list[NewRecord]:
+    return [
+        NewRecord(b"v0"),
+        NewRecord(b"v1", key=b"k1", timestamp=5),
+        NewRecord(b"", key=b"", headers={"subject": b"a.b", "reply": b""}),
+        NewRecord(b"v3", headers={"\u00e9": b"\x00\xff"}, timestamp=99),
+    ]
+
+
+def test_roundtrip_keeps_every_field() -> None:
+    data = encode_batch(10, 3, sample(), default_timestamp=7)
+    header = parse_batch_header(data)
+    assert (header.base_offset, header.leader_epoch, header.record_count) == (10, 3, 4)
+    assert (header.first_timestamp, header.max_timestamp, header.next_offset) == (7, 99, 14)
+    assert header.size == len(data)
+    records = decode_records(data, header)
+    assert [r.offset for r in records] == [10, 11, 12, 13]
+    assert [r.key for r in records] == [None, b"k1", b"", None]
+    assert [r.value for r in records] == [b"v0", b"v1", b"", b"v3"]
+    assert [r.timestamp for r in records] == [7, 5, 7, 99]
+    assert dict(records[2].headers) == {"subject": b"a.b", "reply": b""}
+    assert dict(records[3].headers) == {"\u00e9": b"\x00\xff"}
+    assert dict(records[0].headers) == {}
+
+
+def test_decode_respects_offset_bounds() -> None:
+    data = encode_batch(10, 0, sample(), 0)
+    header = parse_batch_header(data)
+    assert [r.offset for r in decode_records(data, header, min_offset=11, max_offset=13)] == [11, 12]
+
+
+def test_crc_detects_a_flipped_bit() -> None:
+    data = bytearray(encode_batch(0, 0, sample(), 0))
+    header = parse_batch_header(data)
+    assert batch_crc_ok(data, header)
+    data[-1] ^= 0x01
+    assert not batch_crc_ok(data, header)
+
+
+def test_iter_headers_stops_at_partial_batch_without_raising() -> None:
+    one = encode_batch(0, 0, sample(), 0)
+    two = encode_batch(4, 0, sample(), 0)
+    buf = one + two
+    for cut in range(len(buf) + 1):
+        whole = list(iter_batch_headers(buf[:cut]))
+        expected = 0 if cut < len(one) else (1 if cut < len(buf) else 2)
+        assert len(whole) == expected, cut
+
+
+def test_bad_magic_and_impossible_lengths_are_invalid() -> None:
+    data = bytearray(encode_batch(0, 0, sample(), 0))
+    data[16] = 9
+    with pytest.raises(InvalidBatch, match="magic 9"):
+        parse_batch_header(data)
+    with pytest.raises(InvalidBatch, match="too few"):
+        parse_batch_header(b"\x00" * (BATCH_HEADER_SIZE - 1))
+
+
+def test_record_too_large_names_size_and_limit() -> None:
+    with pytest.raises(RecordTooLarge, match=r"record of 1050 bytes exceeds the maximum of 1000 bytes"):
+        encode_batch(0, 0, [NewRecord(b"x" * 1024)], 0, max_record_bytes=1000)
+
+
+def test_empty_batch_covers_offsets_without_records() -> None:
+    data = encode_empty_batch(50, 9, 2)
+    header = parse_batch_header(data)
+    assert (header.record_count, header.next_offset, header.leader_epoch) == (0, 60, 2)
+    assert decode_records(data, header) == []
+    assert batch_crc_ok(data, header)
+
+
+def test_retain_records_keeps_offsets_and_range() -> None:
+    data = encode_batch(100, 1, sample(), 0)
+    header = parse_batch_header(data)
+    kept = retain_records(data, header, [1, 3])
+    assert kept is not None
+    new_header = parse_batch_header(kept)
+    assert new_header.next_offset == 104 and new_header.record_count == 2
+    assert [r.offset for r in decode_records(kept, new_header)] == [101, 103]
+    assert [o for o, _ in record_keys(kept, new_header)] == [101, 103]
+    assert retain_records(data, header, []) is None
