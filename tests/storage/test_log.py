@@ -351,3 +351,14 @@ def test_fsync_policies(open_log: OpenLog, clock: FakeClock, monkeypatch: pytest
     assert log.flush_if_due()
     assert len(synced) > before
     assert not log.flush_if_due()
+
+
+def test_truncate_at_a_segment_that_follows_a_gap_keeps_the_offset(open_log: OpenLog) -> None:
+    log = open_log(LogConfig(segment_max_bytes=200))
+    log.append_raw(encode_batch(0, 0, [NewRecord(b"x" * 150)], 0))
+    log.append_raw(encode_batch(20, 0, [NewRecord(b"y" * 150)], 0))  # rolls at 20: a gap of 1..19
+    assert [s.base_offset for s in log.segments] == [0, 20]
+    log.truncate_to(20)
+    assert log.log_end_offset == 20 and [r.offset for r in log.read(0)] == [0]
+    log.close()
+    assert open_log(LogConfig(segment_max_bytes=200)).log_end_offset == 20

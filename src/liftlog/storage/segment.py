@@ -251,9 +251,9 @@ class Segment:
         it. If the remaining data ends below ``offset`` (a compaction gap), an
         empty batch keeps the offsets up to ``offset`` assigned.
         """
-        if offset >= self.next_offset or offset < self.base_offset:
+        if offset < self.base_offset:
             return
-        position = self.find_position(offset)
+        position = self.find_position(offset) if offset < self.next_offset else self.size
         epoch = 0
         if position < self.size:
             header = self.header_at(position)
@@ -272,7 +272,7 @@ class Segment:
             if tail:
                 os.write(self._fd, tail)
                 self.size += len(tail)
-        self._refresh_tail()
+            self._refresh_tail()
         if self.base_offset < offset and self.next_offset < offset:
             filler = encode_empty_batch(self.next_offset, offset - self.next_offset - 1, epoch)
             self.append(filler, [parse_batch_header(filler)], self.first_append_ns or 0)
