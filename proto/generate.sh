@@ -1,0 +1,48 @@
+#!/usr/bin/env sh
+# Regenerates the committed Python modules for proto/api.proto:
+#   src/liftlog/api/_gen/api_pb2.py, api_pb2.pyi, api_pb2_grpc.py
+#
+# Usage (from anywhere):  proto/generate.sh
+# Uses $PYTHON, or .venv/bin/python of the repository, which needs the dev
+# extra installed (pip install -e '.[dev]') for grpcio-tools.
+#
+# The grpcio-tools release decides which grpcio and protobuf versions the
+# generated code needs at runtime (pyproject.toml pins them to match), so this
+# script refuses any release other than EXPECTED_GRPCIO_TOOLS. Changing it means
+# changing the runtime pins in pyproject.toml too.
+set -eu
+
+EXPECTED_GRPCIO_TOOLS=1.85.1
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-$root/.venv/bin/python}
+out=$root/src/liftlog/api/_gen
+
+version=$("$python" -c 'from importlib.metadata import version; print(version("grpcio-tools"))' 2>/dev/null) || {
+    echo "generate.sh: grpcio-tools is not installed for $python (pip install -e '.[dev]')" >&2
+    exit 1
+}
+if [ "$version" != "$EXPECTED_GRPCIO_TOOLS" ]; then
+    echo "generate.sh: grpcio-tools $version found, $EXPECTED_GRPCIO_TOOLS expected (see the comment at the top)" >&2
+    exit 1
+fi
+
+mkdir -p "$out"
+"$python" -m grpc_tools.protoc \
+    -I"$root/proto" \
+    --python_out="$out" \
+    --pyi_out="$out" \
+    --grpc_python_out="$out" \
+    "$root/proto/api.proto"
+
+# protoc writes a top-level import (`import api_pb2 as api__pb2`); inside the
+# package it must be relative.
+sed 's/^import api_pb2 as api__pb2$/from . import api_pb2 as api__pb2/' "$out/api_pb2_grpc.py" >"$out/api_pb2_grpc.py.tmp"
+mv "$out/api_pb2_grpc.py.tmp" "$out/api_pb2_grpc.py"
+grep -q '^from \. import api_pb2 as api__pb2$' "$out/api_pb2_grpc.py" || {
+    echo "generate.sh: could not rewrite the api_pb2 import in api_pb2_grpc.py" >&2
+    exit 1
+}
+
+[ -f "$out/__init__.py" ] || printf '"""Code generated from proto/api.proto by proto/generate.sh. Do not edit."""\n' >"$out/__init__.py"
+echo "generated $out/api_pb2.py, api_pb2.pyi, api_pb2_grpc.py with grpcio-tools $version"
