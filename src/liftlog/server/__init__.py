@@ -1,0 +1,1 @@
+"""The liftlog server process: composition root, configuration, embedded NATS and NATS ingestion."""

@@ -1,0 +1,434 @@
+"""Server configuration: Liftbridge's key names, from a YAML file, the environment and flags.
+
+Keys are Liftbridge's dotted names (``streams.retention.max.bytes``). A YAML
+file may write them flat, nested, or mixed: ``streams: {retention.max.bytes:
+1024}`` is the same key. Precedence, lowest first: defaults, the file,
+``LIFTLOG_<KEY>`` environment variables (dots and hyphens become
+underscores, upper case: ``LIFTLOG_STREAMS_RETENTION_MAX_BYTES``), then
+command-line flags. Unknown keys and bad values raise ConfigError naming the
+key.
+
+Durations accept Go-style strings (``90s``, ``1m30s``, ``168h``, ``250ms``)
+or a number of milliseconds; sizes accept a number of bytes or a unit
+(``512MiB``, ``1GB``).
+
+The result is a ``ServerConfig`` of frozen sections; each component gets its
+section, not the whole config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from liftlog.storage import FsyncPolicy, LogConfig
+
+__all__ = [
+    "SETTINGS",
+    "ClusteringConfig",
+    "ConfigError",
+    "NatsConfig",
+    "ServerConfig",
+    "StreamsConfig",
+    "load_config",
+    "parse_duration_ms",
+    "parse_size",
+]
+
+ENV_PREFIX = "LIFTLOG_"
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that cannot be used; the message names the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"config key {key!r}: {message}")
+
+
+# -- value parsers ----------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_DURATION_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?i?b?)", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
+_SIZE_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12, "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_duration_ms(value: Any) -> int:
+    """Milliseconds from ``"1m30s"``-style strings or a plain number of milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 5m or 168h")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return int(value)
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    if text == "0":
+        return 0
+    pos = 0
+    total = 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _DURATION_MS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"expected a duration such as 30s, 5m or 168h, got {value!r}")
+    return int(total)
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an integer or a string with a unit (``512MiB``, ``1GB``)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 1048576 or 512MiB")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    match = _SIZE.fullmatch(str(value).strip())
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"expected a size such as 1048576 or 512MiB, got {value!r}")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def _int(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError("expected an integer")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer, got {value!r}") from None
+        if number < minimum:
+            raise ValueError(f"must be >= {minimum}, got {number}")
+        return number
+
+    return parse
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _str(value: Any) -> str:
+    if isinstance(value, dict | list):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return str(value)
+
+
+def _name(value: Any) -> str:
+    text = _str(value)
+    if not text or re.search(r"[\s.*>]", text):
+        raise ValueError(f"must be non-empty with no spaces, dots or wildcards, got {value!r}")
+    return text
+
+
+def _list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, list | tuple):
+        return tuple(_str(v) for v in value)
+    raise ValueError(f"expected a list or a comma-separated string, got {value!r}")
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = _str(value).lower()
+        if text not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
+        return text
+
+    return parse
+
+
+def _listen(value: Any) -> str:
+    text = _str(value)
+    _host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port, got {value!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+
+
+def _s(key: str, parse: Callable[[Any], Any], default: Any, help: str) -> Setting:
+    return Setting(key, parse, default, help)
+
+
+#: Every key the server accepts, with its parser, default and meaning.
+SETTINGS: tuple[Setting, ...] = (
+    _s("listen", _listen, "", "host:port of the gRPC API; overrides host and port"),
+    _s("host", _str, "127.0.0.1", "host of the gRPC API (loopback by default)"),
+    _s("port", _int(0), 9292, "port of the gRPC API"),
+    _s("tls.key", _str, "", "private key of the server certificate"),
+    _s("tls.cert", _str, "", "server certificate; with tls.key enables TLS"),
+    _s("tls.client.auth.enabled", _bool, False, "require client certificates"),
+    _s("tls.client.auth.ca", _str, "", "CA for client certificates"),
+    _s("logging.level", _choice("debug", "info", "warn", "error"), "info", "log level"),
+    _s("logging.recovery", _bool, False, "log what recovery does at start"),
+    _s("logging.raft", _bool, False, "log Raft internals"),
+    _s("logging.nats", _bool, False, "log the embedded NATS server's output"),
+    _s("data.dir", _str, "./data", "where streams and metadata are stored"),
+    _s("batch.max.messages", _int(1), 1024, "most messages written to a partition in one batch"),
+    _s("batch.max.time", parse_duration_ms, 0, "how long to wait to fill a batch"),
+    _s("metadata.cache.max.age", parse_duration_ms, 120_000, "how long clients may cache metadata"),
+    _s("nats.servers", _list, (), "NATS URLs to connect to (empty with nats.embedded: the embedded one)"),
+    _s("nats.user", _str, "", "NATS user"),
+    _s("nats.password", _str, "", "NATS password"),
+    _s("nats.token", _str, "", "NATS token"),
+    _s("nats.tls.cert", _str, "", "client certificate for NATS"),
+    _s("nats.tls.key", _str, "", "client key for NATS"),
+    _s("nats.tls.ca", _str, "", "CA for the NATS servers"),
+    _s("nats.embedded", _bool, False, "start and supervise a nats-server child process"),
+    _s("nats.embedded.config", _str, "", "nats-server config file for the embedded server"),
+    _s("nats.embedded.host", _str, "127.0.0.1", "interface the embedded nats-server listens on"),
+    _s("nats.embedded.port", _int(0), 4222, "port of the embedded nats-server (0: any free port)"),
+    _s("streams.retention.max.bytes", parse_size, 0, "delete old segments past this size (0: no limit)"),
+    _s("streams.retention.max.messages", _int(0), 0, "delete old segments past this many messages (0: no limit)"),
+    _s("streams.retention.max.age", parse_duration_ms, 7 * 24 * 3600_000, "delete segments older than this (0: never)"),
+    _s("streams.cleaner.interval", parse_duration_ms, 300_000, "how often retention and compaction run"),
+    _s("streams.segment.max.bytes", parse_size, 256 << 20, "roll a segment past this size"),
+    _s("streams.segment.max.age", parse_duration_ms, 0, "roll a segment this old (0: size only)"),
+    _s("streams.compact.enabled", _bool, False, "keep only the newest message per key"),
+    _s("streams.compact.max.goroutines", _int(1), 10, "compactions run at once (Liftbridge's name)"),
+    _s("streams.auto.pause.time", parse_duration_ms, 0, "pause partitions idle this long (0: never)"),
+    _s("streams.auto.pause.disable.if.subscribers", _bool, False, "do not auto-pause partitions with subscribers"),
+    _s("streams.concurrency.control", _bool, False, "enable expectedOffset checks on publish"),
+    _s("streams.encryption", _bool, False, "encrypt stored messages (not supported yet)"),
+    _s("streams.max.message.bytes", parse_size, 1 << 20, "largest message accepted"),
+    _s("streams.fsync.policy", _choice("never", "interval", "always"), "never", "when the log is fsynced"),
+    _s("streams.fsync.interval", parse_duration_ms, 1000, "fsync interval with the interval policy"),
+    _s("clustering.server.id", _name, "", "this server's id (default: random)"),
+    _s("clustering.namespace", _name, "liftbridge-default", "cluster namespace, a prefix of internal subjects"),
+    _s("clustering.raft.snapshot.retain", _int(1), 2, "Raft snapshots kept on disk"),
+    _s("clustering.raft.snapshot.threshold", _int(1), 8192, "Raft entries between snapshots"),
+    _s("clustering.raft.cache.size", _int(0), 512, "Raft entries kept in memory"),
+    _s("clustering.raft.bootstrap.seed", _bool, False, "found a new cluster with this server"),
+    _s("clustering.raft.bootstrap.peers", _list, (), "found a new cluster with these server ids"),
+    _s("clustering.raft.max.quorum.size", _int(0), 0, "most voters in the metadata group (0: all)"),
+    _s("clustering.replica.max.lag.time", parse_duration_ms, 15_000, "drop a follower from the ISR after this"),
+    _s("clustering.replica.max.leader.timeout", parse_duration_ms, 15_000, "report a silent leader after this"),
+    _s("clustering.replica.max.idle.wait", parse_duration_ms, 10_000, "a caught-up follower's sleep"),
+    _s("clustering.replica.fetch.timeout", parse_duration_ms, 3_000, "timeout of one replication fetch"),
+    _s("clustering.min.insync.replicas", _int(1), 1, "ISR size needed to commit"),
+    _s("clustering.replication.max.bytes", parse_size, 1 << 20, "most bytes in one replication response"),
+    _s("clustering.rack", _str, "", "rack of this server, for replica placement"),
+    _s("activity.stream.enabled", _bool, False, "publish cluster events to the activity stream"),
+    _s("activity.stream.publish.timeout", parse_duration_ms, 5_000, "timeout of an activity publish"),
+    _s("activity.stream.publish.ack.policy", _choice("leader", "all", "none"), "all", "ack policy of activity"),
+    _s("cursors.stream.partitions", _int(0), 0, "partitions of the cursors stream (0: cursors off)"),
+    _s("cursors.stream.auto.pause.time", parse_duration_ms, 60_000, "auto-pause time of the cursors stream"),
+    _s("groups.consumer.timeout", parse_duration_ms, 15_000, "drop a silent group consumer after this"),
+    _s("groups.coordinator.timeout", parse_duration_ms, 15_000, "replace a silent group coordinator after this"),
+)
+_BY_KEY = {s.key: s for s in SETTINGS}
+_BY_ENV = {ENV_PREFIX + re.sub(r"[.\-]", "_", s.key).upper(): s.key for s in SETTINGS}
+
+
+# -- sections -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NatsConfig:
+    servers: tuple[str, ...]
+    user: str
+    password: str
+    token: str
+    tls_cert: str
+    tls_key: str
+    tls_ca: str
+    embedded: bool
+    embedded_config: str
+    embedded_host: str
+    embedded_port: int
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    retention_max_bytes: int
+    retention_max_messages: int
+    retention_max_age: int
+    cleaner_interval: int
+    segment_max_bytes: int
+    segment_max_age: int
+    compact_enabled: bool
+    compact_max_goroutines: int
+    auto_pause_time: int
+    auto_pause_disable_if_subscribers: bool
+    concurrency_control: bool
+    encryption: bool
+    max_message_bytes: int
+    fsync_policy: str
+    fsync_interval: int
+
+    def log_config(self) -> LogConfig:
+        """Storage settings for a new partition log (durations are in ms)."""
+        return LogConfig(
+            segment_max_bytes=self.segment_max_bytes,
+            segment_max_age_ms=self.segment_max_age,
+            retention_max_bytes=self.retention_max_bytes,
+            retention_max_messages=self.retention_max_messages,
+            retention_max_age_ms=self.retention_max_age,
+            compact_enabled=self.compact_enabled,
+            max_record_bytes=self.max_message_bytes,
+            fsync=FsyncPolicy(self.fsync_policy),
+            fsync_interval_ms=self.fsync_interval,
+        )
+
+
+@dataclass(frozen=True)
+class ClusteringConfig:
+    server_id: str
+    namespace: str
+    raft_snapshot_retain: int
+    raft_snapshot_threshold: int
+    raft_cache_size: int
+    raft_bootstrap_seed: bool
+    raft_bootstrap_peers: tuple[str, ...]
+    raft_max_quorum_size: int
+    replica_max_lag_time: int
+    replica_max_leader_timeout: int
+    replica_max_idle_wait: int
+    replica_fetch_timeout: int
+    min_insync_replicas: int
+    replication_max_bytes: int
+    rack: str
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The whole configuration; pass each component only its section."""
+
+    host: str
+    port: int
+    data_dir: Path
+    log_level: str
+    nats: NatsConfig
+    streams: StreamsConfig
+    clustering: ClusteringConfig
+    #: Every key's final value, for keys no section models yet (tls, groups, ...).
+    values: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+# -- loading ------------------------------------------------------------------
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for raw_key, value in tree.items():
+        key = f"{prefix}{raw_key}"
+        if isinstance(value, dict) and key not in _BY_KEY:
+            flat.update(_flatten(value, key + "."))
+        else:
+            flat[key] = value
+    return flat
+
+
+def _unknown(key: str, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _BY_KEY, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(key, f"unknown key in {source}{hint}")
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError("config", f"{path} must hold a mapping of keys to values")
+    return _flatten(tree)
+
+
+def _section(cls: type[Any], prefix: str, values: Mapping[str, Any]) -> Any:
+    """Build a section dataclass from the keys under ``prefix`` (``a.b.c`` -> field ``b_c``)."""
+    names = {f.name for f in fields(cls)}
+    picked = {k[len(prefix) :].replace(".", "_"): v for k, v in values.items() if k.startswith(prefix)}
+    return cls(**{name: value for name, value in picked.items() if name in names})
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    """Build the configuration: defaults < file < ``LIFTLOG_*`` env < ``overrides`` (flags)."""
+    raw: dict[str, tuple[Any, str]] = {}
+    if path is not None:
+        for key, value in _read_file(Path(path)).items():
+            if key not in _BY_KEY:
+                raise _unknown(key, str(path))
+            raw[key] = (value, str(path))
+    for name, value in (os.environ if env is None else env).items():
+        if name.startswith(ENV_PREFIX):
+            if name not in _BY_ENV:
+                raise ConfigError(name, "unknown environment variable (keys map to LIFTLOG_<KEY_WITH_UNDERSCORES>)")
+            raw[_BY_ENV[name]] = (value, name)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in _BY_KEY:
+            raise _unknown(key, "command-line flags")
+        raw[key] = (value, "flag")
+
+    values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
+    for key, (value, source) in raw.items():
+        try:
+            values[key] = _BY_KEY[key].parse(value)
+        except ValueError as exc:
+            raise ConfigError(key, f"{exc} (from {source})") from None
+
+    if values["listen"]:
+        host, _, port = values["listen"].rpartition(":")
+        values["host"], values["port"] = host, int(port)
+    if not values["clustering.server.id"]:
+        values["clustering.server.id"] = uuid.uuid4().hex[:22]
+    if bool(values["tls.key"]) != bool(values["tls.cert"]):
+        raise ConfigError("tls.cert" if values["tls.key"] else "tls.key", "tls.key and tls.cert must be set together")
+    if values["nats.embedded"] and values["nats.servers"]:
+        raise ConfigError("nats.servers", "cannot be combined with nats.embedded: true (the embedded server is used)")
+
+    return ServerConfig(
+        host=values["host"],
+        port=values["port"],
+        data_dir=Path(values["data.dir"]),
+        log_level=values["logging.level"],
+        nats=_section(NatsConfig, "nats.", values),
+        streams=_section(StreamsConfig, "streams.", values),
+        clustering=_section(ClusteringConfig, "clustering.", values),
+        values=values,
+    )

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from liftlog.server.config import ConfigError, load_config, parse_duration_ms, parse_size
+from liftlog.storage import FsyncPolicy
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "liftlog.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_loopback_and_liftbridge_like() -> None:
+    cfg = load_config(env={})
+    assert cfg.listen == "127.0.0.1:9292"
+    assert cfg.clustering.namespace == "liftbridge-default"
+    assert cfg.streams.retention_max_age == 7 * 24 * 3600 * 1000
+    assert len(cfg.clustering.server_id) == 22
+    assert cfg.nats.embedded is False and cfg.nats.embedded_host == "127.0.0.1"
+
+
+def test_flat_nested_and_mixed_keys_are_the_same(tmp_path: Path) -> None:
+    flat = load_config(write(tmp_path, "streams.retention.max.bytes: 1024\nlogging.level: debug\n"), env={})
+    nested = load_config(
+        write(tmp_path, "streams:\n  retention:\n    max:\n      bytes: 1024\nlogging: {level: debug}\n"), env={}
+    )
+    mixed = load_config(write(tmp_path, "streams:\n  retention.max.bytes: 1024\nlogging:\n  level: debug\n"), env={})
+    assert flat.streams.retention_max_bytes == nested.streams.retention_max_bytes == mixed.streams.retention_max_bytes
+    assert flat.log_level == nested.log_level == mixed.log_level == "debug"
+
+
+def test_nats_embedded_with_its_config_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "nats:\n  embedded: true\n  embedded.config: /etc/nats.conf\n  embedded.port: 0\n")
+    cfg = load_config(path, env={})
+    assert (cfg.nats.embedded, cfg.nats.embedded_config, cfg.nats.embedded_port) == (True, "/etc/nats.conf", 0)
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, "port: 1000\nclustering.server.id: from-file\ndata.dir: /from/file\n")
+    env = {"LIFTLOG_PORT": "2000", "LIFTLOG_CLUSTERING_SERVER_ID": "from-env"}
+    cfg = load_config(path, overrides={"port": 3000, "clustering.server.id": None}, env=env)
+    assert (cfg.port, cfg.clustering.server_id, cfg.data_dir) == (3000, "from-env", Path("/from/file"))
+
+
+def test_listen_overrides_host_and_port() -> None:
+    cfg = load_config(overrides={"listen": "0.0.0.0:7000", "port": 1}, env={})
+    assert (cfg.host, cfg.port) == ("0.0.0.0", 7000)
+
+
+def test_units_for_durations_and_sizes(tmp_path: Path) -> None:
+    path = write(tmp_path, "streams:\n  segment.max.bytes: 64MiB\n  retention.max.age: 1h30m\n  fsync.policy: always\n")
+    cfg = load_config(path, env={})
+    assert cfg.streams.segment_max_bytes == 64 << 20
+    assert cfg.streams.retention_max_age == 90 * 60 * 1000
+    log = cfg.streams.log_config()
+    assert (log.segment_max_bytes, log.fsync, log.retention_max_age_ms) == (64 << 20, FsyncPolicy.ALWAYS, 5_400_000)
+    assert parse_duration_ms("250ms") == 250 and parse_duration_ms(0) == 0 and parse_duration_ms("1.5s") == 1500
+    assert parse_size("1GB") == 10**9 and parse_size("1k") == 1000
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'streams.retention.max.byte'.*did you mean 'streams.retention.max.bytes'"):
+        load_config(write(tmp_path, "streams.retention.max.byte: 5\n"), env={})
+    with pytest.raises(ConfigError, match="LIFTLOG_NOPE"):
+        load_config(env={"LIFTLOG_NOPE": "1"})
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        ("port: abc\n", "port", "expected an integer"),
+        ("port: -1\n", "port", "must be >= 0"),
+        ("streams.retention.max.age: forever\n", "streams.retention.max.age", "expected a duration"),
+        ("streams.segment.max.bytes: 12 parsecs\n", "streams.segment.max.bytes", "expected a size"),
+        ("streams.compact.enabled: maybe\n", "streams.compact.enabled", "expected true or false"),
+        ("logging.level: loud\n", "logging.level", "expected one of debug, info, warn, error"),
+        ("clustering.server.id: a.b\n", "clustering.server.id", "no spaces, dots or wildcards"),
+        ("listen: nowhere\n", "listen", "expected host:port"),
+        ("tls.key: k.pem\n", "tls.cert", "must be set together"),
+        ("nats: {embedded: true, servers: [nats://x:4222]}\n", "nats.servers", "nats.embedded"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert info.value.key == key and fragment in str(info.value)
+
+
+def test_bad_files_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml", env={})
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "a: [\n"), env={})
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(write(tmp_path, "- 1\n"), env={})
+    assert load_config(write(tmp_path, ""), env={}).port == 9292
