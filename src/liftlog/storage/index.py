@@ -4,9 +4,10 @@
 position)``, one for the first batch of the segment and then at most one per
 ``index_interval_bytes`` of log, each naming the start of a batch.
 ``.timeindex`` holds 12-byte entries ``(int64 max timestamp so far, uint32
-offset - segment base)``, appended when a batch raises the segment's max
-timestamp and the interval has passed. Both are sorted, so lookups are a
-binary search over an in-memory copy.
+offset - segment base)``, one for each offset index entry and naming the
+same batch, so the two files must have the same number of entries: a time
+index cut short by a crash is detected and rebuilt. Both are sorted, so
+lookups are a binary search over an in-memory copy.
 
 Index files carry no checksum: like Kafka, they are checked for sanity when
 a segment is opened and rebuilt from the log when in doubt, and a lookup
@@ -146,6 +147,10 @@ class OffsetIndex(_SortedIndex):
         """Drop entries for batches starting at or after ``offset``."""
         self._truncate_entries(bisect.bisect_left(self._keys, offset))
 
+    @property
+    def offsets(self) -> list[int]:
+        return list(self._keys)
+
     def truncate_from_position(self, position: int) -> None:
         """Drop entries for batches at or after byte ``position``."""
         self._truncate_entries(bisect.bisect_left(self._values, position))
@@ -162,15 +167,16 @@ class TimeIndex(_SortedIndex):
     def _encode(self, key: int, value: int) -> bytes:
         return _TIME_ENTRY.pack(key, value - self.base_offset)
 
-    def load(self, next_offset: int) -> bool:
+    def load(self, batch_offsets: list[int]) -> bool:
+        """Read the file; False unless it names exactly ``batch_offsets`` (the offset index's)."""
         entries = self._read_entries()
-        if entries is None:
+        if entries is None or [off for _, off in entries] != batch_offsets:
             return False
-        prev_ts, prev_off = -(2**63), self.base_offset - 1
-        for ts, off in entries:
-            if ts < prev_ts or off <= prev_off or off >= next_offset:
+        prev_ts = -(2**63)
+        for ts, _ in entries:
+            if ts < prev_ts:
                 return False
-            prev_ts, prev_off = ts, off
+            prev_ts = ts
         self._keys = [t for t, _ in entries]
         self._values = [o for _, o in entries]
         return True
@@ -180,8 +186,9 @@ class TimeIndex(_SortedIndex):
         return self._keys[-1] if self._keys else -1
 
     def append(self, timestamp: int, offset: int) -> None:
-        if self._keys and (timestamp <= self._keys[-1] or offset <= self._values[-1]):
-            return
+        """Add the entry for the batch at ``offset``; ``timestamp`` is the max so far."""
+        if self._keys:
+            timestamp = max(timestamp, self._keys[-1])
         self._append(timestamp, offset)
 
     def lookup(self, timestamp: int) -> int:

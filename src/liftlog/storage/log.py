@@ -351,20 +351,18 @@ class CommitLog:
         for seg in segments[self._segment_index(offset, segments) :]:
             if seg.next_offset <= offset:
                 continue
-            for data, header in self._batches(seg, offset, budget):
+            # Empty batches (compaction, truncation fillers) do not end a read that has found nothing yet.
+            for data, header in seg.batches(seg.find_position(offset), budget):
                 if header.base_offset >= limit:
                     return out
                 seg.check_crc(data, header)
                 out.extend(decode_records(data, header, offset, limit))
                 budget -= header.size
-                if len(out) >= max_records or budget <= 0:
+                if out and (len(out) >= max_records or budget <= 0):
                     return out[:max_records]
             if seg.next_offset >= limit:
                 break
         return out
-
-    def _batches(self, seg: Segment, offset: int, max_bytes: int) -> Iterator[tuple[memoryview, BatchHeader]]:
-        return seg.batches(seg.find_position(offset), max_bytes)
 
     def read_raw(self, offset: int, max_bytes: int = 1 << 20, max_offset: int | None = None) -> bytes:
         """Whole encoded batches from the one holding ``offset``, up to ``max_bytes``.
@@ -419,7 +417,7 @@ class CommitLog:
             if seg.max_timestamp < timestamp or not seg.size:
                 continue
             start = max(seg.time_index.lookup(timestamp), self.log_start_offset)
-            for data, header in self._batches(seg, start, 1 << 62):
+            for data, header in seg.batches(seg.find_position(start), 64 * 1024):
                 if header.max_timestamp < timestamp:
                     continue
                 seg.check_crc(data, header)
@@ -452,7 +450,8 @@ class CommitLog:
         for seg in dropped:
             seg.delete()
             self._retire(seg)
-        self._segments[-1].truncate_to(offset)
+        in_force = [e.epoch for e in self.epoch_cache.entries if e.start_offset < offset]
+        self._segments[-1].truncate_to(offset, filler_epoch=in_force[-1] if in_force else 0)
         self.epoch_cache.truncate_from_end(offset)
         self._clamp_high_watermark()
         self._close_retired()

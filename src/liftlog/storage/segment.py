@@ -83,29 +83,44 @@ class Segment:
     def open_closed(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
         """Open a segment that is not the newest: its data must be whole.
 
-        Indexes that fail their sanity check are rebuilt. The tail after
-        the last index entry is walked to learn ``next_offset``; a batch
-        there that cannot be parsed is an error, never skipped.
+        Indexes that fail their checks are rebuilt. The tail after the last
+        index entry is walked to learn ``next_offset``; if that entry does
+        not point at its batch, the indexes are rebuilt from the whole file.
+        A batch that cannot be parsed there is an error, never skipped.
         """
         seg = cls(directory, base_offset, index_interval_bytes)
-        if not seg.index.load(seg.size):
-            log.warning("%s: offset index missing or invalid, rebuilding from the log", seg.index.path)
+        if not seg.index.load(seg.size) or not seg.time_index.load(seg.index.offsets):
+            log.warning("%s: indexes missing or invalid, rebuilding from the log", seg.index.path)
             seg.rebuild_indexes(verify=False)
             return seg
-        start = max(seg.index.last_position, 0)
-        end_position = start
-        for header in seg._walk(start, strict=True):
-            seg.next_offset = header.next_offset
-            seg.max_timestamp = max(seg.max_timestamp, header.max_timestamp)
-            end_position = header.position + header.size
-        if end_position != seg.size:
-            raise CorruptBatch(str(seg.log_path), end_position, "segment ends with a partial batch")
-        if not seg.time_index.load(seg.next_offset):
-            log.warning("%s: time index missing or invalid, rebuilding from the log", seg.time_index.path)
+        try:
+            seg._scan_tail()
+        except CorruptBatch as exc:
+            log.warning("%s: index does not match the log (%s), rebuilding", seg.index.path, exc)
             seg.rebuild_indexes(verify=False)
-            return seg
-        seg.max_timestamp = max(seg.max_timestamp, seg.time_index.max_timestamp)
         return seg
+
+    def _scan_tail(self) -> None:
+        """Learn next_offset, max timestamp and index spacing from the last index entry on."""
+        start = max(self.index.last_position, 0)
+        expected = self.index.offsets[-1] if len(self.index) else None
+        self.next_offset = self.base_offset
+        self.max_timestamp = self.time_index.max_timestamp
+        since = self.index_interval_bytes
+        end = start
+        for header in self._walk(start, strict=True):
+            if expected is not None and header.position == start and header.base_offset != expected:
+                raise CorruptBatch(str(self.log_path), start, f"index names offset {expected} here")
+            self.next_offset = header.next_offset
+            self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+            end = header.position + header.size
+            since = end - start
+        if end != self.size:
+            raise CorruptBatch(str(self.log_path), end, "segment ends with a partial batch")
+        if self.size == 0:
+            self.first_append_ns = None
+            since = self.index_interval_bytes
+        self._bytes_since_index = since
 
     @classmethod
     def open_active(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
@@ -128,7 +143,6 @@ class Segment:
         self.max_timestamp = -1
         self.first_append_ns = None
         since = self.index_interval_bytes
-        last_time = -1
         end = 0
         for header in self._walk(0, strict=not verify, verify=verify):
             if header.base_offset < self.next_offset:
@@ -142,9 +156,7 @@ class Segment:
             self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
             if since >= self.index_interval_bytes:
                 offsets.append((header.base_offset, header.position))
-                if self.max_timestamp > last_time:
-                    times.append((self.max_timestamp, header.base_offset))
-                    last_time = self.max_timestamp
+                times.append((self.max_timestamp, header.base_offset))
                 since = 0
             since += header.size
             self.next_offset = header.next_offset
@@ -244,17 +256,17 @@ class Segment:
         for path in (self.log_path, self.index.path, self.time_index.path):
             path.unlink(missing_ok=True)
 
-    def truncate_to(self, offset: int) -> None:
+    def truncate_to(self, offset: int, filler_epoch: int) -> None:
         """Remove every record at or above ``offset``; afterwards ``next_offset == offset``.
 
         A batch that straddles ``offset`` is rewritten with the records below
-        it. If the remaining data ends below ``offset`` (a compaction gap), an
-        empty batch keeps the offsets up to ``offset`` assigned.
+        it. If the remaining data ends below ``offset`` (a compaction gap),
+        empty batches of ``filler_epoch`` (the epoch in force at ``offset``)
+        keep the offsets up to ``offset`` assigned.
         """
         if offset < self.base_offset:
             return
         position = self.find_position(offset) if offset < self.next_offset else self.size
-        epoch = 0
         if position < self.size:
             header = self.header_at(position)
             epoch = header.leader_epoch
@@ -272,25 +284,12 @@ class Segment:
             if tail:
                 os.write(self._fd, tail)
                 self.size += len(tail)
-            self._refresh_tail()
-        if self.base_offset < offset and self.next_offset < offset:
-            filler = encode_empty_batch(self.next_offset, offset - self.next_offset - 1, epoch)
+            self._scan_tail()
+        while self.base_offset < offset and self.next_offset < offset:
+            # A batch's last_offset_delta is an int32: a wider gap takes several fillers.
+            delta = min(offset - self.next_offset - 1, 2**31 - 1)
+            filler = encode_empty_batch(self.next_offset, delta, filler_epoch)
             self.append(filler, [parse_batch_header(filler)], self.first_append_ns or 0)
-
-    def _refresh_tail(self) -> None:
-        """Recompute next_offset, max timestamp and the index spacing after a truncation."""
-        start = max(self.index.last_position, 0)
-        self.next_offset = self.base_offset
-        self.max_timestamp = self.time_index.max_timestamp
-        since = self.index_interval_bytes
-        for header in self._walk(start, strict=True):
-            self.next_offset = header.next_offset
-            self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
-            since = header.position + header.size - start
-        if self.size == 0:
-            self.first_append_ns = None
-            since = self.index_interval_bytes
-        self._bytes_since_index = since
 
     # -- reading -------------------------------------------------------
 
@@ -325,31 +324,33 @@ class Segment:
                 return header.position
         return self.size
 
-    def batches(self, position: int = 0, max_bytes: int = 1 << 62) -> Iterator[tuple[memoryview, BatchHeader]]:
-        """(batch bytes, header) of whole batches from ``position``, about ``max_bytes`` worth.
+    def batches(self, position: int = 0, chunk_bytes: int = _SCAN_CHUNK) -> Iterator[tuple[memoryview, BatchHeader]]:
+        """(batch bytes, header) of every whole batch from ``position`` to the end.
 
-        Each header's position is relative to its own bytes (zero). Reads
-        in chunks, so a scan costs one system call per chunk, not per batch.
+        Each header's position is relative to its own bytes (zero). Reads in
+        chunks of about ``chunk_bytes`` (one system call per chunk, not per
+        batch); the caller stops iterating when it has enough. Malformed
+        data raises CorruptBatch naming the file and position.
         """
         end = self.size
-        while position < end and max_bytes > 0:
-            chunk = memoryview(self.pread(position, min(max(max_bytes, 64 * 1024), end - position, _SCAN_CHUNK)))
+        chunk_bytes = min(max(chunk_bytes, 64 * 1024), _SCAN_CHUNK)
+        while position < end:
+            chunk = memoryview(self.pread(position, min(chunk_bytes, end - position)))
             consumed = 0
-            for header in iter_batch_headers(chunk):
-                start = header.position
-                yield chunk[start : start + header.size], _moved(header, -start)
-                consumed = start + header.size
-                max_bytes -= header.size
-                if max_bytes <= 0:
-                    return
+            try:
+                for header in iter_batch_headers(chunk):
+                    start = header.position
+                    consumed = start + header.size
+                    yield chunk[start:consumed], _moved(header, -start)
+            except InvalidBatch as exc:
+                raise CorruptBatch(str(self.log_path), position + consumed, str(exc)) from None
             if consumed == 0:
                 header = self.header_at(position)
                 data = self.pread(position, header.size)
                 if len(data) < header.size:
                     raise CorruptBatch(str(self.log_path), position, "batch runs past the end of the file")
-                yield memoryview(data), _moved(header, -position)
                 consumed = header.size
-                max_bytes -= header.size
+                yield memoryview(data), _moved(header, -position)
             position += consumed
 
     def iter_headers(self, position: int = 0) -> Iterator[BatchHeader]:
