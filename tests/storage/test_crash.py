@@ -565,12 +565,6 @@ def test_offset_index_pointing_inside_a_batch_is_rebuilt(tmp_path: Path, logs: l
         assert snapshot(log) == built.state
 
 
-@pytest.mark.xfail(
-    reason="recovery keeps an emptied active segment that starts after an offset gap: the LEO is its base, "
-    "but no batch covers the gap, so read_raw below the LEO returns b'' and a follower there never advances",
-    raises=AssertionError,
-    strict=True,
-)
 def test_fetch_progress_after_a_torn_segment_after_a_gap(tmp_path: Path, logs: list[Built]) -> None:
     """Every offset below the LEO must be fetchable: read_raw returns a batch that ends past it
     (storage-format.md and read_raw's docstring: b"" only at the LEO). A raw batch after a gap starts

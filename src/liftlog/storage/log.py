@@ -42,6 +42,7 @@ from .records import (
     batch_crc_ok,
     decode_records,
     encode_batch,
+    encode_empty_batch,
     iter_batch_headers,
     parse_batch_header,
 )
@@ -117,7 +118,15 @@ class CommitLog:
             log.warning("%s; using the first segment's base offset", exc)
             start = None
         if bases:
-            self._segments.append(Segment.open_active(self.directory, bases[-1], interval))
+            active = Segment.open_active(self.directory, bases[-1], interval)
+            if not active.size and self._segments and active.base_offset > self._segments[-1].next_offset:
+                # A crash emptied a segment that began after a gap: nothing would cover the
+                # gap's offsets, so the previous segment becomes the active one again.
+                log.warning("%s: empty after recovery and past a gap; removing it", active.log_path)
+                active.close()
+                active.delete()
+            else:
+                self._segments.append(active)
         else:
             self._segments.append(Segment.create(self.directory, start or 0, interval))
         self._bases = [s.base_offset for s in self._segments]
@@ -450,11 +459,26 @@ class CommitLog:
         for seg in dropped:
             seg.delete()
             self._retire(seg)
-        in_force = [e.epoch for e in self.epoch_cache.entries if e.start_offset < offset]
-        self._segments[-1].truncate_to(offset, filler_epoch=in_force[-1] if in_force else 0)
+        self._segments[-1].truncate_to(offset)
         self.epoch_cache.truncate_from_end(offset)
+        self._fill_gap_to(offset)
         self._clamp_high_watermark()
         self._close_retired()
+
+    def _fill_gap_to(self, offset: int) -> None:
+        """Cover offsets from the LEO up to ``offset`` with empty batches.
+
+        Truncation into a gap (left by compaction or a raw append) must not
+        move the LEO below the truncation point. The fillers go through the
+        normal write path, so a gap too wide for one segment's 32-bit
+        relative offsets rolls a new segment, and a batch's int32 offset
+        delta is never exceeded.
+        """
+        epoch = self.epoch_cache.latest_epoch or 0
+        while self.log_end_offset < offset:
+            base = self.log_end_offset
+            filler = encode_empty_batch(base, min(offset - base - 1, 2**31 - 1), epoch)
+            self._write(filler, [parse_batch_header(filler)], self._clock())
 
     def reset(self, offset: int) -> None:
         """Delete everything and restart the log empty at ``offset`` (a follower far behind)."""

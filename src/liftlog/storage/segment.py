@@ -256,13 +256,13 @@ class Segment:
         for path in (self.log_path, self.index.path, self.time_index.path):
             path.unlink(missing_ok=True)
 
-    def truncate_to(self, offset: int, filler_epoch: int) -> None:
-        """Remove every record at or above ``offset``; afterwards ``next_offset == offset``.
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or above ``offset``.
 
         A batch that straddles ``offset`` is rewritten with the records below
-        it. If the remaining data ends below ``offset`` (a compaction gap),
-        empty batches of ``filler_epoch`` (the epoch in force at ``offset``)
-        keep the offsets up to ``offset`` assigned.
+        it, still covering offsets up to ``offset - 1``. If the data that
+        remains ends below ``offset`` (a gap), ``next_offset`` ends up below
+        it too: the log fills the gap.
         """
         if offset < self.base_offset:
             return
@@ -285,11 +285,6 @@ class Segment:
                 os.write(self._fd, tail)
                 self.size += len(tail)
             self._scan_tail()
-        while self.base_offset < offset and self.next_offset < offset:
-            # A batch's last_offset_delta is an int32: a wider gap takes several fillers.
-            delta = min(offset - self.next_offset - 1, 2**31 - 1)
-            filler = encode_empty_batch(self.next_offset, delta, filler_epoch)
-            self.append(filler, [parse_batch_header(filler)], self.first_append_ns or 0)
 
     # -- reading -------------------------------------------------------
 
