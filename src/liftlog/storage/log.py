@@ -618,21 +618,3 @@ class CommitLog:
             f"CommitLog({self.directory}, start={self.log_start_offset}, end={self.log_end_offset}, "
             f"hw={self.high_watermark}, segments={len(self._segments)})"
         )
-
-
-def _moved_to(header: BatchHeader, position: int) -> BatchHeader:
-    if header.position == position:
-        return header
-    return BatchHeader(
-        header.base_offset,
-        header.length,
-        header.leader_epoch,
-        header.magic,
-        header.crc,
-        header.attributes,
-        header.last_offset_delta,
-        header.first_timestamp,
-        header.max_timestamp,
-        header.record_count,
-        position=position,
-    )
