@@ -332,9 +332,9 @@ class CommitLog:
         if offset < self.log_start_offset or offset > self.log_end_offset:
             raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)
 
-    def _segment_index(self, offset: int, segments: list[Segment]) -> int:
-        bases = [s.base_offset for s in segments] if segments is not self._segments else self._bases
-        return max(bisect.bisect_right(bases, offset) - 1, 0)
+    def _segment_index(self, offset: int) -> int:
+        """Index of the segment whose range holds ``offset`` (the first one below the log start)."""
+        return max(bisect.bisect_right(self._bases, offset) - 1, 0)
 
     def read(
         self,
@@ -357,7 +357,7 @@ class CommitLog:
         out: list[Record] = []
         budget = max_bytes
         segments = self._segments
-        for seg in segments[self._segment_index(offset, segments) :]:
+        for seg in segments[self._segment_index(offset) :]:
             if seg.next_offset <= offset:
                 continue
             # Empty batches (compaction, truncation fillers) do not end a read that has found nothing yet.
@@ -386,7 +386,7 @@ class CommitLog:
         self._check_range(offset)
         limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
         segments = self._segments
-        i = self._segment_index(offset, segments)
+        i = self._segment_index(offset)
         while offset < limit and i < len(segments):
             seg = segments[i]
             position = seg.find_position(offset)
@@ -561,7 +561,6 @@ class CommitLog:
         hides a committed one. Each segment is replaced crash-safely (temp
         files, fsync, rename). Gives up if the owner truncates meanwhile.
         """
-
         with self._lock:
             if self._compacting:
                 raise RuntimeError("compaction is already running on this log")

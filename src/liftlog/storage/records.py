@@ -58,7 +58,6 @@ __all__ = [
     "iter_batch_headers",
     "parse_batch_header",
     "record_keys",
-    "record_size",
     "retain_records",
 ]
 
@@ -125,16 +124,6 @@ class BatchHeader:
     @property
     def next_offset(self) -> int:
         return self.base_offset + self.last_offset_delta + 1
-
-
-def record_size(record: NewRecord) -> int:
-    """Encoded size of one record, to check it against the configured maximum."""
-    size = RECORD_OVERHEAD + len(record.value)
-    if record.key is not None:
-        size += len(record.key)
-    for name, value in record.headers.items():
-        size += 6 + len(name.encode()) + len(value)
-    return size
 
 
 def encode_batch(
