@@ -1,0 +1,333 @@
+"""Cluster metadata as a plain state machine: streams, partitions, their flags.
+
+Rules:
+- Every change is an operation (``CreateStream``, ``DeleteStream``,
+  ``SetPaused``, ``SetReadonly``) applied by :meth:`Metadata.apply`; the
+  state changes only there, so the same operations can later be replicated
+  through Raft and applied on every server in the same order.
+- ``apply`` either fully applies an operation or raises a
+  :class:`MetadataError` subclass and changes nothing.
+- Nothing here reads a clock or touches a file: timestamps arrive inside the
+  operations, persistence is ``to_dict`` / ``from_dict``.
+
+Not safe to share between threads; the server uses it from its event loop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CreateStream",
+    "DeleteStream",
+    "EventTimestamps",
+    "InvalidStreamError",
+    "Metadata",
+    "MetadataError",
+    "NoSuchPartitionError",
+    "NoSuchStreamError",
+    "Operation",
+    "PartitionMeta",
+    "SetPaused",
+    "SetReadonly",
+    "StreamExistsError",
+    "StreamMeta",
+    "StreamSettings",
+    "partition_subject",
+    "validate_stream_name",
+    "validate_subject",
+]
+
+
+class MetadataError(Exception):
+    """An operation that cannot be applied; the message says why."""
+
+
+class StreamExistsError(MetadataError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"stream {name!r} already exists")
+
+
+class NoSuchStreamError(MetadataError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no such stream: {name!r}")
+
+
+class NoSuchPartitionError(MetadataError):
+    def __init__(self, name: str, partition: int) -> None:
+        self.name = name
+        self.partition = partition
+        super().__init__(f"no such partition: stream {name!r} has no partition {partition}")
+
+
+class InvalidStreamError(MetadataError):
+    """A stream name, subject or setting that is not allowed."""
+
+
+# Names become directory names, so they are restricted to a portable set.
+_NAME = re.compile(r"[A-Za-z0-9_\-.]{1,249}")
+_SUBJECT_TOKEN = re.compile(r"[^\s.*>]+")
+
+
+def validate_stream_name(name: str) -> None:
+    if not name:
+        raise InvalidStreamError("stream name is empty")
+    if not _NAME.fullmatch(name) or name in {".", ".."}:
+        raise InvalidStreamError(
+            f"invalid stream name {name!r}: use 1-249 letters, digits, '_', '-' or '.', and not '.' or '..'"
+        )
+
+
+def validate_subject(subject: str) -> None:
+    """A NATS subject a stream may listen on: dot-separated tokens, ``*`` tokens, a final ``>``."""
+    if not subject:
+        raise InvalidStreamError("subject is empty")
+    tokens = subject.split(".")
+    for i, token in enumerate(tokens):
+        if token == "*" or (token == ">" and i == len(tokens) - 1):
+            continue
+        if not _SUBJECT_TOKEN.fullmatch(token):
+            raise InvalidStreamError(
+                f"invalid subject {subject!r}: token {i + 1} ({token!r}) must be non-empty, without spaces, "
+                "and '*' or '>' only as a whole token ('>' only last)"
+            )
+
+
+def partition_subject(subject: str, partition: int) -> str:
+    """Liftbridge's rule: partition 0 listens on the stream subject, partition N on ``<subject>.N``."""
+    return subject if partition == 0 else f"{subject}.{partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class EventTimestamps:
+    """First and latest time (ns) something happened; 0 when it never did."""
+
+    first: int = 0
+    latest: int = 0
+
+    def record(self, now: int) -> EventTimestamps:
+        return EventTimestamps(self.first or now, now)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """Per-stream overrides from CreateStream; ``None`` means the server default."""
+
+    retention_max_bytes: int | None = None
+    retention_max_messages: int | None = None
+    retention_max_age_ms: int | None = None
+    cleaner_interval_ms: int | None = None
+    segment_max_bytes: int | None = None
+    segment_max_age_ms: int | None = None
+    compact_max_goroutines: int | None = None
+    compact_enabled: bool | None = None
+    auto_pause_time_ms: int | None = None
+    auto_pause_disable_if_subscribers: bool | None = None
+    min_isr: int | None = None
+    optimistic_concurrency_control: bool | None = None
+    encryption: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StreamSettings:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class PartitionMeta:
+    stream: str
+    id: int
+    subject: str
+    leader: str
+    replicas: list[str]
+    isr: list[str]
+    leader_epoch: int = 0
+    paused: bool = False
+    readonly: bool = False
+    pause_timestamps: EventTimestamps = EventTimestamps()
+    readonly_timestamps: EventTimestamps = EventTimestamps()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "subject": self.subject,
+            "leader": self.leader,
+            "replicas": list(self.replicas),
+            "isr": list(self.isr),
+            "leader_epoch": self.leader_epoch,
+            "paused": self.paused,
+            "readonly": self.readonly,
+            "pause_timestamps": [self.pause_timestamps.first, self.pause_timestamps.latest],
+            "readonly_timestamps": [self.readonly_timestamps.first, self.readonly_timestamps.latest],
+        }
+
+    @classmethod
+    def from_dict(cls, stream: str, data: dict[str, Any]) -> PartitionMeta:
+        return cls(
+            stream=stream,
+            id=int(data["id"]),
+            subject=str(data["subject"]),
+            leader=str(data["leader"]),
+            replicas=[str(r) for r in data["replicas"]],
+            isr=[str(r) for r in data["isr"]],
+            leader_epoch=int(data.get("leader_epoch", 0)),
+            paused=bool(data.get("paused", False)),
+            readonly=bool(data.get("readonly", False)),
+            pause_timestamps=EventTimestamps(*data.get("pause_timestamps", (0, 0))),
+            readonly_timestamps=EventTimestamps(*data.get("readonly_timestamps", (0, 0))),
+        )
+
+
+@dataclass(slots=True)
+class StreamMeta:
+    name: str
+    subject: str
+    group: str
+    creation_timestamp: int
+    settings: StreamSettings
+    partitions: dict[int, PartitionMeta] = field(default_factory=dict)
+    #: Set by PauseStream(resumeAll): resuming one partition resumes them all.
+    resume_all: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "subject": self.subject,
+            "group": self.group,
+            "creation_timestamp": self.creation_timestamp,
+            "settings": self.settings.to_dict(),
+            "resume_all": self.resume_all,
+            "partitions": [p.to_dict() for p in self.partitions.values()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StreamMeta:
+        name = str(data["name"])
+        parts = [PartitionMeta.from_dict(name, p) for p in data["partitions"]]
+        return cls(
+            name=name,
+            subject=str(data["subject"]),
+            group=str(data.get("group", "")),
+            creation_timestamp=int(data["creation_timestamp"]),
+            settings=StreamSettings.from_dict(dict(data.get("settings", {}))),
+            partitions={p.id: p for p in parts},
+            resume_all=bool(data.get("resume_all", False)),
+        )
+
+
+# -- operations ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStream:
+    stream: StreamMeta
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStream:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetPaused:
+    """Pause (or resume) ``partitions`` of a stream; an empty tuple means all of them."""
+
+    name: str
+    partitions: tuple[int, ...]
+    paused: bool
+    timestamp: int
+    resume_all: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SetReadonly:
+    name: str
+    partitions: tuple[int, ...]
+    readonly: bool
+    timestamp: int
+
+
+Operation = CreateStream | DeleteStream | SetPaused | SetReadonly
+
+
+class Metadata:
+    """Every stream and partition of the cluster, changed only by :meth:`apply`."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, StreamMeta] = {}
+
+    def stream(self, name: str) -> StreamMeta:
+        try:
+            return self.streams[name]
+        except KeyError:
+            raise NoSuchStreamError(name) from None
+
+    def partition(self, name: str, partition: int) -> PartitionMeta:
+        try:
+            return self.stream(name).partitions[partition]
+        except KeyError:
+            raise NoSuchPartitionError(name, partition) from None
+
+    def apply(self, op: Operation) -> list[PartitionMeta]:
+        """Apply ``op``; return the partitions whose state changed."""
+        match op:
+            case CreateStream(stream=s):
+                validate_stream_name(s.name)
+                validate_subject(s.subject)
+                if s.name in self.streams:
+                    raise StreamExistsError(s.name)
+                if not s.partitions:
+                    raise InvalidStreamError(f"stream {s.name!r} needs at least one partition")
+                self.streams[s.name] = s
+                return list(s.partitions.values())
+            case DeleteStream(name=name):
+                return list(self.streams.pop(self.stream(name).name).partitions.values())
+            case SetPaused():
+                stream = self.stream(op.name)
+                targets = self._targets(stream, op.partitions)
+                if not op.paused and stream.resume_all:
+                    targets = list(stream.partitions.values())
+                changed = [p for p in targets if p.paused != op.paused]
+                for p in changed:
+                    p.paused = op.paused
+                    if op.paused:
+                        p.pause_timestamps = p.pause_timestamps.record(op.timestamp)
+                if op.paused:
+                    stream.resume_all = op.resume_all
+                return changed
+            case SetReadonly():
+                stream = self.stream(op.name)
+                changed = [p for p in self._targets(stream, op.partitions) if p.readonly != op.readonly]
+                for p in changed:
+                    p.readonly = op.readonly
+                    p.readonly_timestamps = p.readonly_timestamps.record(op.timestamp)
+                return changed
+        raise TypeError(f"unknown metadata operation {op!r}")  # pragma: no cover
+
+    @staticmethod
+    def _targets(stream: StreamMeta, partitions: tuple[int, ...]) -> list[PartitionMeta]:
+        if not partitions:
+            return list(stream.partitions.values())
+        missing = [i for i in partitions if i not in stream.partitions]
+        if missing:
+            raise NoSuchPartitionError(stream.name, missing[0])
+        return [stream.partitions[i] for i in dict.fromkeys(partitions)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": 1, "streams": [s.to_dict() for s in self.streams.values()]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Metadata:
+        if data.get("version") != 1:
+            raise ValueError(f"unsupported metadata version {data.get('version')!r}")
+        meta = cls()
+        for s in data.get("streams", []):
+            stream = StreamMeta.from_dict(s)
+            meta.streams[stream.name] = stream
+        return meta

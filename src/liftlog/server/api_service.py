@@ -1,0 +1,502 @@
+"""The gRPC ``proto.API`` service: Liftbridge's RPCs on top of the stream manager.
+
+Publishes go through NATS, as in Liftbridge: the server wraps the request in
+a Publish envelope and publishes it on the partition's subject, so every
+stream on that subject (and every plain NATS subscriber) sees it; the ack
+comes back from the partition through the :class:`AckRouter`.
+
+Errors keep Liftbridge's status codes and carry a ``liftlog-error`` reason
+(see ``liftlog.api.errors``). Handlers run on the event loop; none blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+from nats.errors import MaxPayloadError
+
+from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.api.envelope import encode_publish_message
+from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
+from liftlog.metadata import (
+    InvalidStreamError,
+    MetadataError,
+    NoSuchPartitionError,
+    NoSuchStreamError,
+    StreamExistsError,
+    StreamSettings,
+    validate_subject,
+)
+
+from .acks import AckRouter
+from .partition import Partition
+from .streams import StreamManager
+from .subscribe import EndOfReadonly, PartitionGone, read_subscription
+
+__all__ = ["ApiService", "RpcFailure"]
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, bytes], Awaitable[None]]
+Code = grpc.StatusCode
+PAE = api_pb2.PublishAsyncError
+
+
+class RpcFailure(Exception):
+    """An RPC error: status code, liftlog reason and a message for people."""
+
+    def __init__(self, code: grpc.StatusCode, reason: Reason, message: str) -> None:
+        self.code = code
+        self.reason = reason
+        self.message = message
+        super().__init__(message)
+
+
+_ASYNC_CODES = {
+    Reason.NO_SUCH_STREAM: PAE.NOT_FOUND,
+    Reason.NO_SUCH_PARTITION: PAE.NOT_FOUND,
+    Reason.READONLY: PAE.READONLY,
+    Reason.INCORRECT_OFFSET: PAE.INCORRECT_OFFSET,
+    Reason.TOO_LARGE: PAE.BAD_REQUEST,
+    Reason.INVALID_ARGUMENT: PAE.BAD_REQUEST,
+    Reason.INTERNAL: PAE.INTERNAL,
+}
+
+
+def failure_from(exc: MetadataError) -> RpcFailure:
+    if isinstance(exc, StreamExistsError):
+        return RpcFailure(Code.ALREADY_EXISTS, Reason.STREAM_EXISTS, str(exc))
+    if isinstance(exc, NoSuchPartitionError):
+        return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_PARTITION, str(exc))
+    if isinstance(exc, NoSuchStreamError):
+        return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_STREAM, str(exc))
+    return RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc))
+
+
+async def _abort(ctx: grpc.aio.ServicerContext[Any, Any], failure: RpcFailure) -> NoReturn:
+    await ctx.abort(failure.code, failure.message, trailing_metadata=((ERROR_KEY, failure.reason.value),))
+    raise AssertionError("unreachable")  # pragma: no cover  (abort raises)
+
+
+def _nullable(msg: Any, name: str) -> Any:
+    return getattr(msg, name).value if msg.HasField(name) else None
+
+
+class ApiService(api_pb2_grpc.APIServicer):
+    def __init__(
+        self,
+        *,
+        server_id: str,
+        host: str,
+        port: int,
+        streams: StreamManager,
+        acks: AckRouter,
+        publish: Publish,
+        ack_timeout: float,
+        max_message_bytes: int,
+    ) -> None:
+        self.server_id = server_id
+        self.host = host
+        self.port = port
+        self._streams = streams
+        self._acks = acks
+        self._publish = publish
+        self._ack_timeout = ack_timeout
+        self._max_message_bytes = max_message_bytes
+
+    # -- streams ---------------------------------------------------------
+
+    async def CreateStream(self, request: Any, context: Any) -> api_pb2.CreateStreamResponse:
+        req: api_pb2.CreateStreamRequest = request
+        try:
+            settings = self._settings(req)
+            await self._streams.create_stream(
+                req.name,
+                req.subject,
+                group=req.group,
+                partitions=req.partitions,
+                replication_factor=req.replicationFactor,
+                settings=settings,
+            )
+        except MetadataError as exc:
+            await _abort(context, failure_from(exc))
+        return api_pb2.CreateStreamResponse()
+
+    @staticmethod
+    def _settings(req: api_pb2.CreateStreamRequest) -> StreamSettings:
+        settings = StreamSettings(
+            retention_max_bytes=_nullable(req, "retentionMaxBytes"),
+            retention_max_messages=_nullable(req, "retentionMaxMessages"),
+            retention_max_age_ms=_nullable(req, "retentionMaxAge"),
+            cleaner_interval_ms=_nullable(req, "cleanerInterval"),
+            segment_max_bytes=_nullable(req, "segmentMaxBytes"),
+            segment_max_age_ms=_nullable(req, "segmentMaxAge"),
+            compact_max_goroutines=_nullable(req, "compactMaxGoroutines"),
+            compact_enabled=_nullable(req, "compactEnabled"),
+            auto_pause_time_ms=_nullable(req, "autoPauseTime"),
+            auto_pause_disable_if_subscribers=_nullable(req, "autoPauseDisableIfSubscribers"),
+            min_isr=_nullable(req, "minIsr"),
+            optimistic_concurrency_control=_nullable(req, "optimisticConcurrencyControl"),
+            encryption=_nullable(req, "encryption"),
+        )
+        for name, value in settings.to_dict().items():
+            if not isinstance(value, bool) and value < 0:
+                raise InvalidStreamError(f"{name} must not be negative, got {value}")
+        if settings.encryption:
+            raise InvalidStreamError("encryption at rest is not supported yet")
+        if settings.min_isr is not None and settings.min_isr > 1:
+            raise InvalidStreamError(f"minIsr {settings.min_isr} is larger than the number of servers (1)")
+        return settings
+
+    async def DeleteStream(self, request: Any, context: Any) -> api_pb2.DeleteStreamResponse:
+        try:
+            await self._streams.delete_stream(request.name)
+        except MetadataError as exc:
+            await _abort(context, failure_from(exc))
+        return api_pb2.DeleteStreamResponse()
+
+    async def PauseStream(self, request: Any, context: Any) -> api_pb2.PauseStreamResponse:
+        try:
+            await self._streams.pause(request.name, tuple(request.partitions), request.resumeAll)
+        except MetadataError as exc:
+            await _abort(context, failure_from(exc))
+        return api_pb2.PauseStreamResponse()
+
+    async def SetStreamReadonly(self, request: Any, context: Any) -> api_pb2.SetStreamReadonlyResponse:
+        try:
+            await self._streams.set_readonly(request.name, tuple(request.partitions), request.readonly)
+        except MetadataError as exc:
+            await _abort(context, failure_from(exc))
+        return api_pb2.SetStreamReadonlyResponse()
+
+    # -- subscribe ---------------------------------------------------------
+
+    async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[api_pb2.Message]:
+        req: api_pb2.SubscribeRequest = request
+        try:
+            part = self._streams.partition(req.stream, req.partition)
+            if part.meta.paused:
+                if not req.resume:
+                    raise RpcFailure(
+                        Code.FAILED_PRECONDITION,
+                        Reason.PAUSED,
+                        f"partition {req.stream}/{req.partition} is paused; subscribe with resume to resume it",
+                    )
+                await self._streams.resume(req.stream, req.partition)
+            self._check_leader(part, allow_replica=req.readISRReplica)
+        except MetadataError as exc:
+            await _abort(context, failure_from(exc))
+        except RpcFailure as failure:
+            await _abort(context, failure)
+        part.subscribers += 1
+        part.last_activity = part.messages_received.latest or part.last_activity
+        try:
+            yield api_pb2.Message()  # Liftbridge clients wait for this before they return the subscription
+            async for message in read_subscription(part, req):
+                yield message
+        except PartitionGone as exc:
+            await _abort(context, self._gone(req.stream, req.partition, str(exc)))
+        except EndOfReadonly as exc:
+            await _abort(context, RpcFailure(Code.FAILED_PRECONDITION, Reason.READONLY, str(exc)))
+        finally:
+            part.subscribers -= 1
+
+    def _gone(self, stream: str, partition: int, reason: str) -> RpcFailure:
+        try:
+            meta = self._streams.metadata.partition(stream, partition)
+        except MetadataError:
+            return RpcFailure(Code.NOT_FOUND, Reason.STREAM_DELETED, f"stream {stream!r} was deleted")
+        if meta.paused:
+            return RpcFailure(Code.FAILED_PRECONDITION, Reason.PAUSED, f"partition {stream}/{partition} was paused")
+        return RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, reason)
+
+    def _check_leader(self, part: Partition, allow_replica: bool = False) -> None:
+        meta = part.meta
+        if meta.leader != self.server_id and not (allow_replica and self.server_id in meta.isr):
+            raise RpcFailure(Code.FAILED_PRECONDITION, Reason.NOT_LEADER, NOT_LEADER_MESSAGE)
+
+    # -- metadata ----------------------------------------------------------
+
+    async def FetchMetadata(self, request: Any, context: Any) -> api_pb2.FetchMetadataResponse:
+        req: api_pb2.FetchMetadataRequest = request
+        streams = self._streams.metadata.streams
+        names = list(req.streams) or list(streams)
+        out = api_pb2.FetchMetadataResponse()
+        leaders = 0
+        total = 0
+        for part in self._streams.partitions.values():
+            total += 1
+            leaders += part.meta.leader == self.server_id
+        out.brokers.append(
+            api_pb2.Broker(id=self.server_id, host=self.host, port=self.port, partitionCount=total, leaderCount=leaders)
+        )
+        for name in names:
+            stream = streams.get(name)
+            if stream is None:
+                out.streamMetadata.append(
+                    api_pb2.StreamMetadata(name=name, error=api_pb2.StreamMetadata.UNKNOWN_STREAM)
+                )
+                continue
+            sm = out.streamMetadata.add(name=name, subject=stream.subject, creationTimestamp=stream.creation_timestamp)
+            for pid in stream.partitions:
+                sm.partitions[pid].CopyFrom(self._partition_metadata(self._streams.partitions[(name, pid)]))
+        if req.groups:
+            for group in req.groups:
+                out.groupMetadata.append(
+                    api_pb2.ConsumerGroupMetadata(groupId=group, error=api_pb2.ConsumerGroupMetadata.UNKNOWN_GROUP)
+                )
+        return out
+
+    @staticmethod
+    def _partition_metadata(part: Partition) -> api_pb2.PartitionMetadata:
+        meta = part.meta
+        received = part.messages_received
+        return api_pb2.PartitionMetadata(
+            id=meta.id,
+            leader=meta.leader,
+            replicas=meta.replicas,
+            isr=meta.isr,
+            highWatermark=part.high_watermark,
+            newestOffset=part.newest_offset,
+            paused=meta.paused,
+            readonly=meta.readonly,
+            messagesReceivedTimestamps=api_pb2.PartitionEventTimestamps(
+                firstTimestamp=received.first, latestTimestamp=received.latest
+            ),
+            pauseTimestamps=api_pb2.PartitionEventTimestamps(
+                firstTimestamp=meta.pause_timestamps.first, latestTimestamp=meta.pause_timestamps.latest
+            ),
+            readonlyTimestamps=api_pb2.PartitionEventTimestamps(
+                firstTimestamp=meta.readonly_timestamps.first, latestTimestamp=meta.readonly_timestamps.latest
+            ),
+        )
+
+    async def FetchPartitionMetadata(self, request: Any, context: Any) -> api_pb2.FetchPartitionMetadataResponse:
+        try:
+            part = self._streams.partition(request.stream, request.partition)
+            self._check_leader(part)
+        except MetadataError as exc:
+            await _abort(context, failure_from(exc))
+        except RpcFailure as failure:
+            await _abort(context, failure)
+        return api_pb2.FetchPartitionMetadataResponse(metadata=self._partition_metadata(part))
+
+    # -- publish -----------------------------------------------------------
+
+    async def _send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
+        """Validate and publish one request; the future resolves with its ack (None for AckPolicy NONE)."""
+        try:
+            part = self._streams.partition(req.stream, req.partition)
+        except MetadataError as exc:
+            raise failure_from(exc) from exc
+        meta = part.meta
+        if meta.readonly:
+            raise RpcFailure(
+                Code.FAILED_PRECONDITION, Reason.READONLY, f"partition {req.stream}/{req.partition} is readonly"
+            )
+        self._check_leader(part)
+        if meta.paused:
+            await self._streams.resume(req.stream, req.partition)
+        size = len(req.value) + len(req.key)
+        if size > self._max_message_bytes:
+            raise RpcFailure(
+                Code.INVALID_ARGUMENT,
+                Reason.TOO_LARGE,
+                f"message of {size} bytes is larger than streams.max.message.bytes ({self._max_message_bytes})",
+            )
+        policy = req.ackPolicy
+        message = api_pb2.Message(
+            key=req.key,
+            value=req.value,
+            headers=req.headers,
+            offset=req.expectedOffset if part.options.occ else -1,
+        )
+        future = None
+        if policy != api_pb2.NONE:
+            inbox = req.ackInbox or self._acks.inbox
+            cid = req.correlationId or self._acks.new_correlation_id()
+            message.ackInbox = inbox
+            message.correlationId = cid
+            message.ackPolicy = policy
+            future = self._acks.expect(inbox, cid)
+        await self._publish_envelope(part.subject, message, future)
+        return future
+
+    async def _publish_envelope(
+        self, subject: str, message: api_pb2.Message, future: asyncio.Future[api_pb2.Ack] | None
+    ) -> None:
+        try:
+            await self._publish(subject, encode_publish_message(message))
+        except MaxPayloadError as exc:
+            if future is not None:
+                self._acks.forget(message.ackInbox, message.correlationId)
+            raise RpcFailure(
+                Code.INVALID_ARGUMENT, Reason.TOO_LARGE, f"message is larger than the NATS max payload: {exc}"
+            ) from exc
+        except Exception as exc:
+            if future is not None:
+                self._acks.forget(message.ackInbox, message.correlationId)
+            raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, f"cannot publish to NATS: {exc}") from exc
+
+    async def _await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
+        timeout = self._ack_timeout if timeout is None else min(timeout, self._ack_timeout * 10)
+        try:
+            ack = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise RpcFailure(
+                Code.DEADLINE_EXCEEDED,
+                Reason.ACK_TIMEOUT,
+                f"no ack within {timeout:.3g}s; the message may not be stored",
+            ) from None
+        except asyncio.CancelledError:
+            if not future.done():
+                raise
+            raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, "the server is shutting down") from None
+        error = ack.ackError
+        if error == api_pb2.Ack.INCORRECT_OFFSET:
+            raise RpcFailure(
+                Code.FAILED_PRECONDITION, Reason.INCORRECT_OFFSET, f"incorrect expected offset for {ack.stream}"
+            )
+        if error == api_pb2.Ack.TOO_LARGE:
+            raise RpcFailure(
+                Code.INVALID_ARGUMENT, Reason.TOO_LARGE, "message is larger than streams.max.message.bytes"
+            )
+        if error != api_pb2.Ack.OK:
+            raise RpcFailure(Code.INTERNAL, Reason.INTERNAL, f"the partition refused the message (ack error {error})")
+        return ack
+
+    async def Publish(self, request: Any, context: Any) -> api_pb2.PublishResponse:
+        try:
+            future = await self._send(request)
+            if future is None:
+                return api_pb2.PublishResponse()
+            ack = await self._await_ack(future, context.time_remaining())
+        except RpcFailure as failure:
+            await _abort(context, failure)
+        return api_pb2.PublishResponse(ack=ack)
+
+    async def PublishToSubject(self, request: Any, context: Any) -> api_pb2.PublishToSubjectResponse:
+        req: api_pb2.PublishToSubjectRequest = request
+        try:
+            try:
+                validate_subject(req.subject)
+            except InvalidStreamError as exc:
+                raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc)) from exc
+            if "*" in req.subject.split(".") or req.subject.endswith(">"):
+                raise RpcFailure(
+                    Code.INVALID_ARGUMENT,
+                    Reason.INVALID_ARGUMENT,
+                    f"cannot publish to wildcard subject {req.subject!r}",
+                )
+            size = len(req.value) + len(req.key)
+            if size > self._max_message_bytes:
+                raise RpcFailure(
+                    Code.INVALID_ARGUMENT,
+                    Reason.TOO_LARGE,
+                    f"message of {size} bytes is larger than streams.max.message.bytes ({self._max_message_bytes})",
+                )
+            message = api_pb2.Message(key=req.key, value=req.value, headers=req.headers, offset=-1)
+            future = None
+            if req.ackPolicy != api_pb2.NONE:
+                message.ackInbox = req.ackInbox or self._acks.inbox
+                message.correlationId = req.correlationId or self._acks.new_correlation_id()
+                message.ackPolicy = req.ackPolicy
+                future = self._acks.expect(message.ackInbox, message.correlationId)
+            await self._publish_envelope(req.subject, message, future)
+            if future is None:
+                return api_pb2.PublishToSubjectResponse()
+            ack = await self._await_ack(future, context.time_remaining())
+        except RpcFailure as failure:
+            await _abort(context, failure)
+        return api_pb2.PublishToSubjectResponse(ack=ack)
+
+    async def PublishAsync(self, request_iterator: Any, context: Any) -> None:
+        """Answer every request, in request order, with its ack or an asyncError."""
+        queue: deque[tuple[str, asyncio.Future[api_pb2.Ack] | RpcFailure]] = deque()
+        wake = asyncio.Event()
+        reading_done = False
+
+        async def read() -> None:
+            nonlocal reading_done
+            try:
+                async for req in request_iterator:
+                    try:
+                        future = await self._send(req)
+                    except RpcFailure as failure:
+                        queue.append((req.correlationId, failure))
+                    else:
+                        if future is None:
+                            continue
+                        queue.append((req.correlationId, future))
+                    wake.set()
+            finally:
+                reading_done = True
+                wake.set()
+
+        reader = asyncio.get_running_loop().create_task(read(), name="PublishAsync reader")
+        try:
+            while True:
+                while not queue:
+                    if reading_done:
+                        await reader  # surfaces a failed request stream
+                        return
+                    await wake.wait()
+                    wake.clear()
+                cid, item = queue.popleft()
+                if isinstance(item, RpcFailure):
+                    await context.write(self._async_error(cid, item))
+                    continue
+                try:
+                    ack = await self._await_ack(item, None)
+                except RpcFailure as failure:
+                    await context.write(self._async_error(cid, failure))
+                    continue
+                await context.write(api_pb2.PublishResponse(ack=ack, correlationId=cid))
+        finally:
+            reader.cancel()
+
+    @staticmethod
+    def _async_error(cid: str, failure: RpcFailure) -> api_pb2.PublishResponse:
+        code = _ASYNC_CODES.get(failure.reason, PAE.UNKNOWN)
+        return api_pb2.PublishResponse(
+            correlationId=cid, asyncError=api_pb2.PublishAsyncError(code=code, message=failure.message)
+        )
+
+    # -- later issues --------------------------------------------------------
+
+    async def _unimplemented(self, context: Any, what: str) -> NoReturn:
+        await _abort(
+            context,
+            RpcFailure(
+                Code.UNIMPLEMENTED,
+                Reason.UNIMPLEMENTED,
+                f"{what} are not implemented in this liftlog version yet",
+            ),
+        )
+
+    async def SetCursor(self, request: Any, context: Any) -> api_pb2.SetCursorResponse:
+        await self._unimplemented(context, "cursors")
+
+    async def FetchCursor(self, request: Any, context: Any) -> api_pb2.FetchCursorResponse:
+        await self._unimplemented(context, "cursors")
+
+    async def JoinConsumerGroup(self, request: Any, context: Any) -> api_pb2.JoinConsumerGroupResponse:
+        await self._unimplemented(context, "consumer groups")
+
+    async def LeaveConsumerGroup(self, request: Any, context: Any) -> api_pb2.LeaveConsumerGroupResponse:
+        await self._unimplemented(context, "consumer groups")
+
+    async def FetchConsumerGroupAssignments(
+        self, request: Any, context: Any
+    ) -> api_pb2.FetchConsumerGroupAssignmentsResponse:
+        await self._unimplemented(context, "consumer groups")
+
+    async def ReportConsumerGroupCoordinator(
+        self, request: Any, context: Any
+    ) -> api_pb2.ReportConsumerGroupCoordinatorResponse:
+        await self._unimplemented(context, "consumer groups")

@@ -1,0 +1,318 @@
+"""One partition hosted by this server: its log, its NATS intake, acks and waiting readers.
+
+Intake is batched: the NATS callback only appends the message to a list and
+wakes the partition's writer task, so every message that arrived during one
+turn of the event loop is encoded, CRC'd and written as one record batch,
+and its acks are sent together.
+
+Rules:
+- A message is acked only after it is in the log (``LEADER``) or committed,
+  i.e. the high watermark reached it (``ALL``); ``NONE`` is never acked.
+  With one replica, committed means written.
+- Rejected messages (expected offset, size) are not written; their ack
+  carries the error so the publisher learns why.
+- ``stop`` drains the NATS subscription and writes what was received
+  before closing the log, so nothing the server took in is dropped.
+
+Event-loop only, not thread-safe. ``start``/``stop``/``pause`` await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from liftlog.api import api_pb2
+from liftlog.metadata import EventTimestamps, PartitionMeta
+from liftlog.storage import CommitLog, LogConfig, RecordTooLarge
+
+from .messages import Incoming, incoming_from_nats, record_size
+
+__all__ = ["AckSink", "Partition", "PartitionClosed", "PartitionOptions"]
+
+log = logging.getLogger(__name__)
+
+#: Sends an Ack to its inbox (locally or over NATS). Must not block.
+AckSink = Callable[[api_pb2.Ack], None]
+
+
+class PartitionClosed(Exception):
+    """The partition was paused, deleted or the server is stopping."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class NatsSubscriber(Protocol):
+    async def subscribe(self, subject: str, queue: str = ..., cb: Any = ...) -> Any: ...
+
+
+class PartitionOptions:
+    """Settings one partition needs, resolved from server defaults and stream overrides."""
+
+    __slots__ = ("auto_pause_disable_if_subscribers", "auto_pause_ns", "batch_max", "log_config", "occ")
+
+    def __init__(
+        self,
+        log_config: LogConfig,
+        *,
+        occ: bool = False,
+        batch_max: int = 1024,
+        auto_pause_ns: int = 0,
+        auto_pause_disable_if_subscribers: bool = False,
+    ) -> None:
+        self.log_config = log_config
+        self.occ = occ
+        self.batch_max = batch_max
+        self.auto_pause_ns = auto_pause_ns
+        self.auto_pause_disable_if_subscribers = auto_pause_disable_if_subscribers
+
+
+class Partition:
+    def __init__(
+        self,
+        meta: PartitionMeta,
+        *,
+        directory: Path,
+        options: PartitionOptions,
+        queue_group: str,
+        ack_sink: AckSink,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.meta = meta
+        self.stream = meta.stream
+        self.id = meta.id
+        self.subject = meta.subject
+        self.directory = directory
+        self.options = options
+        self._queue_group = queue_group
+        self._ack_sink = ack_sink
+        self._clock = clock
+        self.log: CommitLog | None = None
+        self.messages_received = EventTimestamps()
+        #: ns of the last publish or subscribe, for auto-pause.
+        self.last_activity = clock()
+        self.subscribers = 0
+        self._sub: Any = None
+        self._pending: list[Incoming] = []
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._commit_waiters: deque[api_pb2.Ack] = deque()
+        self._data_waiter: asyncio.Future[None] | None = None
+        self._closed_reason: str | None = "not started"
+        # What a closed (paused) partition reports in its metadata.
+        self._closed_hw = -1
+        self._closed_newest = -1
+
+    # -- lifecycle -------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self.log is not None and self._closed_reason is None
+
+    def open_log(self) -> None:
+        """Open (recover) the log; readers may use it from now on."""
+        if self.log is None:
+            self.log = CommitLog.open(self.directory, self.options.log_config, clock=self._clock)
+            # One replica: everything written is committed.
+            self.log.set_high_watermark(self.log.newest_offset)
+        self._closed_reason = None
+        self.last_activity = self._clock()
+
+    async def start_intake(self, nats: NatsSubscriber) -> None:
+        """Subscribe to the partition's subject and start writing what arrives."""
+        if self._sub is not None:
+            return
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name=f"writer {self}")
+        self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
+
+    async def stop_intake(self) -> None:
+        """Unsubscribe, then write every message already received."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.drain()
+            except Exception as exc:  # a closed connection has nothing left to drain
+                log.debug("draining %s: %s", self, exc)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+        if self._pending:
+            self._write_pending()
+
+    async def close(self, reason: str) -> None:
+        """Stop intake, close the log (checkpointing the HW) and end every reader."""
+        await self.stop_intake()
+        self._closed_reason = reason
+        self.wake_readers()
+        if self.log is not None:
+            self._closed_hw = self.log.high_watermark
+            self._closed_newest = self.log.newest_offset
+            self.log.close()
+            self.log = None
+
+    # -- intake ----------------------------------------------------------
+
+    async def _on_nats_message(self, msg: Any) -> None:
+        # Called by nats-py once per message; keep it tiny, the writer does the work.
+        self._pending.append(incoming_from_nats(msg.subject, msg.reply, msg.data, self.subject))
+        if len(self._pending) == 1:
+            self._wake.set()
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._pending:
+                try:
+                    self._write_pending()
+                except Exception:
+                    log.exception("writing to %s failed", self)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        step = self.options.batch_max
+        for i in range(0, len(pending), step):
+            self.append(pending[i : i + step])
+
+    def append(self, items: list[Incoming]) -> None:
+        """Write ``items`` as one batch (dropping rejected ones), then ack them."""
+        log_ = self.log
+        if log_ is None:
+            raise PartitionClosed(self._closed_reason or "closed")
+        now = self._clock()
+        next_offset = log_.log_end_offset
+        max_bytes = self.options.log_config.max_record_bytes
+        occ = self.options.occ
+        accepted: list[Incoming] = []
+        rejected: list[tuple[Incoming, int]] = []
+        for item in items:
+            if occ and item.expected_offset != -1 and item.expected_offset != next_offset:
+                rejected.append((item, api_pb2.Ack.INCORRECT_OFFSET))
+            elif len(item.record.value) > max_bytes and record_size(item.record) > max_bytes:
+                rejected.append((item, api_pb2.Ack.TOO_LARGE))
+            else:
+                accepted.append(item)
+                next_offset += 1
+        base = log_.log_end_offset
+        if accepted:
+            try:
+                log_.append([item.record for item in accepted], self.meta.leader_epoch)
+            except RecordTooLarge:
+                # Header overhead pushed one over the limit: write the rest one by one.
+                self._append_one_by_one(accepted, now)
+                accepted = []
+        if accepted:
+            self.messages_received = self.messages_received.record(now)
+            self.last_activity = now
+        for offset, item in enumerate(accepted, base):
+            if item.ack_inbox and item.ack_policy != api_pb2.NONE:
+                ack = self._ack(item, offset, now)
+                if item.ack_policy == api_pb2.LEADER:
+                    self._ack_sink(ack)
+                else:
+                    self._commit_waiters.append(ack)
+        for item, error in rejected:
+            if item.ack_inbox:
+                ack = self._ack(item, -1, now)
+                ack.ackError = error  # type: ignore[assignment]
+                self._ack_sink(ack)
+        if log_.newest_offset >= base:
+            # One replica: written means committed. Replication (issue 5) moves this to the ISR's acks.
+            self.set_high_watermark(log_.newest_offset)
+
+    def _append_one_by_one(self, items: list[Incoming], now: int) -> None:
+        assert self.log is not None
+        for item in items:
+            offset = self.log.log_end_offset
+            try:
+                self.log.append([item.record], self.meta.leader_epoch)
+            except RecordTooLarge:
+                if item.ack_inbox:
+                    ack = self._ack(item, -1, now)
+                    ack.ackError = api_pb2.Ack.TOO_LARGE
+                    self._ack_sink(ack)
+                continue
+            self.messages_received = self.messages_received.record(now)
+            self.last_activity = now
+            if item.ack_inbox and item.ack_policy != api_pb2.NONE:
+                ack = self._ack(item, offset, now)
+                if item.ack_policy == api_pb2.LEADER:
+                    self._ack_sink(ack)
+                else:
+                    self._commit_waiters.append(ack)
+
+    def _ack(self, item: Incoming, offset: int, now: int) -> api_pb2.Ack:
+        return api_pb2.Ack(
+            stream=self.stream,
+            partitionSubject=self.subject,
+            msgSubject=item.subject,
+            offset=offset,
+            ackInbox=item.ack_inbox,
+            correlationId=item.correlation_id,
+            ackPolicy=item.ack_policy,  # type: ignore[arg-type]
+            receptionTimestamp=now,
+        )
+
+    def set_high_watermark(self, offset: int) -> None:
+        """Commit up to ``offset``: send ALL acks it covers and wake readers."""
+        assert self.log is not None
+        self.log.set_high_watermark(offset)
+        waiters = self._commit_waiters
+        if waiters:
+            now = self._clock()
+            while waiters and waiters[0].offset <= offset:
+                ack = waiters.popleft()
+                ack.commitTimestamp = now
+                self._ack_sink(ack)
+        self.wake_readers()
+
+    # -- readers ---------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log.high_watermark if self.log is not None else self._closed_hw
+
+    @property
+    def newest_offset(self) -> int:
+        return self.log.newest_offset if self.log is not None else self._closed_newest
+
+    @property
+    def accepting(self) -> bool:
+        """Open and listening on NATS (not paused, not readonly)."""
+        return self._sub is not None
+
+    def wake_readers(self) -> None:
+        waiter, self._data_waiter = self._data_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def wait_for_data(self) -> Awaitable[None]:
+        """A future that completes at the next commit (or when the partition closes).
+
+        Callers re-check ``high_watermark`` and ``is_open`` afterwards. One
+        future is shared by every reader, so a commit costs one wake-up however
+        many subscribers there are.
+        """
+        if self._data_waiter is None or self._data_waiter.done():
+            self._data_waiter = asyncio.get_running_loop().create_future()
+        return asyncio.shield(self._data_waiter)
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed_reason
+
+    def idle_for(self, now: int) -> int:
+        return now - self.last_activity
+
+    def __repr__(self) -> str:
+        return f"<Partition {self.stream}/{self.id} subject={self.subject!r}>"

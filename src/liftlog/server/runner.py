@@ -1,0 +1,71 @@
+"""Running a server as a process: logging, the event loop, signals, the banner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from .config import ServerConfig
+from .server import Server
+
+__all__ = ["run_server"]
+
+log = logging.getLogger("liftlog.server")
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=_LEVELS.get(level, logging.INFO),
+        format="%(asctime)s %(levelname)-5s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if level != "debug":
+        logging.getLogger("nats").setLevel(logging.WARNING)
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover  (uvloop is a dependency on POSIX)
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def serve(config: ServerConfig) -> None:
+    """Start a server, print how to reach it, run until SIGINT/SIGTERM, stop it cleanly."""
+    server = Server(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(
+        f"liftlog server {server.server_id} is ready\n"
+        f"  gRPC API:  {server.address}   (liftlog stream list -a {server.address})\n"
+        f"  NATS:      {server.nats_url}\n"
+        f"  data:      {config.data_dir.resolve()}\n"
+        "  stop with Ctrl-C",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await server.stop()
+        log.info("stopped")
+
+
+def run_server(config: ServerConfig) -> int:
+    """Run a server in this process until it is signalled; return the exit code.
+
+    Raises ServerStartError (one readable line) when it cannot start.
+    """
+    _setup_logging(config.log_level)
+    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        runner.run(serve(config))
+    return 0

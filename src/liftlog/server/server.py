@@ -1,0 +1,296 @@
+"""The composition root: builds a server's parts in order and tears them down in reverse.
+
+``start`` order: data directory (locked against a second server), embedded
+nats-server when configured, the NATS connection, the ack router, the
+streams (reopening every partition), the gRPC API, then the housekeeping
+tasks. A failing step stops what was started and raises ServerStartError
+naming the step. ``stop`` closes the API first (no new work), drains every
+partition's NATS intake and writes what it received, closes the logs with
+their checkpoints, then NATS and the child nats-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import ssl
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import nats
+
+from liftlog.api import api_pb2_grpc
+from liftlog.metadata import CorruptMetadataError
+from liftlog.storage import StorageError
+
+from .acks import AckRouter
+from .api_service import ApiService
+from .config import ServerConfig
+from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
+from .errors import ServerStartError
+from .streams import StreamManager
+
+__all__ = ["Server"]
+
+log = logging.getLogger(__name__)
+
+#: How long a Publish waits for its ack when the request has no deadline.
+DEFAULT_ACK_TIMEOUT_S = 5.0
+GRPC_MAX_MESSAGE_BYTES = 64 << 20
+
+
+class Server:
+    """One liftlog server. Not thread-safe; ``start`` and ``stop`` await."""
+
+    def __init__(self, config: ServerConfig, *, clock: Callable[[], int] = time.time_ns) -> None:
+        self.config = config
+        self._clock = clock
+        self.server_id = ""
+        self.nats_url = ""
+        self.port = config.port
+        self._lock_file: IO[str] | None = None
+        self._embedded: EmbeddedNats | None = None
+        self._nc: Any = None
+        self._acks: AckRouter | None = None
+        self.streams: StreamManager | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    # -- start -----------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            self._open_data_dir()
+            await self._start_nats()
+            self._acks = AckRouter(self.server_id)
+            await self._acks.start(self._nc)
+            self.streams = StreamManager(
+                server_id=self.server_id,
+                data_dir=self.config.data_dir,
+                defaults=self.config.streams,
+                batch_max=int(self.config.values["batch.max.messages"]),
+                ack_sink=self._acks.deliver,
+                clock=self._clock,
+            )
+            try:
+                await self.streams.start(self._nc)
+            except (StorageError, CorruptMetadataError, OSError) as exc:
+                raise ServerStartError(f"cannot open the streams in {self.config.data_dir}: {exc}") from exc
+            await self._start_grpc()
+            self._start_housekeeping()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("liftlog server %s listening on %s (NATS %s)", self.server_id, self.address, self.nats_url)
+
+    def _open_data_dir(self) -> None:
+        data_dir = self.config.data_dir
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            lock = open(data_dir / "LOCK", "a+")  # noqa: SIM115 (held until stop)
+        except OSError as exc:
+            raise ServerStartError(f"cannot use data directory {data_dir}: {exc}") from exc
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            lock.close()
+            raise ServerStartError(
+                f"data directory {data_dir} is in use by another liftlog server (pid {holder})"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._lock_file = lock
+        self.server_id = self._server_id(data_dir)
+
+    def _server_id(self, data_dir: Path) -> str:
+        """The configured id, else the one this data directory was first started with."""
+        path = data_dir / "server_id"
+        configured = self.config.clustering.server_id
+        if configured:
+            if not path.exists():
+                path.write_text(configured + "\n")
+            return configured
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            server_id = secrets.token_hex(8)
+            path.write_text(server_id + "\n")
+            return server_id
+
+    async def _start_nats(self) -> None:
+        cfg = self.config.nats
+        servers = list(cfg.servers)
+        if cfg.embedded:
+            self._embedded = EmbeddedNats(
+                EmbeddedNatsConfig(
+                    host=cfg.embedded_host,
+                    port=cfg.embedded_port,
+                    config_file=Path(cfg.embedded_config) if cfg.embedded_config else None,
+                    server_name=f"liftlog-{self.server_id}",
+                )
+            )
+            try:
+                await self._embedded.start()
+            except EmbeddedNatsError as exc:
+                raise ServerStartError(f"cannot start the embedded nats-server: {exc}") from exc
+            servers = [self._embedded.url]
+        if not servers:
+            servers = ["nats://127.0.0.1:4222"]
+        self.nats_url = ",".join(servers)
+        options: dict[str, Any] = {
+            "servers": servers,
+            "name": f"liftlog-{self.server_id}",
+            "connect_timeout": 5,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            # Large write buffer: publishes and acks are flushed in big chunks.
+            "pending_size": 32 << 20,
+            "flusher_queue_size": 4096,
+            "error_cb": self._on_nats_error,
+            "disconnected_cb": self._on_nats_disconnected,
+            "reconnected_cb": self._on_nats_reconnected,
+        }
+        if cfg.user:
+            options["user"] = cfg.user
+            options["password"] = cfg.password
+        if cfg.token:
+            options["token"] = cfg.token
+        if cfg.tls_ca or cfg.tls_cert:
+            context = ssl.create_default_context(cafile=cfg.tls_ca or None)
+            if cfg.tls_cert:
+                context.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
+            options["tls"] = context
+        try:
+            self._nc = await nats.connect(**options)
+        except Exception as exc:
+            raise ServerStartError(f"cannot connect to NATS at {self.nats_url}: {exc or type(exc).__name__}") from exc
+
+    async def _on_nats_error(self, exc: Exception) -> None:
+        log.warning("NATS: %s", exc or type(exc).__name__)
+
+    async def _on_nats_disconnected(self) -> None:
+        log.warning("disconnected from NATS; reconnecting")
+
+    async def _on_nats_reconnected(self) -> None:
+        log.info("reconnected to NATS at %s", self._nc.connected_url.netloc if self._nc else "?")
+
+    async def _start_grpc(self) -> None:
+        assert self.streams is not None and self._acks is not None
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+                # Without this a second server could bind the same port and steal half the clients.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        tls = self.config.values
+        address = f"{self.config.host}:{self.config.port}"
+        try:
+            if tls["tls.cert"] and tls["tls.key"]:
+                creds = grpc.ssl_server_credentials(
+                    [(Path(tls["tls.key"]).read_bytes(), Path(tls["tls.cert"]).read_bytes())],
+                    root_certificates=Path(tls["tls.client.auth.ca"]).read_bytes()
+                    if tls["tls.client.auth.ca"]
+                    else None,
+                    require_client_auth=bool(tls["tls.client.auth.enabled"]),
+                )
+                port = server.add_secure_port(address, creds)
+            else:
+                port = server.add_insecure_port(address)
+        except (RuntimeError, OSError) as exc:
+            raise ServerStartError(f"cannot listen on {address}: {exc} (is another server using the port?)") from exc
+        if port == 0:
+            raise ServerStartError(f"cannot listen on {address}: the port is in use or the address is not local")
+        self.port = port
+        service = ApiService(
+            server_id=self.server_id,
+            host=self.config.host,
+            port=port,
+            streams=self.streams,
+            acks=self._acks,
+            publish=self._nc.publish,
+            ack_timeout=DEFAULT_ACK_TIMEOUT_S,
+            max_message_bytes=self.config.streams.max_message_bytes,
+        )
+        api_pb2_grpc.add_APIServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+        await server.start()
+        self._grpc = server
+
+    def _start_housekeeping(self) -> None:
+        assert self.streams is not None
+        streams = self.streams
+        cleaner_s = max(self.config.streams.cleaner_interval / 1000, 0.1)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._every(1.0, streams.auto_pause), name="auto-pause"),
+            loop.create_task(self._every(cleaner_s, streams.clean), name="cleaner"),
+        ]
+        if self.config.streams.fsync_policy == "interval":
+            interval = max(self.config.streams.fsync_interval / 1000, 0.01)
+
+            async def flush() -> None:
+                streams.flush_due()
+
+            self._tasks.append(loop.create_task(self._every(interval, flush), name="fsync"))
+
+    @staticmethod
+    async def _every(seconds: float, job: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await job()
+            except Exception:
+                log.exception("background job %s failed", getattr(job, "__name__", job))
+
+    # -- stop ------------------------------------------------------------
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop serving, write everything received, close logs, NATS and nats-server. Idempotent."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        # Refuse new RPCs at once; in-flight publishes get their acks while the partitions drain,
+        # and followers end when their partition closes.
+        grpc_stopped = asyncio.ensure_future(self._grpc.stop(grace)) if self._grpc is not None else None
+        self._grpc = None
+        if self.streams is not None:
+            await self.streams.stop()
+            self.streams = None
+        if grpc_stopped is not None:
+            await grpc_stopped
+        if self._acks is not None:
+            await self._acks.stop()
+            self._acks = None
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+            self._nc = None
+        if self._embedded is not None:
+            await self._embedded.stop()
+            self._embedded = None
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
