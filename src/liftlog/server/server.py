@@ -63,6 +63,7 @@ class Server:
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
+        self._stopping = False
 
     @property
     def address(self) -> str:
@@ -157,7 +158,8 @@ class Server:
             "servers": servers,
             "name": f"liftlog-{self.server_id}",
             "connect_timeout": 5,
-            "max_reconnect_attempts": -1,
+            # A few tries at start-up so a wrong URL fails with a clear error; forever once connected.
+            "max_reconnect_attempts": 4,
             "reconnect_time_wait": 0.5,
             # Large write buffer: publishes and acks are flushed in big chunks.
             "pending_size": 32 << 20,
@@ -180,12 +182,14 @@ class Server:
             self._nc = await nats.connect(**options)
         except Exception as exc:
             raise ServerStartError(f"cannot connect to NATS at {self.nats_url}: {exc or type(exc).__name__}") from exc
+        self._nc.options["max_reconnect_attempts"] = -1
 
     async def _on_nats_error(self, exc: Exception) -> None:
         log.warning("NATS: %s", exc or type(exc).__name__)
 
     async def _on_nats_disconnected(self) -> None:
-        log.warning("disconnected from NATS; reconnecting")
+        if not self._stopping:
+            log.warning("disconnected from NATS; reconnecting")
 
     async def _on_nats_reconnected(self) -> None:
         log.info("reconnected to NATS at %s", self._nc.connected_url.netloc if self._nc else "?")
@@ -263,6 +267,7 @@ class Server:
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop serving, write everything received, close logs, NATS and nats-server. Idempotent."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         self._tasks = []

@@ -185,8 +185,10 @@ class CommitLog:
 
     # -- writing -------------------------------------------------------
 
-    def append(self, records: Sequence[NewRecord], leader_epoch: int = 0) -> int:
+    def append(self, records: Sequence[NewRecord], leader_epoch: int = 0, timestamp: int | None = None) -> int:
         """Assign offsets to ``records``, write them as one batch, return the new LEO.
+
+        Records without a timestamp get ``timestamp``, by default the clock's now.
 
         Raises RecordTooLarge (nothing written) for a record over
         ``max_record_bytes``, StaleLeaderEpoch for an epoch older than the
@@ -198,7 +200,7 @@ class CommitLog:
         latest = self.epoch_cache.latest_epoch
         if latest is not None and leader_epoch < latest:
             raise StaleLeaderEpoch(leader_epoch, latest)
-        now = self._clock()
+        now = self._clock() if timestamp is None else timestamp
         base = self.log_end_offset
         data = encode_batch(base, leader_epoch, records, now, self.config.max_record_bytes)
         header = parse_batch_header(data)

@@ -1,0 +1,114 @@
+"""Real processes for integration tests: a nats-server and liftlog servers on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.server.embedded_nats import find_nats_server_binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+class NatsProcess:
+    """A plain nats-server, as a deployment liftlog connects to would run it."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self._log = open(log_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(find_nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for_port(self.port)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._log.close()
+
+
+class LiftlogProcess:
+    """``liftlog server`` in a child process; ``address`` is its gRPC host:port."""
+
+    def __init__(self, data_dir: Path, *args: str, nats_url: str | None = None, server_id: str = "s1") -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.server_id = server_id
+        self.args = list(args)
+        self.nats_url = nats_url
+        self.log_path = data_dir.parent / f"{data_dir.name}-{server_id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "liftlog.cli.main", "server", "--id", self.server_id]
+        cmd += ["--data-dir", str(self.data_dir), "--port", str(self.port), *self.args]
+        if self.nats_url:
+            cmd += ["--nats-servers", self.nats_url]
+        return cmd
+
+    def start(self, timeout: float = 30.0) -> LiftlogProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"liftlog server exited with {self.proc.returncode}:\n{self.output()}")
+            if self._answers():
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise TimeoutError(f"liftlog server did not answer within {timeout}s:\n{self.output()}")
+
+    def _answers(self) -> bool:
+        with grpc.insecure_channel(self.address) as channel:
+            try:
+                api_pb2_grpc.APIStub(channel).FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=0.5)
+            except grpc.RpcError:
+                return False
+        return True
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait: the graceful path."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

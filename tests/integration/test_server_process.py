@@ -1,0 +1,156 @@
+"""The server as a process: standalone mode, restarts without loss, shutdown, start-up errors."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from liftlog.api import api_pb2, api_pb2_grpc
+
+from .harness import LiftlogProcess, NatsProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+
+async def publish_many(address: str, name: str, count: int, policy: int = api_pb2.LEADER) -> list[int]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        api = api_pb2_grpc.APIStub(channel)
+
+        async def requests() -> AsyncIterator[api_pb2.PublishRequest]:
+            for i in range(count):
+                yield api_pb2.PublishRequest(stream=name, value=b"m%d" % i, correlationId=str(i), ackPolicy=policy)
+
+        return [r.ack.offset async for r in api.PublishAsync(requests())]
+
+
+async def values(address: str, name: str, **kw: object) -> list[bytes]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        api = api_pb2_grpc.APIStub(channel)
+        req = api_pb2.SubscribeRequest(stream=name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST)
+        for k, v in kw.items():
+            setattr(req, k, v)
+        return [m.value async for m in api.Subscribe(req)][1:]
+
+
+async def call(address: str, method: str, request: object) -> object:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await getattr(api_pb2_grpc.APIStub(channel), method)(request)
+
+
+async def test_standalone_with_embedded_nats_survives_restarts(data_dir: Path) -> None:
+    nats_port = free_port()
+    server = LiftlogProcess(data_dir, "--embedded-nats", "--embedded-nats-port", str(nats_port)).start()
+    try:
+        await call(server.address, "CreateStream", api_pb2.CreateStreamRequest(subject="orders", name="orders"))
+        acked = await publish_many(server.address, "orders", 500)
+        assert acked == list(range(500))
+        await call(server.address, "PauseStream", api_pb2.PauseStreamRequest(name="orders"))
+        assert server.stop() == 0, server.output()
+        assert "Traceback" not in server.output()
+
+        server.start()  # paused state and every acked message survive a graceful restart
+        meta = await call(server.address, "FetchMetadata", api_pb2.FetchMetadataRequest(streams=["orders"]))
+        assert meta.streamMetadata[0].partitions[0].paused  # type: ignore[attr-defined]
+        got = await values(server.address, "orders", resume=True)
+        assert got == [b"m%d" % i for i in range(500)]
+
+        acked = await publish_many(server.address, "orders", 300)
+        assert acked == list(range(500, 800))
+        server.kill()  # SIGKILL: acked (LEADER) messages are in the OS page cache and must survive
+        server.start()
+        assert len(await values(server.address, "orders")) == 800
+    finally:
+        server.kill()
+    # The embedded nats-server went away with a graceful stop.
+    assert server.stop() is not None
+
+
+async def test_graceful_stop_acks_everything_in_flight(data_dir: Path, nats_server: NatsProcess) -> None:
+    server = LiftlogProcess(data_dir, nats_url=nats_server.url).start()
+    try:
+        await call(server.address, "CreateStream", api_pb2.CreateStreamRequest(subject="inflight", name="inflight"))
+        publisher = asyncio.ensure_future(publish_many(server.address, "inflight", 20000))
+        await asyncio.sleep(0.5)
+        server.proc.send_signal(2)  # type: ignore[union-attr]  # SIGINT, as Ctrl-C
+        try:
+            acked = await publisher
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), exc
+            acked = []
+        assert server.proc.wait(20) == 0, server.output()  # type: ignore[union-attr]
+        server.start()
+        stored = await values(server.address, "inflight")
+        assert len(stored) >= len(acked), "every acked message is stored after a graceful stop"
+        assert stored[: len(acked)] == [b"m%d" % i for i in range(len(acked))]
+    finally:
+        server.kill()
+
+
+async def test_auto_pause(data_dir: Path, nats_server: NatsProcess) -> None:
+    server = LiftlogProcess(data_dir, nats_url=nats_server.url).start()
+    try:
+        req = api_pb2.CreateStreamRequest(subject="idle", name="idle", autoPauseTime=api_pb2.NullableInt64(value=300))
+        await call(server.address, "CreateStream", req)
+        for _ in range(50):
+            resp = await call(
+                server.address, "FetchPartitionMetadata", api_pb2.FetchPartitionMetadataRequest(stream="idle")
+            )
+            if resp.metadata.paused:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0.1)
+        assert resp.metadata.paused, "an idle partition pauses after autoPauseTime"  # type: ignore[attr-defined]
+        ack = await call(server.address, "Publish", api_pb2.PublishRequest(stream="idle", value=b"wake"))
+        assert ack.ack.offset == 0  # type: ignore[attr-defined]
+    finally:
+        server.kill()
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "liftlog.cli.main", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_port_in_use_is_one_clear_line(data_dir: Path, nats_server: NatsProcess) -> None:
+    first = LiftlogProcess(data_dir, nats_url=nats_server.url).start()
+    try:
+        other = data_dir.parent / "other"
+        result = run_cli(
+            "server", "--data-dir", str(other), "--port", str(first.port), "--nats-servers", nats_server.url
+        )
+        assert result.returncode != 0
+        assert "Traceback" not in result.stderr
+        assert f"cannot listen on 127.0.0.1:{first.port}" in result.stderr
+
+        same_dir = run_cli("server", "--data-dir", str(data_dir), "--port", "0", "--nats-servers", nats_server.url)
+        assert same_dir.returncode != 0 and "in use by another liftlog server" in same_dir.stderr
+    finally:
+        first.kill()
+
+
+def test_unreachable_nats_is_one_clear_line(data_dir: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    result = run_cli("server", "--data-dir", str(data_dir), "--port", "0", "--nats-servers", url)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"cannot connect to NATS at {url}" in result.stderr
+
+
+def test_embedded_nats_port_taken_is_one_clear_line(data_dir: Path, nats_server: NatsProcess) -> None:
+    args = ["--data-dir", str(data_dir), "--port", "0", "--embedded-nats", "--embedded-nats-port"]
+    result = run_cli("server", *args, str(nats_server.port))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "embedded nats-server" in result.stderr and str(nats_server.port) in result.stderr
+
+
+def test_bad_config_key_names_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "liftlog.yaml"
+    config.write_text("streams:\n  retention.max.bytez: 10\n")
+    result = run_cli("server", "-c", str(config))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "retention.max.bytez" in result.stderr
