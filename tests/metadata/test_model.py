@@ -107,5 +107,5 @@ def test_missing_file_is_empty_and_corrupt_file_is_an_error(tmp_path: Path) -> N
     path = tmp_path / "metadata.json"
     assert MetadataFile(path).load().streams == {}
     path.write_text("{not json")
-    with pytest.raises(CorruptMetadataError, match="metadata.json"):
+    with pytest.raises(CorruptMetadataError, match=r"metadata\.json"):
         MetadataFile(path).load()
