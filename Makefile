@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck unit run bench-log clean
+.PHONY: install test lint typecheck unit run bench bench-log clean
 
 # (Re)install when pyproject.toml changes; a missing venv is created first.
 $(STAMP): pyproject.toml
@@ -27,10 +27,13 @@ unit: install
 
 test: lint typecheck unit
 
-run:
-	@echo "make run will start a standalone liftlog server with embedded NATS and data under ./data."
-	@echo "The server arrives with the next milestone (issue 3); for now run 'make test' or 'make bench-log'."
-	@exit 2
+# A standalone server: embedded nats-server on 127.0.0.1:4222, gRPC API on 127.0.0.1:9292, data in ./data.
+run: install
+	$(BIN)/liftlog server --embedded-nats --data-dir ./data $(RUN_ARGS)
+
+# Starts its own server (temporary data, free ports) unless BENCH_ARGS has --addr.
+bench: install
+	$(BIN)/liftlog bench --start-server $(BENCH_ARGS)
 
 bench-log: install
 	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)

@@ -1,9 +1,9 @@
 """One partition hosted by this server: its log, its NATS intake, acks and waiting readers.
 
-Intake is batched: the NATS callback only appends the message to a list and
-wakes the partition's writer task, so every message that arrived during one
-turn of the event loop is encoded, CRC'd and written as one record batch,
-and its acks are sent together.
+Intake is batched: the NATS callback collects messages until the
+subscription's queue is empty, so every burst nats-py read from the socket
+is encoded, CRC'd and written as one record batch, and its acks are sent
+together.
 
 Rules:
 - A message is acked only after it is in the log (``LEADER``) or committed,
@@ -20,7 +20,6 @@ Event-loop only, not thread-safe. ``start``/``stop``/``pause`` await.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -102,8 +101,6 @@ class Partition:
         self.subscribers = 0
         self._sub: Any = None
         self._pending: list[Incoming] = []
-        self._wake = asyncio.Event()
-        self._writer: asyncio.Task[None] | None = None
         self._commit_waiters: deque[api_pb2.Ack] = deque()
         self._data_waiter: asyncio.Future[None] | None = None
         self._closed_reason: str | None = "not started"
@@ -128,10 +125,8 @@ class Partition:
 
     async def start_intake(self, nats: NatsSubscriber) -> None:
         """Subscribe to the partition's subject and start writing what arrives."""
-        if self._sub is not None:
-            return
-        self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name=f"writer {self}")
-        self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
+        if self._sub is None:
+            self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
 
     async def stop_intake(self) -> None:
         """Unsubscribe, then write every message already received."""
@@ -141,11 +136,6 @@ class Partition:
                 await sub.drain()
             except Exception as exc:  # a closed connection has nothing left to drain
                 log.debug("draining %s: %s", self, exc)
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
         if self._pending:
             self._write_pending()
 
@@ -163,20 +153,15 @@ class Partition:
     # -- intake ----------------------------------------------------------
 
     async def _on_nats_message(self, msg: Any) -> None:
-        # Called by nats-py once per message; keep it tiny, the writer does the work.
+        # nats-py calls this once per message, from one task that drains the subscription's
+        # queue without yielding; writing when the queue is empty makes every burst one batch.
         self._pending.append(incoming_from_nats(msg.subject, msg.reply, msg.data, self.subject))
-        if len(self._pending) == 1:
-            self._wake.set()
-
-    async def _write_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if self._pending:
-                try:
-                    self._write_pending()
-                except Exception:
-                    log.exception("writing to %s failed", self)
+        sub = self._sub
+        if sub is None or not sub.pending_msgs or len(self._pending) >= self.options.batch_max:
+            try:
+                self._write_pending()
+            except Exception:
+                log.exception("writing to %s failed", self)
 
     def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
