@@ -1,0 +1,95 @@
+"""An asyncio client for liftlog (and Liftbridge) clusters.
+
+::
+
+    from liftlog.client import AckPolicy, Client, StartPosition
+
+    async with Client("127.0.0.1:9292") as client:
+        await client.create_stream("orders", "orders", partitions=3, exist_ok=True)
+        ack = await client.publish("orders", b"created", key=b"order-1")
+        async with client.subscribe("orders", start_position=StartPosition.EARLIEST) as sub:
+            async for msg in sub:
+                print(msg.offset, msg.key, msg.value)
+
+:class:`Client` holds the API; every error it raises is a
+:class:`LiftlogError` (see :mod:`liftlog.client.errors`).
+"""
+
+from liftlog.client.client import Client, Subscription
+from liftlog.client.errors import (
+    AckTimeoutError,
+    ClientClosedError,
+    ConfigurationError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    IncorrectOffsetError,
+    InternalError,
+    InvalidArgumentError,
+    LiftlogError,
+    MessageTooLargeError,
+    NoSuchPartitionError,
+    NoSuchStreamError,
+    NotFoundError,
+    NotLeaderError,
+    PartitionPausedError,
+    PermissionDeniedError,
+    PublishAsyncFailed,
+    ReadonlyError,
+    StreamDeletedError,
+    StreamExistsError,
+    UnavailableError,
+    UnimplementedError,
+    error_from_rpc,
+)
+from liftlog.client.types import (
+    Ack,
+    AckError,
+    AckPolicy,
+    BrokerInfo,
+    EventTimestamps,
+    Message,
+    Metadata,
+    PartitionInfo,
+    StartPosition,
+    StopPosition,
+    StreamInfo,
+)
+
+__all__ = [
+    "Ack",
+    "AckError",
+    "AckPolicy",
+    "AckTimeoutError",
+    "BrokerInfo",
+    "Client",
+    "ClientClosedError",
+    "ConfigurationError",
+    "DeadlineExceededError",
+    "EventTimestamps",
+    "FailedPreconditionError",
+    "IncorrectOffsetError",
+    "InternalError",
+    "InvalidArgumentError",
+    "LiftlogError",
+    "Message",
+    "MessageTooLargeError",
+    "Metadata",
+    "NoSuchPartitionError",
+    "NoSuchStreamError",
+    "NotFoundError",
+    "NotLeaderError",
+    "PartitionInfo",
+    "PartitionPausedError",
+    "PermissionDeniedError",
+    "PublishAsyncFailed",
+    "ReadonlyError",
+    "StartPosition",
+    "StopPosition",
+    "StreamDeletedError",
+    "StreamExistsError",
+    "StreamInfo",
+    "Subscription",
+    "UnavailableError",
+    "UnimplementedError",
+    "error_from_rpc",
+]

@@ -1,0 +1,316 @@
+"""Plain-Python values the client returns: messages, acks and cluster metadata.
+
+Every class is a frozen, slotted dataclass built from its protobuf counterpart
+by a ``from_proto`` classmethod; the enums are :class:`enum.IntEnum` with the
+numbers of ``proto/api.proto``, so they can be passed wherever the proto
+expects an int.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from liftlog.api import api_pb2
+
+__all__ = [
+    "Ack",
+    "AckError",
+    "AckPolicy",
+    "BrokerInfo",
+    "EventTimestamps",
+    "Message",
+    "Metadata",
+    "PartitionInfo",
+    "StartPosition",
+    "StopPosition",
+    "StreamInfo",
+]
+
+
+class AckPolicy(enum.IntEnum):
+    """When the server acknowledges a published message."""
+
+    LEADER = 0  #: once the partition leader has written it
+    ALL = 1  #: once every in-sync replica has it (committed)
+    NONE = 2  #: never: fire and forget
+
+
+class StartPosition(enum.IntEnum):
+    """Where a subscription begins."""
+
+    NEW_ONLY = 0  #: only messages published after the subscription starts
+    OFFSET = 1  #: at ``start_offset``
+    EARLIEST = 2  #: at the oldest retained message
+    LATEST = 3  #: at the newest message
+    TIMESTAMP = 4  #: at the first message received at or after ``start_timestamp`` (ns)
+
+
+class StopPosition(enum.IntEnum):
+    """Where a subscription ends (the server then completes the call)."""
+
+    STOP_ON_CANCEL = 0  #: never: until the subscription is closed
+    STOP_OFFSET = 1  #: after the message at ``stop_offset``
+    STOP_LATEST = 2  #: after the newest message at subscribe time
+    STOP_TIMESTAMP = 3  #: after the last message received at or before ``stop_timestamp`` (ns)
+
+
+class AckError(enum.IntEnum):
+    """Why the server refused a message (``Ack.Error``); ``OK`` when it did not."""
+
+    OK = 0
+    UNKNOWN = 1
+    INCORRECT_OFFSET = 2  #: the expected offset was not the partition's next offset
+    TOO_LARGE = 3
+    ENCRYPTION = 4
+
+
+# Proto enum numbers -> members, for cheap conversion. A number this client does
+# not know (a newer server) maps to the default member rather than failing.
+_ACK_POLICIES: Final[dict[int, AckPolicy]] = {p.value: p for p in AckPolicy}
+_ACK_ERRORS: Final[dict[int, AckError]] = {e.value: e for e in AckError}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message read from a stream partition.
+
+    ``key`` is None when the message has no key (the wire cannot tell an empty
+    key from none). ``timestamp`` is when the server received the message, in
+    Unix nanoseconds. ``subject`` and ``reply_subject`` are the NATS subject and
+    reply subject it arrived with.
+    """
+
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp: int
+    stream: str
+    partition: int
+    subject: str
+    reply_subject: str
+    headers: dict[str, bytes] = field(hash=False)
+    ack_inbox: str
+    correlation_id: str
+    ack_policy: AckPolicy
+
+    @classmethod
+    def from_proto(cls, msg: api_pb2.Message) -> Message:
+        """Convert an ``api_pb2.Message`` (the subscription hot path).
+
+        The instance is filled through its slot descriptors: a frozen
+        dataclass's ``__init__`` goes through ``object.__setattr__`` for every
+        field, which is measurably slower per message.
+        """
+        m = _new_object(cls)
+        _set_offset(m, msg.offset)
+        _set_key(m, msg.key or None)
+        _set_value(m, msg.value)
+        _set_timestamp(m, msg.timestamp)
+        _set_stream(m, msg.stream)
+        _set_partition(m, msg.partition)
+        _set_subject(m, msg.subject)
+        _set_reply_subject(m, msg.replySubject)
+        headers = msg.headers
+        # dict() of an empty protobuf map still costs as much as a full copy.
+        _set_headers(m, dict(headers.items()) if headers else {})
+        _set_ack_inbox(m, msg.ackInbox)
+        _set_correlation_id(m, msg.correlationId)
+        _set_ack_policy(m, _ACK_POLICIES.get(msg.ackPolicy, AckPolicy.LEADER))
+        return m
+
+
+_new_object: Final[Callable[[type[Message]], Message]] = object.__new__
+
+
+def _slot_setter(cls: type[Any], name: str) -> Callable[[Any, Any], None]:
+    setter: Callable[[Any, Any], None] = cls.__dict__[name].__set__
+    return setter
+
+
+_set_offset = _slot_setter(Message, "offset")
+_set_key = _slot_setter(Message, "key")
+_set_value = _slot_setter(Message, "value")
+_set_timestamp = _slot_setter(Message, "timestamp")
+_set_stream = _slot_setter(Message, "stream")
+_set_partition = _slot_setter(Message, "partition")
+_set_subject = _slot_setter(Message, "subject")
+_set_reply_subject = _slot_setter(Message, "reply_subject")
+_set_headers = _slot_setter(Message, "headers")
+_set_ack_inbox = _slot_setter(Message, "ack_inbox")
+_set_correlation_id = _slot_setter(Message, "correlation_id")
+_set_ack_policy = _slot_setter(Message, "ack_policy")
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The server's acknowledgement of a published message.
+
+    ``partition_subject`` is the NATS subject of the partition the message was
+    written to and ``msg_subject`` the subject it was published on. Timestamps
+    are Unix nanoseconds; ``commit_timestamp`` is set once the message is
+    committed (``AckPolicy.ALL``).
+    """
+
+    stream: str
+    partition_subject: str
+    msg_subject: str
+    offset: int
+    ack_inbox: str
+    correlation_id: str
+    ack_policy: AckPolicy
+    reception_timestamp: int
+    commit_timestamp: int
+    error: AckError = AckError.OK
+
+    @classmethod
+    def from_proto(cls, ack: api_pb2.Ack) -> Ack:
+        """Convert an ``api_pb2.Ack``."""
+        return cls(
+            ack.stream,
+            ack.partitionSubject,
+            ack.msgSubject,
+            ack.offset,
+            ack.ackInbox,
+            ack.correlationId,
+            _ACK_POLICIES.get(ack.ackPolicy, AckPolicy.LEADER),
+            ack.receptionTimestamp,
+            ack.commitTimestamp,
+            _ACK_ERRORS.get(ack.ackError, AckError.UNKNOWN),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    """A server of the cluster; ``host:port`` is its client (gRPC) address."""
+
+    id: str
+    host: str
+    port: int
+    partition_count: int  #: partitions it holds a replica of
+    leader_count: int  #: partitions it leads
+
+    @property
+    def address(self) -> str:
+        """``host:port``, the address to open a gRPC channel to."""
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_proto(cls, broker: api_pb2.Broker) -> BrokerInfo:
+        """Convert an ``api_pb2.Broker``."""
+        return cls(broker.id, broker.host, broker.port, broker.partitionCount, broker.leaderCount)
+
+
+@dataclass(frozen=True, slots=True)
+class EventTimestamps:
+    """First and latest time (Unix ns) an event happened on a partition."""
+
+    first: int
+    latest: int
+
+    @classmethod
+    def from_proto(cls, ts: api_pb2.PartitionEventTimestamps) -> EventTimestamps:
+        """Convert an ``api_pb2.PartitionEventTimestamps``."""
+        return cls(ts.firstTimestamp, ts.latestTimestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """A stream partition: its replicas and log positions.
+
+    ``leader``, ``replicas`` and ``isr`` are broker ids. ``high_watermark`` is
+    the offset of the last committed message and ``newest_offset`` of the last
+    written one (-1 for an empty partition). The timestamp fields are None when
+    the server did not send them.
+    """
+
+    id: int
+    leader: str
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+    high_watermark: int
+    newest_offset: int
+    paused: bool
+    readonly: bool
+    messages_received: EventTimestamps | None = None
+    pause_timestamps: EventTimestamps | None = None
+    readonly_timestamps: EventTimestamps | None = None
+
+    @property
+    def pause(self) -> EventTimestamps | None:
+        """Alias of ``pause_timestamps``."""
+        return self.pause_timestamps
+
+    @classmethod
+    def from_proto(cls, p: api_pb2.PartitionMetadata) -> PartitionInfo:
+        """Convert an ``api_pb2.PartitionMetadata``."""
+        return cls(
+            p.id,
+            p.leader,
+            tuple(p.replicas),
+            tuple(p.isr),
+            p.highWatermark,
+            p.newestOffset,
+            p.paused,
+            p.readonly,
+            _event_timestamps(p, "messagesReceivedTimestamps"),
+            _event_timestamps(p, "pauseTimestamps"),
+            _event_timestamps(p, "readonlyTimestamps"),
+        )
+
+
+def _event_timestamps(
+    p: api_pb2.PartitionMetadata,
+    name: Literal["messagesReceivedTimestamps", "pauseTimestamps", "readonlyTimestamps"],
+) -> EventTimestamps | None:
+    return EventTimestamps.from_proto(getattr(p, name)) if p.HasField(name) else None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """A stream: its NATS subject and partitions by id."""
+
+    name: str
+    subject: str
+    partitions: dict[int, PartitionInfo] = field(hash=False)
+    creation_timestamp: int = 0  #: Unix ns
+
+    @classmethod
+    def from_proto(cls, s: api_pb2.StreamMetadata) -> StreamInfo:
+        """Convert an ``api_pb2.StreamMetadata`` (partitions sorted by id)."""
+        partitions = {pid: PartitionInfo.from_proto(s.partitions[pid]) for pid in sorted(s.partitions)}
+        return cls(s.name, s.subject, partitions, s.creationTimestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """A snapshot of the cluster: its brokers and the streams asked about.
+
+    ``unknown_streams`` lists the requested streams the server does not know.
+    """
+
+    brokers: list[BrokerInfo] = field(hash=False)
+    streams: dict[str, StreamInfo] = field(hash=False)
+    unknown_streams: list[str] = field(default_factory=list, hash=False)
+
+    def broker(self, id: str) -> BrokerInfo | None:
+        """The broker with this id, or None."""
+        for b in self.brokers:
+            if b.id == id:
+                return b
+        return None
+
+    @classmethod
+    def from_proto(cls, resp: api_pb2.FetchMetadataResponse) -> Metadata:
+        """Convert an ``api_pb2.FetchMetadataResponse``."""
+        brokers = [BrokerInfo.from_proto(b) for b in resp.brokers]
+        streams: dict[str, StreamInfo] = {}
+        unknown: list[str] = []
+        for s in resp.streamMetadata:
+            if s.error == api_pb2.StreamMetadata.UNKNOWN_STREAM:
+                unknown.append(s.name)
+            else:
+                streams[s.name] = StreamInfo.from_proto(s)
+        return cls(brokers, streams, unknown)
