@@ -1,0 +1,137 @@
+"""liftlog.client against a real server and nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.client import (
+    AckPolicy,
+    Client,
+    IncorrectOffsetError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NoSuchPartitionError,
+    NoSuchStreamError,
+    PartitionPausedError,
+    ReadonlyError,
+    StartPosition,
+    StopPosition,
+    StreamExistsError,
+    UnavailableError,
+    UnimplementedError,
+    error_from_rpc,
+)
+
+from .harness import LiftlogProcess, NatsProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def client(server: LiftlogProcess, nats_server: NatsProcess) -> AsyncIterator[Client]:
+    async with Client(server.address, nats_servers=[nats_server.url]) as c:
+        yield c
+
+
+async def read(client: Client, name: str, partition: int = 0) -> list[bytes]:
+    sub = client.subscribe(
+        name, partition=partition, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
+    )
+    return [m.value async for m in sub]
+
+
+async def test_stream_lifecycle(client: Client, name: str) -> None:
+    await client.create_stream(name, name, partitions=2, retention_max_messages=1000)
+    with pytest.raises(StreamExistsError, match=name):
+        await client.create_stream(name, name)
+    await client.create_stream(name, name, exist_ok=True)
+    md = await client.fetch_metadata(name)
+    assert sorted(md.streams[name].partitions) == [0, 1]
+    await client.delete_stream(name)
+    with pytest.raises(NoSuchStreamError):
+        await client.delete_stream(name)
+    assert name in (await client.fetch_metadata(name)).unknown_streams
+
+
+async def test_publish_and_subscribe(client: Client, name: str) -> None:
+    await client.create_stream(name, name)
+    ack = await client.publish(name, "hello", key="k", headers={"trace": "1"})
+    assert ack is not None and ack.offset == 0 and ack.stream == name
+    assert await client.publish(name, b"fire and forget", ack_policy=AckPolicy.NONE) is None
+    acks = await client.publish_many(name, (b"m%d" % i for i in range(500)), window=50)
+    assert [a.offset for a in acks] == list(range(2, 502))
+    sub = client.subscribe(name, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST)
+    messages = [m async for m in sub]
+    assert len(messages) == 502
+    first = messages[0]
+    assert (first.key, first.value, first.headers, first.subject) == (b"k", b"hello", {"trace": b"1"}, name)
+
+
+async def test_follow_new_messages(client: Client, name: str) -> None:
+    await client.create_stream(name, name)
+    await client.publish(name, b"old")
+    async with client.subscribe(name) as sub:  # NEW_ONLY; entering waits until it is live
+        await client.publish(name, b"new")
+        message = await asyncio.wait_for(sub.__anext__(), 5)
+    assert (message.offset, message.value) == (1, b"new")
+
+
+async def test_key_partitioning_is_stable(client: Client, name: str) -> None:
+    await client.create_stream(name, name, partitions=3)
+    first = await client.publish(name, b"a", key=b"customer-7")
+    second = await client.publish(name, b"b", key=b"customer-7")
+    assert first is not None and second is not None
+    assert first.partition_subject == second.partition_subject
+    assert second.offset == first.offset + 1
+
+
+async def test_errors_are_specific(client: Client, name: str) -> None:
+    with pytest.raises(NoSuchStreamError):
+        await client.publish(name, b"x")
+    with pytest.raises(InvalidArgumentError, match="stream name"):
+        await client.create_stream("x", "bad name")
+    await client.create_stream(name, name, optimistic_concurrency_control=True)
+    with pytest.raises(MessageTooLargeError):
+        await client.publish(name, b"x" * (2 << 20))
+    assert (await client.publish(name, b"0", expected_offset=0)) is not None
+    with pytest.raises(IncorrectOffsetError):
+        await client.publish(name, b"stale", expected_offset=0)
+    assert (await client.publish(name, b"no expectation")) is not None  # -1: not checked
+    with pytest.raises(NoSuchPartitionError):
+        await client.fetch_partition_metadata(name, 4)
+    await client.set_stream_readonly(name)
+    with pytest.raises(ReadonlyError):
+        await client.publish(name, b"x")
+    await client.pause_stream(name)
+    with pytest.raises(PartitionPausedError):
+        async with client.subscribe(name):
+            pass
+    # Cursors have no client method yet; the raw RPC's error maps to UnimplementedError.
+    async with grpc.aio.insecure_channel(client.addresses[0]) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await api_pb2_grpc.APIStub(channel).FetchCursor(api_pb2.FetchCursorRequest(stream=name))
+    assert isinstance(error_from_rpc(info.value), UnimplementedError)
+
+
+async def test_nats_publish_with_ack(client: Client, name: str) -> None:
+    await client.create_stream(f"{name}.*", name)
+    ack = await client.nats_publish(f"{name}.a", b"via nats", ack_policy=AckPolicy.LEADER, timeout=5)
+    assert ack is not None and ack.offset == 0 and ack.msg_subject == f"{name}.a"
+    await client.nats_publish(f"{name}.b", b"raw", envelope=False)
+    for _ in range(50):
+        if (await client.fetch_partition_metadata(name)).newest_offset == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert await read(client, name) == [b"via nats", b"raw"]
+
+
+async def test_unreachable_server_is_unavailable() -> None:
+    client = Client(f"127.0.0.1:{free_port()}", retries=1, backoff=0.01)
+    with pytest.raises(UnavailableError):
+        await client.connect()
+    await client.close()
