@@ -56,7 +56,8 @@ async def test_standalone_with_embedded_nats_survives_restarts(data_dir: Path) -
 
         server.start()  # paused state and every acked message survive a graceful restart
         meta = await call(server.address, "FetchMetadata", api_pb2.FetchMetadataRequest(streams=["orders"]))
-        assert meta.streamMetadata[0].partitions[0].paused  # type: ignore[attr-defined]
+        restarted = meta.streamMetadata[0].partitions[0]  # type: ignore[attr-defined]
+        assert restarted.paused and restarted.newestOffset == 499
         got = await values(server.address, "orders", resume=True)
         assert got == [b"m%d" % i for i in range(500)]
 
@@ -107,6 +108,23 @@ async def test_auto_pause(data_dir: Path, nats_server: NatsProcess) -> None:
         assert resp.metadata.paused, "an idle partition pauses after autoPauseTime"  # type: ignore[attr-defined]
         ack = await call(server.address, "Publish", api_pb2.PublishRequest(stream="idle", value=b"wake"))
         assert ack.ack.offset == 0  # type: ignore[attr-defined]
+
+        # With autoPauseDisableIfSubscribers, a partition someone follows stays open.
+        req = api_pb2.CreateStreamRequest(
+            subject="watched",
+            name="watched",
+            autoPauseTime=api_pb2.NullableInt64(value=300),
+            autoPauseDisableIfSubscribers=api_pb2.NullableBool(value=True),
+        )
+        await call(server.address, "CreateStream", req)
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            api = api_pb2_grpc.APIStub(channel)
+            follower = api.Subscribe(api_pb2.SubscribeRequest(stream="watched"))
+            assert (await follower.read()) == api_pb2.Message()
+            await asyncio.sleep(1.5)
+            meta = await api.FetchPartitionMetadata(api_pb2.FetchPartitionMetadataRequest(stream="watched"))
+            assert not meta.metadata.paused
+            follower.cancel()
     finally:
         server.kill()
 

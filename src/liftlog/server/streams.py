@@ -81,7 +81,11 @@ class StreamManager:
             for meta in stream.partitions.values():
                 part = self._new_partition(stream, meta)
                 self.partitions[(stream.name, meta.id)] = part
-                if not meta.paused:
+                if meta.paused:
+                    # Opened once so a paused partition reports its offsets in metadata.
+                    await asyncio.to_thread(part.open_log)
+                    await part.close(f"partition {stream.name}/{meta.id} is paused")
+                else:
                     await self._open(part)
         log.info("hosting %d streams, %d partitions", len(self.metadata.streams), len(self.partitions))
 

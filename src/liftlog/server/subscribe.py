@@ -8,7 +8,6 @@ subscription costs nothing and a slow one holds back nobody else.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from enum import Enum
 
 from liftlog.api import api_pb2
 from liftlog.storage import LogClosed, OffsetOutOfRange
@@ -29,10 +28,6 @@ class PartitionGone(Exception):
 
 class EndOfReadonly(Exception):
     """The subscriber reached the end of a readonly partition: nothing more will come."""
-
-
-class _Stop(Enum):
-    NEVER = 0
 
 
 def start_offset(part: Partition, req: api_pb2.SubscribeRequest) -> int:
