@@ -1,0 +1,349 @@
+"""The scenarios of ``liftlog bench``: what each one sends, and how it measures.
+
+Each scenario is an async function of the client, the settings, a fresh
+stream's name and subject and a message count, returning a :class:`Result`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from liftlog.cli.common import CommandError
+from liftlog.cli.messages import to_ack_policy
+
+if TYPE_CHECKING:
+    from liftlog.client import Client, Subscription
+
+__all__ = ["DEFAULT_COUNTS", "REFERENCE", "RUNNERS", "SCENARIOS", "Result", "Settings", "percentiles"]
+
+#: Messages per scenario by default: the whole run, server start included, takes about half a minute on
+#: 2 cores at today's gRPC speed (the consume prefill through PublishAsync dominates).
+DEFAULT_COUNTS = {"sync": 3000, "async": 20_000, "concurrent": 8000, "nats": 50_000, "consume": 50_000, "e2e": 3000}
+SCENARIOS = tuple(DEFAULT_COUNTS)
+
+#: Liftbridge on the same machine class, 256-byte values, for comparison.
+REFERENCE: dict[str, dict[str, Any]] = {
+    "sync": {"msgs_per_s": 10_900, "latency_us": {"p50": 81}, "notes": "1 publisher"},
+    "async": {"msgs_per_s": 75_800, "latency_us": {"p99": 2900}, "notes": "window 100"},
+    "concurrent": {"msgs_per_s": 73_000, "notes": "64 publishers"},
+    "consume": {"msgs_per_s": 240_000, "notes": "catch-up read"},
+}
+
+
+@dataclass
+class Settings:
+    """The command line's choices, shared by every scenario."""
+
+    size: int
+    partitions: int
+    ack_policy: str
+    window: int
+    concurrency: int
+    counts: dict[str, int]
+    nats_url: str
+
+
+@dataclass
+class Result:
+    """One scenario's figures; ``latencies_ns`` become percentiles in the JSON."""
+
+    count: int
+    seconds: float
+    latencies_ns: list[int] | None = None
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "seconds": round(self.seconds, 4),
+            "msgs_per_s": round(self.count / self.seconds, 1) if self.seconds > 0 else None,
+            "latency_us": percentiles(self.latencies_ns) if self.latencies_ns else None,
+            **self.extra,
+            "notes": "; ".join(self.notes),
+        }
+
+
+def percentiles(latencies_ns: list[int]) -> dict[str, float]:
+    """p50, p99 and p99.9 in microseconds (nearest rank)."""
+    ordered = sorted(latencies_ns)
+
+    def rank(q: float) -> float:
+        return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)] / 1000, 1)
+
+    return {"p50": rank(0.50), "p99": rank(0.99), "p99.9": rank(0.999)}
+
+
+def _partition_subject(subject: str, partition: int) -> str:
+    # Liftbridge's partition subjects: the stream's subject for partition 0, "<subject>.<n>" for the others.
+    return subject if partition == 0 else f"{subject}.{partition}"
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+# -- scenarios -----------------------------------------------------------------
+# Each takes the client, the settings, the (new) stream's name and subject and its message count.
+
+
+async def _warm_up(client: Client, s: Settings, stream: str) -> None:
+    """One acked message per partition: the partitions are led and the connection is warm."""
+    from liftlog.client import AckPolicy
+
+    for partition in range(s.partitions):
+        await client.publish(stream, b"warm-up", partition=partition, ack_policy=AckPolicy.LEADER)
+
+
+async def _sync(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    await _warm_up(client, s, stream)
+    value, policy = os.urandom(s.size), to_ack_policy(s.ack_policy)
+    latencies = []
+    started = time.perf_counter()
+    for i in range(count):
+        t0 = time.perf_counter_ns()
+        await client.publish(stream, value, partition=i % s.partitions, ack_policy=policy)
+        latencies.append(time.perf_counter_ns() - t0)
+    return Result(count, time.perf_counter() - started, latencies, ["1 publisher"])
+
+
+async def _async(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    from liftlog.client import AckPolicy
+
+    await _warm_up(client, s, stream)
+    value, policy = os.urandom(s.size), to_ack_policy(s.ack_policy)
+    latencies: list[int] = []
+
+    async def feed(partition: int, n: int) -> None:
+        # publish_many returns every ack at the end, but it takes message i + window from this
+        # generator only once a window slot is free, and acks come in order: so message i's ack
+        # arrived at about the time message i + window is taken. The gap is its latency (an upper
+        # bound: it includes waking the writer).
+        taken: list[int] = []
+
+        async def values() -> AsyncIterator[bytes]:
+            for _ in range(n):
+                taken.append(time.perf_counter_ns())
+                yield value
+
+        await client.publish_many(stream, values(), partition=partition, ack_policy=policy, window=s.window)
+        latencies.extend(taken[i + s.window] - taken[i] for i in range(len(taken) - s.window))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(feed(p, n) for p, n in enumerate(_split(count, s.partitions)) if n))
+    elapsed = time.perf_counter() - started
+    notes = [f"window {s.window}"]
+    extra: dict[str, Any] = {}
+    if policy == AckPolicy.NONE:
+        latencies = []
+        notes.append("no acks, no latency")
+    elif latencies:
+        extra["latency_method"] = (
+            "message i's latency is when message i+window was taken from the input (a window slot freed by "
+            "i's ack) minus when i was: publish_many reports no per-message ack times; the last window of "
+            "messages per partition has no figure"
+        )
+    else:
+        notes.append("no latency: count <= window")
+    return Result(count, elapsed, latencies or None, notes, extra)
+
+
+async def _concurrent(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    await _warm_up(client, s, stream)
+    value, policy = os.urandom(s.size), to_ack_policy(s.ack_policy)
+    per_task = max(1, count // s.concurrency)
+    latencies: list[int] = []
+
+    async def publisher(task: int) -> None:
+        for _ in range(per_task):
+            t0 = time.perf_counter_ns()
+            await client.publish(stream, value, partition=task % s.partitions, ack_policy=policy)
+            latencies.append(time.perf_counter_ns() - t0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(publisher(t) for t in range(s.concurrency)))
+    notes = [f"{s.concurrency} publishers x {per_task}"]
+    return Result(per_task * s.concurrency, time.perf_counter() - started, latencies, notes)
+
+
+async def _nats(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    import nats
+
+    from liftlog.api import api_pb2
+    from liftlog.api.envelope import EnvelopeError, decode_ack, encode_publish_message
+
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:  # instead of nats-py's logging of every connection error
+        errors.append(exc)
+
+    try:
+        # max_reconnect_attempts=0 would mean "forever" to nats-py; 1 gives up after a second try.
+        nc = await nats.connect(
+            s.nats_url, connect_timeout=3, max_reconnect_attempts=1, reconnect_time_wait=0.2, error_cb=remember
+        )
+    except nats.errors.NoServersError:
+        why = f": {errors[-1]}" if errors else ""
+        raise CommandError(f"cannot connect to NATS at {s.nats_url}{why} (see --nats-url)") from None
+    try:
+        value = os.urandom(s.size)
+        subjects = [_partition_subject(subject, p) for p in range(s.partitions)]
+        policy = s.ack_policy.upper()  # the protobuf constructor takes enum names
+        inbox = nc.new_inbox()
+        window = asyncio.Semaphore(s.window)
+        sent_at: dict[str, int] = {}
+        latencies: list[int] = []
+        failed = 0
+        done = asyncio.Event()
+
+        async def on_ack(msg: Any) -> None:
+            nonlocal failed
+            received = time.perf_counter_ns()
+            try:
+                ack = decode_ack(msg.data)
+            except EnvelopeError:
+                return
+            started_ns = sent_at.pop(ack.correlationId, None)
+            if started_ns is None:  # a warm-up ack
+                return
+            latencies.append(received - started_ns)
+            failed += ack.ackError != api_pb2.Ack.OK
+            window.release()
+            if len(latencies) == count:
+                done.set()
+
+        await nc.subscribe(inbox, cb=on_ack)
+        await _nats_warm_up(nc, subjects, inbox)
+        with_acks = s.ack_policy != "none"  # Liftbridge sends no ack with AckPolicy NONE
+        started = time.perf_counter()
+        for i in range(count):
+            cid = str(i)
+            message = api_pb2.Message(value=value, ackPolicy=policy, correlationId=cid)
+            if with_acks:
+                message.ackInbox = inbox
+                await window.acquire()
+                sent_at[cid] = time.perf_counter_ns()
+            await nc.publish(subjects[i % len(subjects)], encode_publish_message(message))
+        await nc.flush()
+        if with_acks:
+            await done.wait()
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+    notes = [f"window {s.window}"]
+    if not with_acks:
+        notes.append("send rate only (ack policy none)")
+    if failed:
+        notes.append(f"{failed} acks carried an error")
+    return Result(count, elapsed, latencies or None, notes)
+
+
+async def _nats_warm_up(nc: Any, subjects: list[str], inbox: str) -> None:
+    """Publish until an ack comes back on every partition subject: the server is subscribed."""
+    from liftlog.api import api_pb2
+    from liftlog.api.envelope import encode_publish_message
+
+    for subject in subjects:
+        cid = f"warm-up-{subject}"
+        acked = asyncio.Event()
+
+        async def on_ack(_msg: Any, acked: asyncio.Event = acked) -> None:
+            acked.set()
+
+        warm_inbox = f"{inbox}.warm"
+        sub = await nc.subscribe(warm_inbox, cb=on_ack)
+        message = api_pb2.Message(value=b"warm-up", ackInbox=warm_inbox, correlationId=cid, ackPolicy=api_pb2.LEADER)
+        deadline = time.monotonic() + 10
+        while not acked.is_set():
+            if time.monotonic() > deadline:
+                raise CommandError(f"no ack from the server for NATS subject {subject} within 10 s")
+            await nc.publish(subject, encode_publish_message(message))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(acked.wait(), 0.5)
+        await sub.unsubscribe()
+
+
+async def _consume(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    from liftlog.client import AckPolicy, StartPosition, StopPosition
+
+    value = os.urandom(s.size)
+    shares = _split(count, s.partitions)
+    started = time.perf_counter()
+    for partition, n in enumerate(shares):
+        for begin in range(0, n, 10_000):  # bounded batches keep the client's memory in check
+            k = min(10_000, n - begin)
+            await client.publish_many(stream, [value] * k, partition=partition, ack_policy=AckPolicy.ALL, window=1000)
+    prefill_s = time.perf_counter() - started
+
+    async def read(partition: int) -> tuple[int, int]:
+        n = size = 0
+        sub = client.subscribe(
+            stream, partition=partition, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
+        )
+        async with sub:
+            async for msg in sub:
+                n += 1
+                size += len(msg.value)
+        return n, size
+
+    started = time.perf_counter()
+    read_counts = await asyncio.gather(*(read(p) for p in range(s.partitions)))
+    elapsed = time.perf_counter() - started
+    got, size = sum(n for n, _ in read_counts), sum(b for _, b in read_counts)
+    mb_per_s = size / elapsed / 1e6
+    notes = [f"{mb_per_s:.1f} MB/s"]
+    if got != count:
+        notes.append(f"read {got} of {count} messages")
+    extra = {"mb_per_s": round(mb_per_s, 2), "prefill_msgs_per_s": round(count / prefill_s, 1)}
+    return Result(got, elapsed, None, notes, extra)
+
+
+async def _e2e(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    from liftlog.client import StartPosition
+
+    await _warm_up(client, s, stream)
+    policy = to_ack_policy(s.ack_policy)
+    padding = os.urandom(max(0, s.size - 8))
+    latencies: list[int] = []
+
+    async def receive(sub: Subscription) -> None:
+        async for msg in sub:
+            latencies.append(time.perf_counter_ns() - struct.unpack_from(">q", msg.value)[0])
+            if len(latencies) >= count:
+                return
+
+    # Entering the block waits until the subscription is live, so NEW_ONLY sees every message below.
+    async with client.subscribe(stream, partition=0, start_position=StartPosition.NEW_ONLY) as sub:
+        receiver = asyncio.create_task(receive(sub))
+        try:
+            started = time.perf_counter()
+            for _ in range(count):
+                # The value carries its send time; the receiver subtracts it from its receive time.
+                value = struct.pack(">q", time.perf_counter_ns()) + padding
+                await client.publish(stream, value, partition=0, ack_policy=policy)
+            await receiver
+            elapsed = time.perf_counter() - started
+        finally:
+            receiver.cancel()
+    notes = ["publish to receive"]
+    if s.size < 8:
+        notes.append("8-byte values (they carry the send time)")
+    return Result(count, elapsed, latencies, notes)
+
+
+RUNNERS: dict[str, Callable[[Client, Settings, str, str, int], Awaitable[Result]]] = {
+    "sync": _sync,
+    "async": _async,
+    "concurrent": _concurrent,
+    "nats": _nats,
+    "consume": _consume,
+    "e2e": _e2e,
+}

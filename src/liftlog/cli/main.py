@@ -1,0 +1,164 @@
+"""The ``liftlog`` command: the root group and ``liftlog server``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from liftlog import __version__
+from liftlog.cli.bench import bench
+from liftlog.cli.common import ADDR_ENV, fail, reporting_errors, root_addr_option
+from liftlog.cli.messages import publish, subscribe
+from liftlog.cli.streams import stream
+
+__all__ = ["main"]
+
+_LOG_LEVELS = ("debug", "info", "warn", "error")
+
+
+class _Group(click.Group):
+    """The root group: every subcommand's expected failures become one ``error:`` line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with reporting_errors():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", "-V", prog_name="liftlog")
+@root_addr_option
+def main() -> None:
+    """liftlog: a durable, Liftbridge-compatible message log for NATS.
+
+    Run a server with `liftlog server --embedded-nats`, then create streams,
+    publish and subscribe against it (or against any Liftbridge server):
+
+    \b
+      liftlog stream create orders --subject orders
+      echo '{"id": 1}' | liftlog publish orders
+      liftlog subscribe orders --from earliest --follow
+
+    Commands that talk to a server take --addr/-a here or after the command.
+    """
+
+
+def _server_overrides(
+    server_id: str | None,
+    data_dir: str | None,
+    host: str | None,
+    port: int | None,
+    embedded_nats: bool | None,
+    embedded_nats_port: int | None,
+    nats_servers: str | None,
+    namespace: str | None,
+    log_level: str | None,
+    settings: tuple[str, ...],
+) -> dict[str, Any]:
+    """Config overrides (Liftbridge dotted keys) for the flags that were given, and only those."""
+    overrides: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip():
+            fail(f"--set expects KEY=VALUE, got {setting!r}", 2)
+        overrides[key.strip()] = value
+    # Dedicated flags win over --set for the same key.
+    flags = {
+        "clustering.server.id": server_id,
+        "data.dir": data_dir,
+        "host": host,
+        "port": port,
+        "nats.embedded": embedded_nats,
+        "nats.embedded.port": embedded_nats_port,
+        "nats.servers": nats_servers,
+        "clustering.namespace": namespace,
+        "logging.level": log_level,
+    }
+    overrides.update({key: value for key, value in flags.items() if value is not None})
+    return overrides
+
+
+@main.command()
+@click.option("-c", "--config", "config_path", metavar="FILE", help="YAML config file with Liftbridge's keys.")
+@click.option("--id", "server_id", help="This server's id (clustering.server.id; default: random).")
+@click.option("--data-dir", metavar="DIR", help="Where streams and metadata are stored (data.dir; default ./data).")
+@click.option("--host", help="Interface of the gRPC API (host; default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port of the gRPC API (port; default 9292).")
+@click.option(
+    "--embedded-nats/--no-embedded-nats",
+    default=None,
+    help="Start and supervise a nats-server child process (nats.embedded).",
+)
+@click.option(
+    "--embedded-nats-port",
+    type=click.IntRange(0, 65535),
+    help="Port of the embedded nats-server, 0 for any free port (nats.embedded.port; default 4222).",
+)
+@click.option("--nats-servers", metavar="URLS", help="Comma-separated NATS URLs to connect to (nats.servers).")
+@click.option("--namespace", help="Cluster namespace, a prefix of internal subjects (clustering.namespace).")
+@click.option(
+    "--log-level",
+    type=click.Choice(_LOG_LEVELS, case_sensitive=False),
+    help="Log level (logging.level; default info).",
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any other config key, e.g. --set streams.retention.max.age=24h (repeatable).",
+)
+def server(
+    config_path: str | None,
+    server_id: str | None,
+    data_dir: str | None,
+    host: str | None,
+    port: int | None,
+    embedded_nats: bool | None,
+    embedded_nats_port: int | None,
+    nats_servers: str | None,
+    namespace: str | None,
+    log_level: str | None,
+    settings: tuple[str, ...],
+) -> None:
+    """Run a liftlog server until SIGINT or SIGTERM.
+
+    Settings come from, lowest precedence first: defaults, the --config file,
+    LIFTLOG_<KEY> environment variables (LIFTLOG_STREAMS_RETENTION_MAX_AGE=24h),
+    then these flags.
+
+    \b
+      liftlog server --embedded-nats --data-dir ./data
+      liftlog server -c liftlog.yaml --port 9293
+    """
+    from liftlog.server.config import load_config
+
+    overrides = _server_overrides(
+        server_id,
+        data_dir,
+        host,
+        port,
+        embedded_nats,
+        embedded_nats_port,
+        nats_servers,
+        namespace,
+        log_level.lower() if log_level else None,
+        settings,
+    )
+    env = {name: value for name, value in os.environ.items() if name != ADDR_ENV}
+    config = load_config(config_path, overrides, env)
+    # Imported here: the server pulls in gRPC and the whole broker, which other commands do not need.
+    from liftlog.server.runner import run_server
+
+    raise click.exceptions.Exit(run_server(config))
+
+
+main.add_command(stream)
+main.add_command(publish)
+main.add_command(subscribe)
+main.add_command(bench)
+
+
+if __name__ == "__main__":  # `python -m liftlog.cli.main`, as `liftlog bench --start-server` runs it
+    main()
