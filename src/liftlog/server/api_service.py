@@ -194,7 +194,6 @@ class ApiService(api_pb2_grpc.APIServicer):
         except RpcFailure as failure:
             await _abort(context, failure)
         part.subscribers += 1
-        part.last_activity = part.messages_received.latest or part.last_activity
         try:
             yield api_pb2.Message()  # Liftbridge clients wait for this before they return the subscription
             async for message in read_subscription(part, req):

@@ -1,0 +1,5 @@
+"""``python -m liftlog`` is the ``liftlog`` command."""
+
+from liftlog.cli.main import main
+
+main()
