@@ -366,8 +366,18 @@ class ApiService(api_pb2_grpc.APIServicer):
                 Code.INVALID_ARGUMENT, Reason.TOO_LARGE, "message is larger than streams.max.message.bytes"
             )
         if error != api_pb2.Ack.OK:
-            raise RpcFailure(Code.INTERNAL, Reason.INTERNAL, f"the partition refused the message (ack error {error})")
+            reason = self._write_error(ack) or f"the partition refused the message (ack error {error})"
+            raise RpcFailure(Code.INTERNAL, Reason.INTERNAL, reason)
         return ack
+
+    def _write_error(self, ack: api_pb2.Ack) -> str | None:
+        """Why a local partition could not write (e.g. a full disk), for the error message."""
+        stream = self._streams.metadata.streams.get(ack.stream)
+        for meta in stream.partitions.values() if stream else ():
+            if meta.subject == ack.partitionSubject:
+                part = self._streams.partitions.get((ack.stream, meta.id))
+                return part.write_error if part else None
+        return None
 
     async def Publish(self, request: Any, context: Any) -> api_pb2.PublishResponse:
         try:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from liftlog.api import api_pb2
 from liftlog.metadata import EventTimestamps, PartitionMeta
-from liftlog.storage import CommitLog, LogConfig, RecordTooLarge
+from liftlog.storage import CommitLog, LogConfig, RecordTooLarge, StorageError
 
 from .messages import Incoming, incoming_from_nats, record_size
 
@@ -101,6 +101,8 @@ class Partition:
         self.subscribers = 0
         self._sub: Any = None
         self._pending: list[Incoming] = []
+        #: Why the last write failed (a full disk, ...); None after a write succeeds.
+        self.write_error: str | None = None
         self._commit_waiters: deque[api_pb2.Ack] = deque()
         self._data_waiter: asyncio.Future[None] | None = None
         self._closed_reason: str | None = "not started"
@@ -196,6 +198,12 @@ class Partition:
                 # Header overhead pushed one over the limit: write the rest one by one.
                 self._append_one_by_one(accepted, now)
                 accepted = []
+            except (StorageError, OSError) as exc:
+                self._write_failed(exc)
+                rejected.extend((item, api_pb2.Ack.UNKNOWN) for item in accepted)
+                accepted = []
+            else:
+                self.write_error = None
         if accepted:
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
@@ -221,10 +229,14 @@ class Partition:
             offset = self.log.log_end_offset
             try:
                 self.log.append([item.record], self.meta.leader_epoch, now)
-            except RecordTooLarge:
+            except (RecordTooLarge, StorageError, OSError) as exc:
+                error = api_pb2.Ack.TOO_LARGE
+                if not isinstance(exc, RecordTooLarge):
+                    self._write_failed(exc)
+                    error = api_pb2.Ack.UNKNOWN
                 if item.ack_inbox:
                     ack = self._ack(item, -1, now)
-                    ack.ackError = api_pb2.Ack.TOO_LARGE
+                    ack.ackError = error
                     self._ack_sink(ack)
                 continue
             self.messages_received = self.messages_received.record(now)
@@ -235,6 +247,11 @@ class Partition:
                     self._ack_sink(ack)
                 else:
                     self._commit_waiters.append(ack)
+
+    def _write_failed(self, exc: Exception) -> None:
+        # Nothing of the batch is acknowledged; publishers get an error ack and may retry.
+        self.write_error = f"cannot write to partition {self.stream}/{self.id}: {exc}"
+        log.error("%s", self.write_error)
 
     def _ack(self, item: Incoming, offset: int, now: int) -> api_pb2.Ack:
         return api_pb2.Ack(

@@ -12,6 +12,7 @@ segments).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -221,8 +222,15 @@ class Segment:
         """Write whole batches (positions in ``headers`` relative to ``data``) in one call."""
         position = self.size
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError:
+            # A full disk can leave part of the batch behind; cut it so the next append lands
+            # where the indexes think it does. The caller reports the error.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, position)
+            raise
         if self.first_append_ns is None:
             self.first_append_ns = now_ns
         since = self._bytes_since_index
