@@ -128,6 +128,14 @@ class ApiService(api_pb2_grpc.APIServicer):
         return api_pb2.CreateStreamResponse()
 
     @staticmethod
+    async def _change(context: Any, change: Awaitable[Any]) -> None:
+        """Await a metadata change, turning its MetadataError into the RPC's status."""
+        try:
+            await change
+        except MetadataError as exc:
+            await _abort(context, failure_from(exc))
+
+    @staticmethod
     def _settings(req: api_pb2.CreateStreamRequest) -> StreamSettings:
         settings = StreamSettings(
             retention_max_bytes=_nullable(req, "retentionMaxBytes"),
@@ -154,24 +162,17 @@ class ApiService(api_pb2_grpc.APIServicer):
         return settings
 
     async def DeleteStream(self, request: Any, context: Any) -> api_pb2.DeleteStreamResponse:
-        try:
-            await self._streams.delete_stream(request.name)
-        except MetadataError as exc:
-            await _abort(context, failure_from(exc))
+        await self._change(context, self._streams.delete_stream(request.name))
         return api_pb2.DeleteStreamResponse()
 
     async def PauseStream(self, request: Any, context: Any) -> api_pb2.PauseStreamResponse:
-        try:
-            await self._streams.pause(request.name, tuple(request.partitions), request.resumeAll)
-        except MetadataError as exc:
-            await _abort(context, failure_from(exc))
+        await self._change(context, self._streams.pause(request.name, tuple(request.partitions), request.resumeAll))
         return api_pb2.PauseStreamResponse()
 
     async def SetStreamReadonly(self, request: Any, context: Any) -> api_pb2.SetStreamReadonlyResponse:
-        try:
-            await self._streams.set_readonly(request.name, tuple(request.partitions), request.readonly)
-        except MetadataError as exc:
-            await _abort(context, failure_from(exc))
+        await self._change(
+            context, self._streams.set_readonly(request.name, tuple(request.partitions), request.readonly)
+        )
         return api_pb2.SetStreamReadonlyResponse()
 
     # -- subscribe ---------------------------------------------------------
@@ -301,13 +302,7 @@ class ApiService(api_pb2_grpc.APIServicer):
         self._check_leader(part)
         if meta.paused:
             await self._streams.resume(req.stream, req.partition)
-        size = len(req.value) + len(req.key)
-        if size > self._max_message_bytes:
-            raise RpcFailure(
-                Code.INVALID_ARGUMENT,
-                Reason.TOO_LARGE,
-                f"message of {size} bytes is larger than streams.max.message.bytes ({self._max_message_bytes})",
-            )
+        self._check_size(req)
         policy = req.ackPolicy
         message = api_pb2.Message(
             key=req.key,
@@ -325,6 +320,15 @@ class ApiService(api_pb2_grpc.APIServicer):
             future = self._acks.expect(inbox, cid)
         await self._publish_envelope(part.subject, message, future)
         return future
+
+    def _check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:
+        size = len(req.value) + len(req.key)
+        if size > self._max_message_bytes:
+            raise RpcFailure(
+                Code.INVALID_ARGUMENT,
+                Reason.TOO_LARGE,
+                f"message of {size} bytes is larger than streams.max.message.bytes ({self._max_message_bytes})",
+            )
 
     async def _publish_envelope(
         self, subject: str, message: api_pb2.Message, future: asyncio.Future[api_pb2.Ack] | None
@@ -402,13 +406,7 @@ class ApiService(api_pb2_grpc.APIServicer):
                     Reason.INVALID_ARGUMENT,
                     f"cannot publish to wildcard subject {req.subject!r}",
                 )
-            size = len(req.value) + len(req.key)
-            if size > self._max_message_bytes:
-                raise RpcFailure(
-                    Code.INVALID_ARGUMENT,
-                    Reason.TOO_LARGE,
-                    f"message of {size} bytes is larger than streams.max.message.bytes ({self._max_message_bytes})",
-                )
+            self._check_size(req)
             message = api_pb2.Message(key=req.key, value=req.value, headers=req.headers, offset=-1)
             future = None
             if req.ackPolicy != api_pb2.NONE:

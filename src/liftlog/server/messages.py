@@ -83,40 +83,31 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
 
 def record_to_message(record: Record, stream: str, partition: int, partition_subject: str) -> api_pb2.Message:
     """The API ``Message`` for a stored record."""
-    headers = record.headers
-    if not headers:
-        return api_pb2.Message(
-            offset=record.offset,
-            key=record.key,
-            value=record.value,
-            timestamp=record.timestamp,
-            stream=stream,
-            partition=partition,
-            subject=partition_subject,
-        )
-    return _with_headers(record, headers, stream, partition, partition_subject)
-
-
-def _with_headers(
-    record: Record, headers: Mapping[str, bytes], stream: str, partition: int, partition_subject: str
-) -> api_pb2.Message:
-    user = {k: v for k, v in headers.items() if not k.startswith(RESERVED)}
-    subject = headers.get(H_SUBJECT)
-    reply = headers.get(H_REPLY)
-    inbox = headers.get(H_ACK_INBOX)
-    cid = headers.get(H_CORRELATION_ID)
-    policy = headers.get(H_ACK_POLICY)
-    return api_pb2.Message(
+    message = api_pb2.Message(
         offset=record.offset,
         key=record.key,
         value=record.value,
         timestamp=record.timestamp,
         stream=stream,
         partition=partition,
-        subject=subject.decode() if subject is not None else partition_subject,
-        replySubject=reply.decode() if reply is not None else "",
-        headers=user,
-        ackInbox=inbox.decode() if inbox is not None else "",
-        correlationId=cid.decode() if cid is not None else "",
-        ackPolicy=policy[0] if policy else api_pb2.LEADER,  # type: ignore[arg-type]
+        subject=partition_subject,
     )
+    if record.headers:  # most records from plain NATS publishers have none
+        _set_header_fields(message, record.headers)
+    return message
+
+
+def _set_header_fields(message: api_pb2.Message, headers: Mapping[str, bytes]) -> None:
+    for name, value in headers.items():
+        if not name.startswith(RESERVED):
+            message.headers[name] = value
+        elif name == H_SUBJECT:
+            message.subject = value.decode()
+        elif name == H_REPLY:
+            message.replySubject = value.decode()
+        elif name == H_ACK_INBOX:
+            message.ackInbox = value.decode()
+        elif name == H_CORRELATION_ID:
+            message.correlationId = value.decode()
+        elif name == H_ACK_POLICY and value:
+            message.ackPolicy = value[0]  # type: ignore[assignment]

@@ -208,17 +208,9 @@ class Partition:
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
         for offset, item in enumerate(accepted, base):
-            if item.ack_inbox and item.ack_policy != api_pb2.NONE:
-                ack = self._ack(item, offset, now)
-                if item.ack_policy == api_pb2.LEADER:
-                    self._ack_sink(ack)
-                else:
-                    self._commit_waiters.append(ack)
+            self._written(item, offset, now)
         for item, error in rejected:
-            if item.ack_inbox:
-                ack = self._ack(item, -1, now)
-                ack.ackError = error  # type: ignore[assignment]
-                self._ack_sink(ack)
+            self._refused(item, error, now)
         if log_.newest_offset >= base:
             # One replica: written means committed. Replication (issue 5) moves this to the ISR's acks.
             self.set_high_watermark(log_.newest_offset)
@@ -230,23 +222,30 @@ class Partition:
             try:
                 self.log.append([item.record], self.meta.leader_epoch, now)
             except (RecordTooLarge, StorageError, OSError) as exc:
-                error = api_pb2.Ack.TOO_LARGE
-                if not isinstance(exc, RecordTooLarge):
+                if isinstance(exc, RecordTooLarge):
+                    self._refused(item, api_pb2.Ack.TOO_LARGE, now)
+                else:
                     self._write_failed(exc)
-                    error = api_pb2.Ack.UNKNOWN
-                if item.ack_inbox:
-                    ack = self._ack(item, -1, now)
-                    ack.ackError = error
-                    self._ack_sink(ack)
+                    self._refused(item, api_pb2.Ack.UNKNOWN, now)
                 continue
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
-            if item.ack_inbox and item.ack_policy != api_pb2.NONE:
-                ack = self._ack(item, offset, now)
-                if item.ack_policy == api_pb2.LEADER:
-                    self._ack_sink(ack)
-                else:
-                    self._commit_waiters.append(ack)
+            self._written(item, offset, now)
+
+    def _written(self, item: Incoming, offset: int, now: int) -> None:
+        """Ack a written message now (LEADER) or once committed (ALL)."""
+        if item.ack_inbox and item.ack_policy != api_pb2.NONE:
+            ack = self._ack(item, offset, now)
+            if item.ack_policy == api_pb2.LEADER:
+                self._ack_sink(ack)
+            else:
+                self._commit_waiters.append(ack)
+
+    def _refused(self, item: Incoming, error: int, now: int) -> None:
+        if item.ack_inbox:
+            ack = self._ack(item, -1, now)
+            ack.ackError = error  # type: ignore[assignment]
+            self._ack_sink(ack)
 
     def _write_failed(self, exc: Exception) -> None:
         # Nothing of the batch is acknowledged; publishers get an error ack and may retry.
