@@ -13,6 +13,7 @@ Event-loop only, not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import time
@@ -38,7 +39,7 @@ from liftlog.metadata import (
     validate_subject,
 )
 from liftlog.server.config import StreamsConfig
-from liftlog.storage import FsyncPolicy, LogConfig
+from liftlog.storage import LogConfig
 
 from .partition import AckSink, Partition, PartitionOptions
 
@@ -278,22 +279,18 @@ class StreamManager:
         )
 
     def _log_config(self, s: StreamSettings) -> LogConfig:
-        d = self._defaults
-
-        def pick(value: int | None, default: int) -> int:
-            return default if value is None else value
-
+        """The server's ``streams.*`` log settings with the stream's overrides."""
+        overrides: dict[str, Any] = {
+            "segment_max_bytes": s.segment_max_bytes,
+            "segment_max_age_ms": s.segment_max_age_ms,
+            "retention_max_bytes": s.retention_max_bytes,
+            "retention_max_messages": s.retention_max_messages,
+            "retention_max_age_ms": s.retention_max_age_ms,
+            "compact_enabled": s.compact_enabled,
+        }
         try:
-            return LogConfig(
-                segment_max_bytes=pick(s.segment_max_bytes, d.segment_max_bytes),
-                segment_max_age_ms=pick(s.segment_max_age_ms, d.segment_max_age),
-                retention_max_bytes=pick(s.retention_max_bytes, d.retention_max_bytes),
-                retention_max_messages=pick(s.retention_max_messages, d.retention_max_messages),
-                retention_max_age_ms=pick(s.retention_max_age_ms, d.retention_max_age),
-                compact_enabled=d.compact_enabled if s.compact_enabled is None else s.compact_enabled,
-                max_record_bytes=d.max_message_bytes,
-                fsync=FsyncPolicy(d.fsync_policy),
-                fsync_interval_ms=d.fsync_interval,
+            return dataclasses.replace(
+                self._defaults.log_config(), **{k: v for k, v in overrides.items() if v is not None}
             )
         except ValueError as exc:
             raise InvalidStreamError(str(exc)) from exc
