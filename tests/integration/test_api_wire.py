@@ -390,3 +390,26 @@ async def test_cursors_and_groups_are_unimplemented(api: api_pb2_grpc.APIStub) -
     for call in calls:
         err = await rpc_error(call)
         assert err.code() == grpc.StatusCode.UNIMPLEMENTED and "not implemented" in (err.details() or "")
+
+
+async def test_retention_per_stream(api: api_pb2_grpc.APIStub, name: str) -> None:
+    await create(
+        api,
+        name,
+        retentionMaxMessages=api_pb2.NullableInt64(value=100),
+        segmentMaxBytes=api_pb2.NullableInt64(value=4096),
+        cleanerInterval=api_pb2.NullableInt64(value=100),
+    )
+
+    async def requests() -> AsyncIterator[api_pb2.PublishRequest]:
+        for i in range(2000):
+            yield api_pb2.PublishRequest(stream=name, value=b"%04d" % i, correlationId=str(i))
+
+    assert len([r async for r in api.PublishAsync(requests())]) == 2000
+    for _ in range(60):
+        msgs = await read_all(api, name)
+        if msgs[0].offset > 0:
+            break
+        await asyncio.sleep(0.1)
+    assert 100 <= len(msgs) < 300, "old segments were deleted down to about 100 messages"
+    assert msgs[-1].value == b"1999" and msgs[0].offset == 2000 - len(msgs)

@@ -56,7 +56,14 @@ class NatsSubscriber(Protocol):
 class PartitionOptions:
     """Settings one partition needs, resolved from server defaults and stream overrides."""
 
-    __slots__ = ("auto_pause_disable_if_subscribers", "auto_pause_ns", "batch_max", "log_config", "occ")
+    __slots__ = (
+        "auto_pause_disable_if_subscribers",
+        "auto_pause_ns",
+        "batch_max",
+        "cleaner_interval_ns",
+        "log_config",
+        "occ",
+    )
 
     def __init__(
         self,
@@ -66,8 +73,10 @@ class PartitionOptions:
         batch_max: int = 1024,
         auto_pause_ns: int = 0,
         auto_pause_disable_if_subscribers: bool = False,
+        cleaner_interval_ns: int = 300 * 1_000_000_000,
     ) -> None:
         self.log_config = log_config
+        self.cleaner_interval_ns = cleaner_interval_ns
         self.occ = occ
         self.batch_max = batch_max
         self.auto_pause_ns = auto_pause_ns
@@ -99,6 +108,8 @@ class Partition:
         #: ns of the last publish or subscribe, for auto-pause.
         self.last_activity = clock()
         self.subscribers = 0
+        #: ns of the last retention/compaction pass.
+        self.last_cleaned = clock()
         self._sub: Any = None
         self._pending: list[Incoming] = []
         #: Why the last write failed (a full disk, ...); None after a write succeeds.

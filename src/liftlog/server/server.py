@@ -240,11 +240,11 @@ class Server:
     def _start_housekeeping(self) -> None:
         assert self.streams is not None
         streams = self.streams
-        cleaner_s = max(self.config.streams.cleaner_interval / 1000, 0.1)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._every(1.0, streams.auto_pause), name="auto-pause"),
-            loop.create_task(self._every(cleaner_s, streams.clean), name="cleaner"),
+            # Each partition has its own cleaner interval (streams.cleaner.interval or the stream's).
+            loop.create_task(self._every(1.0, streams.clean), name="cleaner"),
         ]
         if self.config.streams.fsync_policy == "interval":
             interval = max(self.config.streams.fsync_interval / 1000, 0.01)

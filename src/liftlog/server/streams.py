@@ -226,10 +226,15 @@ class StreamManager:
                 log.debug("auto-pause of %s: %s", name, exc)
 
     async def clean(self) -> None:
-        """Enforce retention and compact, off the event loop for compaction."""
+        """Enforce retention and compact the partitions whose cleaner interval has passed.
+
+        Compaction runs in a worker thread; the log swaps segments in under its lock.
+        """
+        now = self._clock()
         for part in list(self.partitions.values()):
-            if part.log is None:
+            if part.log is None or now - part.last_cleaned < part.options.cleaner_interval_ns:
                 continue
+            part.last_cleaned = now
             try:
                 part.log.enforce_retention()
                 if part.options.log_config.compact_enabled:
@@ -258,6 +263,7 @@ class StreamManager:
         s = stream.settings
         d = self._defaults
         auto_pause_ms = s.auto_pause_time_ms if s.auto_pause_time_ms is not None else d.auto_pause_time
+        cleaner_ms = s.cleaner_interval_ms if s.cleaner_interval_ms is not None else d.cleaner_interval
         options = PartitionOptions(
             self._log_config(s),
             occ=s.optimistic_concurrency_control
@@ -265,6 +271,7 @@ class StreamManager:
             else d.concurrency_control,
             batch_max=self._batch_max,
             auto_pause_ns=auto_pause_ms * 1_000_000,
+            cleaner_interval_ns=cleaner_ms * 1_000_000,
             auto_pause_disable_if_subscribers=s.auto_pause_disable_if_subscribers
             if s.auto_pause_disable_if_subscribers is not None
             else d.auto_pause_disable_if_subscribers,
