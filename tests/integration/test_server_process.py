@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -38,9 +40,9 @@ async def values(address: str, name: str, **kw: object) -> list[bytes]:
         return [m.value async for m in api.Subscribe(req)][1:]
 
 
-async def call(address: str, method: str, request: object) -> object:
+async def call(address: str, method: str, request: object, timeout: float | None = None) -> object:
     async with grpc.aio.insecure_channel(address) as channel:
-        return await getattr(api_pb2_grpc.APIStub(channel), method)(request)
+        return await getattr(api_pb2_grpc.APIStub(channel), method)(request, timeout=timeout)
 
 
 async def test_standalone_with_embedded_nats_survives_restarts(data_dir: Path) -> None:
@@ -172,3 +174,26 @@ def test_bad_config_key_names_the_key(tmp_path: Path) -> None:
     result = run_cli("server", "-c", str(config))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "retention.max.bytez" in result.stderr
+
+
+async def test_embedded_nats_crash_is_survived(data_dir: Path) -> None:
+    nats_port = free_port()
+    server = LiftlogProcess(data_dir, "--embedded-nats", "--embedded-nats-port", str(nats_port)).start()
+    try:
+        await call(server.address, "CreateStream", api_pb2.CreateStreamRequest(subject="crash", name="crash"))
+        await call(server.address, "Publish", api_pb2.PublishRequest(stream="crash", value=b"before"))
+        children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()  # type: ignore[union-attr]
+        (nats_pid,) = [int(pid) for pid in children if "nats-server" in Path(f"/proc/{pid}/cmdline").read_text()]
+        os.kill(nats_pid, signal.SIGKILL)
+        for _ in range(100):  # the supervisor restarts it on the same port; the connection comes back
+            try:
+                ack = await call(
+                    server.address, "Publish", api_pb2.PublishRequest(stream="crash", value=b"after"), timeout=1
+                )
+                break
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.1)
+        assert ack.ack.offset == 1  # type: ignore[attr-defined]
+        assert await values(server.address, "crash") == [b"before", b"after"]
+    finally:
+        server.kill()
