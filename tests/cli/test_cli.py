@@ -226,22 +226,42 @@ def test_unknown_config_key_is_one_error_line() -> None:
 
 
 def test_server_builds_overrides_only_for_given_flags() -> None:
-    assert _server_overrides(None, None, None, None, None, None, None, None, None, ()) == {}
-    overrides = _server_overrides(
-        "a", "./d", "0.0.0.0", 0, False, 4223, "nats://x:4222,nats://y:4222", "ns", "debug", ("port=1", "x.y=z=w")
-    )
+    assert _server_overrides((), {"host": None, "port": None}) == {}
+    overrides = _server_overrides(("port=1", "x.y=z=w"), {"host": None, "port": 0, "nats.embedded": False})
     assert overrides == {
-        "clustering.server.id": "a",
-        "data.dir": "./d",
-        "host": "0.0.0.0",
         "port": 0,  # the flag wins over --set port=1
         "nats.embedded": False,
-        "nats.embedded.port": 4223,
-        "nats.servers": "nats://x:4222,nats://y:4222",
-        "clustering.namespace": "ns",
-        "logging.level": "debug",
         "x.y": "z=w",
     }
+
+
+def test_server_flags_map_to_config_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def load_config(path: str | None, overrides: dict[str, Any], env: dict[str, str]) -> object:
+        seen.append(overrides)
+        return object()
+
+    monkeypatch.setattr("liftlog.server.config.load_config", load_config)
+    monkeypatch.setitem(sys.modules, "liftlog.server.runner", types.SimpleNamespace(run_server=lambda config: 0))
+    flags = ("--id", "a", "--data-dir", "./d", "--host", "0.0.0.0", "--port", "0", "--no-embedded-nats")
+    flags += ("--embedded-nats-port", "4223", "--nats-servers", "nats://x:4222,nats://y:4222", "--namespace", "ns")
+    result = invoke("server", *flags, "--log-level", "DEBUG", "--set", "port=1", "--set", "x.y=z=w")
+    assert result.exit_code == 0, result.output
+    assert seen == [
+        {
+            "clustering.server.id": "a",
+            "data.dir": "./d",
+            "host": "0.0.0.0",
+            "port": 0,  # the flag wins over --set port=1
+            "nats.embedded": False,
+            "nats.embedded.port": 4223,
+            "nats.servers": "nats://x:4222,nats://y:4222",
+            "clustering.namespace": "ns",
+            "logging.level": "debug",
+            "x.y": "z=w",
+        }
+    ]
 
 
 def test_server_runs_with_the_loaded_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

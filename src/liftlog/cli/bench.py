@@ -29,7 +29,7 @@ from rich.text import Text
 from liftlog.cli.bench_scenarios import DEFAULT_COUNTS, REFERENCE, RUNNERS, SCENARIOS, Settings
 from liftlog.cli.common import CommandError, addr_option, addresses
 from liftlog.cli.common import run as run_loop
-from liftlog.cli.messages import ACK_POLICIES
+from liftlog.cli.messages import ack_policy_option
 from liftlog.cli.output import err_console, format_latency_us, format_rate, print_note
 
 __all__ = ["bench"]
@@ -159,13 +159,7 @@ def _table(results: dict[str, Any]) -> Table:
     "--count", type=click.IntRange(min=1), help="Messages for every scenario (default: per scenario, see above)."
 )
 @click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True, help="Partitions per stream.")
-@click.option(
-    "--ack-policy",
-    type=click.Choice(ACK_POLICIES, case_sensitive=False),
-    default="leader",
-    show_default=True,
-    help="What publishes wait for (consume prefills with all).",
-)
+@ack_policy_option("What publishes wait for (consume prefills with all).")
 @click.option(
     "--window", type=click.IntRange(min=1), default=100, show_default=True, help="In-flight messages (async, nats)."
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -44,37 +45,19 @@ def main() -> None:
     """
 
 
-def _server_overrides(
-    server_id: str | None,
-    data_dir: str | None,
-    host: str | None,
-    port: int | None,
-    embedded_nats: bool | None,
-    embedded_nats_port: int | None,
-    nats_servers: str | None,
-    namespace: str | None,
-    log_level: str | None,
-    settings: tuple[str, ...],
-) -> dict[str, Any]:
-    """Config overrides (Liftbridge dotted keys) for the flags that were given, and only those."""
+def _server_overrides(settings: tuple[str, ...], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Config overrides (Liftbridge dotted keys): the ``--set KEY=VALUE`` `settings`, then the `flags`.
+
+    `flags` maps config keys to the values of the dedicated flags, None for a
+    flag that was not given; only the given ones count, and they win over
+    ``--set`` for the same key.
+    """
     overrides: dict[str, Any] = {}
     for setting in settings:
         key, sep, value = setting.partition("=")
         if not sep or not key.strip():
             fail(f"--set expects KEY=VALUE, got {setting!r}", 2)
         overrides[key.strip()] = value
-    # Dedicated flags win over --set for the same key.
-    flags = {
-        "clustering.server.id": server_id,
-        "data.dir": data_dir,
-        "host": host,
-        "port": port,
-        "nats.embedded": embedded_nats,
-        "nats.embedded.port": embedded_nats_port,
-        "nats.servers": nats_servers,
-        "clustering.namespace": namespace,
-        "logging.level": log_level,
-    }
     overrides.update({key: value for key, value in flags.items() if value is not None})
     return overrides
 
@@ -135,16 +118,18 @@ def server(
     from liftlog.server.config import load_config
 
     overrides = _server_overrides(
-        server_id,
-        data_dir,
-        host,
-        port,
-        embedded_nats,
-        embedded_nats_port,
-        nats_servers,
-        namespace,
-        log_level.lower() if log_level else None,
         settings,
+        {
+            "clustering.server.id": server_id,
+            "data.dir": data_dir,
+            "host": host,
+            "port": port,
+            "nats.embedded": embedded_nats,
+            "nats.embedded.port": embedded_nats_port,
+            "nats.servers": nats_servers,
+            "clustering.namespace": namespace,
+            "logging.level": log_level.lower() if log_level else None,
+        },
     )
     env = {name: value for name, value in os.environ.items() if name != ADDR_ENV}
     config = load_config(config_path, overrides, env)

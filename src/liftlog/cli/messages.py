@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -26,7 +26,9 @@ from liftlog.cli.params import HEADER, START, STOP, StartSpec, StopSpec
 if TYPE_CHECKING:
     from liftlog.client import AckPolicy, Client
 
-__all__ = ["ACK_POLICIES", "publish", "read_lines", "subscribe", "to_ack_policy"]
+__all__ = ["ACK_POLICIES", "ack_policy_option", "publish", "read_lines", "subscribe", "to_ack_policy"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 ACK_POLICIES = ("leader", "all", "none")
 _READ_CHUNK = 1 << 16
@@ -39,6 +41,17 @@ def to_ack_policy(name: str) -> AckPolicy:
     from liftlog.client import AckPolicy
 
     return {"leader": AckPolicy.LEADER, "all": AckPolicy.ALL, "none": AckPolicy.NONE}[name.lower()]
+
+
+def ack_policy_option(help: str) -> Callable[[F], F]:
+    """``--ack-policy``, one of :data:`ACK_POLICIES` (default leader), for :func:`to_ack_policy`."""
+    return click.option(
+        "--ack-policy",
+        type=click.Choice(ACK_POLICIES, case_sensitive=False),
+        default="leader",
+        show_default=True,
+        help=help,
+    )
 
 
 def _set_once(future: asyncio.Future[None]) -> None:
@@ -91,13 +104,7 @@ async def read_lines(fd: int, max_lines: int) -> AsyncIterator[list[bytes]]:
 @click.option("-k", "--key", help="Message key (UTF-8).")
 @click.option("-H", "--header", "headers", type=HEADER, multiple=True, help="Header NAME=VALUE (repeatable).")
 @click.option("-p", "--partition", type=click.IntRange(min=0), help="Partition to publish to.")
-@click.option(
-    "--ack-policy",
-    type=click.Choice(ACK_POLICIES, case_sensitive=False),
-    default="leader",
-    show_default=True,
-    help="Wait for the leader, for every in-sync replica, or for nothing.",
-)
+@ack_policy_option("Wait for the leader, for every in-sync replica, or for nothing.")
 @click.option(
     "--expected-offset",
     type=int,

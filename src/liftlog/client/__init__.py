@@ -13,9 +13,15 @@
 
 :class:`Client` holds the API; every error it raises is a
 :class:`LiftlogError` (see :mod:`liftlog.client.errors`).
+
+The modules: ``client`` (:class:`Client`), ``subscription``
+(:class:`Subscription`), ``publish_async`` (the windowed PublishAsync behind
+``publish_many``), ``routing`` (the client's channels, metadata cache and
+retries), ``stubs`` (the gRPC stubs), ``nats_helpers`` (publishing on NATS
+directly), ``types`` (the values returned) and ``errors``.
 """
 
-from liftlog.client.client import Client, Subscription
+from liftlog.client.client import Client
 from liftlog.client.errors import (
     AckTimeoutError,
     ClientClosedError,
@@ -41,6 +47,7 @@ from liftlog.client.errors import (
     UnimplementedError,
     error_from_rpc,
 )
+from liftlog.client.subscription import Subscription
 from liftlog.client.types import (
     Ack,
     AckError,

@@ -5,15 +5,17 @@ payload as the message value. To set a key, headers or ask for an ack, the
 payload must be a *Publish* envelope (``liftlog.api.envelope``) holding an
 ``api_pb2.Message``; the server then publishes the ``Ack`` in an *Ack*
 envelope to the message's ack inbox. These helpers build the envelope and
-wait for the ack on a nats-py connection; :meth:`liftlog.client.Client.nats_publish`
-wraps them.
+wait for the ack on a nats-py connection, which :func:`connect_nats` opens;
+:meth:`liftlog.client.Client.nats_publish` wraps them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 
+import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
@@ -22,7 +24,9 @@ from liftlog.api.envelope import EnvelopeError, decode_ack, encode_publish_messa
 from liftlog.client.errors import AckTimeoutError, LiftlogError, UnavailableError
 from liftlog.client.types import AckPolicy
 
-__all__ = ["encode_publish", "publish_and_wait_ack", "to_bytes", "to_headers"]
+__all__ = ["connect_nats", "encode_publish", "publish_and_wait_ack", "to_bytes", "to_headers"]
+
+_log = logging.getLogger("liftlog.client")
 
 
 def to_bytes(value: bytes | str) -> bytes:
@@ -96,3 +100,25 @@ async def publish_and_wait_ack(
     finally:
         with contextlib.suppress(nats.errors.Error):  # already gone (max_msgs reached, connection closed)
             await sub.unsubscribe()
+
+
+async def _log_nats_error(exc: Exception) -> None:
+    """nats-py's error callback: a debug line instead of its default traceback on stderr."""
+    _log.debug("NATS connection error: %s", exc)
+
+
+async def connect_nats(servers: Sequence[str], *, timeout: float, retries: int, backoff: float) -> NatsClient:
+    """Connect to the NATS `servers`, with the client's `timeout` and few, quick reconnection attempts.
+
+    Raises :class:`UnavailableError` when no server can be reached.
+    """
+    try:
+        return await nats.connect(
+            servers=list(servers),
+            connect_timeout=max(1, round(timeout)),
+            max_reconnect_attempts=retries,
+            reconnect_time_wait=max(backoff, 0.1),
+            error_cb=_log_nats_error,
+        )
+    except (nats.errors.Error, OSError) as exc:
+        raise UnavailableError(f"cannot connect to NATS at {', '.join(servers)}: {exc}") from exc

@@ -1,0 +1,298 @@
+"""The machinery behind :meth:`Client.publish_many <liftlog.client.Client.publish_many>`: windowed PublishAsync.
+
+A :class:`PublishBatch` holds what one ``publish_many`` has read from its
+input and the requests still waiting for their ack. :func:`publish_async_attempt`
+runs one ``PublishAsync`` call for it: a writer task sends the unacknowledged
+requests again, then the rest of the input, at most a window ahead of the
+acks, while the attempt reads the acks and a watchdog task cancels the call
+when nothing moves for the timeout. When an attempt fails with
+:class:`NotLeaderError` or :class:`UnavailableError` the client runs another
+with the same batch on the (new) leader. :func:`request_writer` keeps the
+server's status when a write fails because the server ended the call.
+
+A :class:`PublishBatch` belongs to one ``publish_many`` call, whose attempts
+run one after another; it is not to be shared with other tasks (each attempt
+shares it only with the writer task it starts and waits for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import grpc.aio  # type: ignore[import-untyped, unused-ignore]
+
+from liftlog.api import api_pb2
+from liftlog.client.errors import (
+    AckTimeoutError,
+    NotLeaderError,
+    UnavailableError,
+    error_from_async_error,
+    error_from_rpc,
+)
+from liftlog.client.nats_helpers import to_bytes, to_headers
+from liftlog.client.stubs import EOF, Stub, being_cancelled
+from liftlog.client.types import Ack, AckPolicy
+
+__all__ = ["PublishBatch", "publish_async_attempt", "request_writer"]
+
+
+def request_writer(call: Any) -> Callable[[api_pb2.PublishRequest], Awaitable[None]]:
+    """A ``write`` for a stream-request call that keeps the server's status when the server ends the call.
+
+    ``grpc.aio``'s own ``call.write`` turns a send that fails because the
+    server has just ended the call (say, refusing it as not the leader) into
+    a local INTERNAL "Internal error from Core" status, losing the server's
+    code and trailing metadata. This writer does what ``call.write`` does,
+    minus that: a failed send raises ``asyncio.InvalidStateError`` and the
+    reader gets the real status. It uses private attributes of grpc.aio's
+    call; when they are missing it falls back to ``call.write``.
+    """
+    metadata_sent = getattr(call, "_metadata_sent", None)
+    send = getattr(getattr(call, "_cython_call", None), "send_serialized_message", None)
+    if metadata_sent is None or send is None:
+        fallback: Callable[[api_pb2.PublishRequest], Awaitable[None]] = call.write
+        return fallback
+
+    async def write(request: api_pb2.PublishRequest) -> None:
+        if call.done():
+            raise asyncio.InvalidStateError("the call has ended")
+        if not metadata_sent.is_set():
+            await metadata_sent.wait()
+            if call.done():
+                raise asyncio.InvalidStateError("the call has ended")
+        data = request.SerializeToString()
+        try:
+            await send(data)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        except Exception as exc:  # cygrpc.InternalError: the call ended under us; the reader reports why
+            raise asyncio.InvalidStateError("the call has ended") from exc
+
+    return write
+
+
+def _task_error(task: asyncio.Task[Any]) -> BaseException | None:
+    """The exception `task` ended with, if it is done and neither succeeded nor was cancelled."""
+    if not task.done() or task.cancelled():
+        return None
+    return task.exception()
+
+
+class PublishBatch:
+    """What one ``publish_many`` has read from its input and what is still unacknowledged.
+
+    It outlives a failed PublishAsync call: a retry resends ``pending``, then
+    goes on reading the input.
+    """
+
+    __slots__ = ("acks", "async_values", "count", "exhausted", "pending", "prefix", "sync_values", "template")
+
+    def __init__(
+        self,
+        values: Iterable[bytes | str] | AsyncIterable[bytes | str],
+        *,
+        stream: str,
+        partition: int,
+        key: bytes | str | None,
+        headers: Mapping[str, bytes | str] | None,
+        ack_policy: AckPolicy,
+    ) -> None:
+        # PublishRequest fields shared by every message
+        self.template: dict[str, Any] = {"stream": stream, "partition": partition, "ackPolicy": int(ack_policy)}
+        if key is not None:
+            self.template["key"] = to_bytes(key)
+        if headers:
+            self.template["headers"] = to_headers(headers)
+        self.sync_values: Iterator[bytes | str] | None = None
+        self.async_values: AsyncIterator[bytes | str] | None = None
+        if isinstance(values, AsyncIterable):
+            self.async_values = aiter(values)
+        else:
+            self.sync_values = iter(values)
+        self.prefix = f"{secrets.token_hex(6)}-"
+        self.count = 0  # messages taken from the input
+        self.exhausted = False
+        self.acks: list[Ack | None] = []  # by input index (only when acks are wanted)
+        # correlation id -> (input index, request) until acknowledged (only when acks are wanted)
+        self.pending: dict[str, tuple[int, api_pb2.PublishRequest]] | None = (
+            {} if ack_policy != AckPolicy.NONE else None
+        )
+
+
+async def publish_async_attempt(stub: Stub, batch: PublishBatch, window_size: int, timeout: float) -> None:
+    """One PublishAsync call: send what is pending then the rest of the input, collect acks.
+
+    Returns once every message of the input is sent and, when acks are
+    wanted, acknowledged, with the acks in ``batch.acks``. Raises the
+    :class:`PublishAsyncFailed` of the first refused message,
+    :class:`AckTimeoutError` when nothing moves for `timeout` seconds,
+    :class:`UnavailableError` when the server ends the call early, the error
+    the call failed with, or the error of the caller's iterable.
+    """
+    loop = asyncio.get_running_loop()
+    call = stub.publish_async()
+    pending = batch.pending
+    acks = batch.acks
+    window = asyncio.Semaphore(window_size) if pending is not None else None
+    template = batch.template
+    prefix = batch.prefix
+    make_request = api_pb2.PublishRequest
+    stop = False
+    in_source = False  # the writer waits on the caller's async iterable
+    in_write = False
+    writer_done = False
+    progress = 0  # requests written + responses read, for the timeout watchdog
+    timed_out = False
+
+    async def write_all() -> None:
+        nonlocal in_source, in_write, writer_done, progress
+        write = request_writer(call)
+        try:
+            if pending:
+                for _, req in sorted(pending.values(), key=lambda entry: entry[0]):
+                    if window is not None:
+                        await window.acquire()
+                    if stop:
+                        return
+                    in_write = True
+                    await write(req)
+                    in_write = False
+                    progress += 1
+            sync_values = batch.sync_values
+            async_values = batch.async_values
+            while not batch.exhausted:
+                if window is not None:
+                    await window.acquire()
+                if stop:
+                    return
+                try:
+                    if sync_values is not None:
+                        value = next(sync_values)
+                    else:
+                        assert async_values is not None
+                        in_source = True
+                        try:
+                            value = await anext(async_values)
+                        finally:
+                            in_source = False
+                except (StopIteration, StopAsyncIteration):
+                    batch.exhausted = True
+                    break
+                index = batch.count
+                batch.count = index + 1
+                if isinstance(value, str):
+                    value = value.encode()
+                corr = prefix + str(index)
+                req = make_request(value=value, correlationId=corr, **template)
+                if pending is not None:
+                    acks.append(None)
+                    pending[corr] = (index, req)
+                in_write = True
+                await write(req)
+                in_write = False
+                progress += 1
+            await call.done_writing()
+            writer_done = True
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return  # the call ended; the reader reports why
+
+    writer = loop.create_task(write_all())
+
+    def on_writer_done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            call.cancel()  # the caller's iterable failed: stop the reader, which re-raises it
+
+    writer.add_done_callback(on_writer_done)
+
+    async def watchdog() -> None:
+        nonlocal timed_out
+        last = -1
+        since = loop.time()
+        period = min(max(timeout / 4, 0.005), 1.0)
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            waiting = bool(pending) or writer_done or in_write
+            if progress != last or not waiting:
+                last = progress
+                since = now
+            elif now - since >= timeout:
+                timed_out = True
+                call.cancel()
+                return
+
+    dog = loop.create_task(watchdog())
+    failure: BaseException | None = None
+    try:
+        read = call.read
+        while True:
+            resp = await read()
+            if resp is EOF:
+                break
+            progress += 1
+            if window is not None:
+                window.release()
+            corr = resp.correlationId
+            if resp.HasField("asyncError"):
+                if pending is not None:
+                    pending.pop(corr, None)
+                raise error_from_async_error(resp.asyncError, corr, [a for a in acks if a is not None])
+            if pending is not None:
+                entry = pending.pop(corr, None)
+                if entry is not None:
+                    acks[entry[0]] = Ack.from_proto(resp.ack)
+        # The server completed the call: normally after our half-close, with every ack sent.
+        stop = True
+        if window is not None:
+            window.release()  # wake a writer waiting for room; it sees `stop`
+        if not in_source:
+            await asyncio.wait([writer])
+        writer_error = _task_error(writer)
+        if writer_error is not None:
+            raise writer_error
+        if pending:
+            raise UnavailableError(f"the server ended PublishAsync with {len(pending)} messages unacknowledged")
+        if not batch.exhausted:
+            raise UnavailableError(f"the server ended PublishAsync after {batch.count} messages, before the last")
+    except grpc.aio.AioRpcError as exc:
+        failure = error_from_rpc(exc, timeout_error=AckTimeoutError)
+        raise failure from exc
+    except asyncio.CancelledError:
+        if being_cancelled():
+            raise
+        writer_error = _task_error(writer)
+        if writer_error is not None:
+            failure = writer_error
+            raise writer_error from None
+        if timed_out:
+            if writer_done and not pending:
+                return  # everything sent and acknowledged; the server just did not end the call
+            failure = AckTimeoutError(
+                f"no progress on PublishAsync to {stub.address} for {timeout:g} s "
+                f"({len(pending) if pending is not None else 0} messages unacknowledged)"
+            )
+            raise failure from None
+        raise
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        stop = True
+        dog.cancel()
+        if not writer.done():
+            if in_source and isinstance(failure, (NotLeaderError, UnavailableError)) and pending is not None:
+                # Let the caller's async iterable hand over its item (kept in pending for the retry)
+                # rather than cancelling it half-way.
+                if window is not None:
+                    window.release()
+                await asyncio.wait([writer])
+            else:
+                writer.cancel()
+                await asyncio.wait([writer])
+        if not call.done():
+            call.cancel()
+        await asyncio.wait([dog])
