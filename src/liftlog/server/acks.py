@@ -71,8 +71,16 @@ class AckRouter:
     def expect(self, inbox: str, correlation_id: str) -> asyncio.Future[api_pb2.Ack]:
         """A future for the ack of the message sent with this inbox and correlation id."""
         fut: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
-        self._waiters[(inbox, correlation_id)] = fut
+        key = (inbox, correlation_id)
+        self._waiters[key] = fut
+        # A waiter that gives up (timeout, cancelled call) must not stay in the table.
+        fut.add_done_callback(lambda f: f.cancelled() and self._waiters.get(key) is f and self._waiters.pop(key))
         return fut
+
+    @property
+    def waiting(self) -> int:
+        """Acks awaited by calls in this server."""
+        return len(self._waiters)
 
     def forget(self, inbox: str, correlation_id: str) -> None:
         self._waiters.pop((inbox, correlation_id), None)

@@ -466,6 +466,9 @@ class ApiService(api_pb2_grpc.APIServicer):
                 await context.write(api_pb2.PublishResponse(ack=ack, correlationId=cid))
         finally:
             reader.cancel()
+            for _, item in queue:  # the caller went away: stop waiting for these acks
+                if isinstance(item, asyncio.Future):
+                    item.cancel()
 
     @staticmethod
     def _async_error(cid: str, failure: RpcFailure) -> api_pb2.PublishResponse:
