@@ -408,7 +408,7 @@ async def test_retention_per_stream(api: api_pb2_grpc.APIStub, name: str) -> Non
     assert len([r async for r in api.PublishAsync(requests())]) == 2000
     for _ in range(60):
         msgs = await read_all(api, name)
-        if msgs[0].offset > 0:
+        if len(msgs) < 300:  # the cleaner may also have run part-way through publishing
             break
         await asyncio.sleep(0.1)
     assert 100 <= len(msgs) < 300, "old segments were deleted down to about 100 messages"

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,14 @@ from liftlog.metadata import (
     NoSuchPartitionError,
     Operation,
     PartitionMeta,
+    PlacementError,
+    ServerInfo,
     SetPaused,
     SetReadonly,
     StreamMeta,
     StreamSettings,
     partition_subject,
+    place_partitions,
     validate_stream_name,
     validate_subject,
 )
@@ -135,24 +139,28 @@ class StreamManager:
                 f"subject {subject!r} ends with '>', so partition subjects ({subject}.1 ...) would not be valid; "
                 "use one partition or a subject without '>'"
             )
-        if replication_factor == -1 or replication_factor == 0:
-            replication_factor = 1
-        if replication_factor < 0 or replication_factor > 1:
-            raise InvalidStreamError(
-                f"replication factor {replication_factor} is larger than the number of servers (1)"
+        try:
+            # A request that leaves replicationFactor unset (0) means one replica.
+            placement = place_partitions(
+                [ServerInfo(self.server_id)],
+                partitions,
+                replication_factor or 1,
+                leader_counts=Counter(p.meta.leader for p in self.partitions.values()),
             )
+        except PlacementError as exc:
+            raise InvalidStreamError(str(exc)) from exc
         settings = settings or StreamSettings()
         self._log_config(settings)  # reject bad settings before anything is written
         now = self._clock()
         stream = StreamMeta(name=name, subject=subject, group=group, creation_timestamp=now, settings=settings)
-        for i in range(partitions):
+        for i, replicas in enumerate(placement):
             stream.partitions[i] = PartitionMeta(
                 stream=name,
                 id=i,
                 subject=partition_subject(subject, i),
-                leader=self.server_id,
-                replicas=[self.server_id],
-                isr=[self.server_id],
+                leader=replicas[0],
+                replicas=list(replicas),
+                isr=list(replicas),
             )
         async with self._lock:
             self._apply(CreateStream(stream))
