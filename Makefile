@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck unit run bench bench-log clean
+.PHONY: install test lint typecheck unit run bench bench-log sim clean
 
 # (Re)install when pyproject.toml changes; a missing venv is created first.
 $(STAMP): pyproject.toml
@@ -34,6 +34,11 @@ run: install
 # Starts its own server (temporary data, free ports) unless BENCH_ARGS has --addr.
 bench: install
 	$(BIN)/liftlog bench --start-server $(BENCH_ARGS)
+
+# The seeded Raft simulation over many seeds (CI runs its default count as part of `make test`).
+SEEDS ?= 100000
+sim: install
+	LIFTLOG_SIM_SEEDS=$(SEEDS) $(BIN)/pytest tests/sim -q --timeout 0
 
 bench-log: install
 	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)

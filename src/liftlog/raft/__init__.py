@@ -1,0 +1,56 @@
+"""Raft consensus as a sans-IO core (see ``node`` for the rules, ``types.Ready`` for the driver contract).
+
+A driver owns the clock, the network and the disk::
+
+    node = RaftNode("n1", RaftConfig(peers=("n1", "n2", "n3")), state=disk.load(), rng=random.Random(seed))
+    every tick:           node.tick()
+    on a message:         node.step(msg)
+    after either:         while node.has_ready():
+                              rd = node.ready()
+                              disk.save(rd.snapshot, rd.entries, rd.hard_state)   # before sending!
+                              network.send(rd.messages)
+                              state_machine.apply(rd.snapshot, rd.committed)
+                              node.advance(rd)
+    now and then:         disk.save_snapshot(node.compact(applied_index, state_machine.dump()))
+
+Modules: ``types`` (messages, entries, Ready), ``log`` (the log view), ``quorum`` (pure
+majority math), ``progress`` (leader's per-follower state), ``node`` (the state machine),
+``errors``.
+"""
+
+from .errors import NotLeader, ProposalDropped, RaftError
+from .node import RaftConfig, RaftNode
+from .types import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryKind,
+    HardState,
+    Message,
+    MessageType,
+    PersistedState,
+    ReadState,
+    Ready,
+    Role,
+    Snapshot,
+)
+
+__all__ = [
+    "ConfChange",
+    "ConfChangeOp",
+    "Entry",
+    "EntryKind",
+    "HardState",
+    "Message",
+    "MessageType",
+    "NotLeader",
+    "PersistedState",
+    "ProposalDropped",
+    "RaftConfig",
+    "RaftError",
+    "RaftNode",
+    "ReadState",
+    "Ready",
+    "Role",
+    "Snapshot",
+]
