@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from liftlog.raft import (
     ConfChange,
@@ -17,24 +16,13 @@ from liftlog.raft import (
     Entry,
     EntryKind,
     HardState,
+    MemoryStorage,
     Message,
-    PersistedState,
     RaftConfig,
     RaftNode,
     ReadState,
     Role,
-    Snapshot,
 )
-
-
-@dataclass
-class Disk:
-    hard_state: HardState = field(default_factory=HardState)
-    snapshot: Snapshot | None = None
-    entries: list[Entry] = field(default_factory=list)
-
-    def state(self) -> PersistedState:
-        return PersistedState(self.hard_state, self.snapshot, tuple(self.entries))
 
 
 def bootstrap_entries(ids: Iterable[str]) -> list[Entry]:
@@ -45,12 +33,12 @@ def bootstrap_entries(ids: Iterable[str]) -> list[Entry]:
     ]
 
 
-def disk_with(ids: list[str], term: int, *extra_terms: int) -> Disk:
+def disk_with(ids: list[str], term: int, *extra_terms: int) -> MemoryStorage:
     """A disk holding the (committed) bootstrap entries, then one NORMAL entry per term in ``extra_terms``."""
     entries = bootstrap_entries(ids)
     for t in extra_terms:
         entries.append(Entry(t, len(entries) + 1, EntryKind.NORMAL, f"t{t}i{len(entries) + 1}".encode()))
-    return Disk(HardState(term=term, vote=None, commit=len(ids)), None, entries)
+    return MemoryStorage(HardState(term=term, vote=None, commit=len(ids)), None, entries)
 
 
 class Cluster:
@@ -63,7 +51,7 @@ class Cluster:
         heartbeat_ticks: int = 1,
         pre_vote: bool = True,
         check_quorum: bool = True,
-        disks: dict[str, Disk] | None = None,
+        disks: dict[str, MemoryStorage] | None = None,
     ) -> None:
         self.ids = list(ids)
         self.rng = random.Random(seed)
@@ -74,7 +62,7 @@ class Cluster:
             check_quorum=check_quorum,
         )
         self.nodes: dict[str, RaftNode] = {}
-        self.disks: dict[str, Disk] = dict(disks or {})
+        self.disks: dict[str, MemoryStorage] = dict(disks or {})
         self.applied: dict[str, list[bytes]] = {}
         self.read_states: dict[str, list[ReadState]] = {}
         self.cut: set[frozenset[str]] = set()
@@ -91,7 +79,7 @@ class Cluster:
         return RaftConfig(b.election_ticks, b.heartbeat_ticks, b.pre_vote, b.check_quorum, peers=peers)
 
     def start(self, node_id: str, peers: tuple[str, ...] = ()) -> RaftNode:
-        disk = self.disks.setdefault(node_id, Disk())
+        disk = self.disks.setdefault(node_id, MemoryStorage())
         self.applied.setdefault(node_id, [])
         self.read_states.setdefault(node_id, [])
         node = RaftNode(node_id, self.config(peers), state=disk.state(), rng=random.Random(self.rng.random()))
@@ -109,16 +97,7 @@ class Cluster:
         disk = self.disks[node_id]
         while node.has_ready():
             rd = node.ready()
-            if rd.snapshot is not None:
-                disk.snapshot = rd.snapshot
-                disk.entries = []
-            if rd.entries:
-                first = rd.entries[0].index
-                base = disk.snapshot.index if disk.snapshot else 0
-                del disk.entries[first - base - 1 :]
-                disk.entries.extend(rd.entries)
-            if rd.hard_state is not None:
-                disk.hard_state = rd.hard_state
+            disk.save(rd)
             self.queue.extend(rd.messages)
             self.sent.extend(rd.messages)
             for e in rd.committed:
@@ -128,11 +107,7 @@ class Cluster:
             node.advance(rd)
 
     def compact(self, node_id: str, index: int, data: bytes = b"snap") -> None:
-        snap = self.nodes[node_id].compact(index, data)
-        disk = self.disks[node_id]
-        base = disk.snapshot.index if disk.snapshot else 0
-        disk.entries = disk.entries[index - base :]
-        disk.snapshot = snap
+        self.disks[node_id].compact(self.nodes[node_id].compact(index, data))
 
     def blocked(self, m: Message) -> bool:
         return (

@@ -29,18 +29,17 @@ import sys
 import time
 import zlib
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from liftlog.raft import (
     ConfChange,
     ConfChangeOp,
     Entry,
     EntryKind,
-    HardState,
+    MemoryStorage,
     Message,
     MessageType,
     NotLeader,
-    PersistedState,
     ProposalDropped,
     RaftConfig,
     RaftNode,
@@ -60,24 +59,6 @@ class SimFailure(AssertionError):
             f"seed {seed} failed at tick {tick}: {what}\nreplay: LIFTLOG_SIM_SEED={seed} .venv/bin/pytest tests/sim -q"
         )
         self.seed = seed
-
-
-@dataclass
-class Disk:
-    hard_state: HardState = field(default_factory=HardState)
-    snapshot: Snapshot | None = None
-    entries: list[Entry] = field(default_factory=list)
-
-    def base(self) -> int:
-        return self.snapshot.index if self.snapshot else 0
-
-    def term(self, index: int) -> int | None:
-        base = self.base()
-        if index == base:
-            return self.snapshot.term if self.snapshot else 0
-        if index < base or index > base + len(self.entries):
-            return None
-        return self.entries[index - base - 1].term
 
 
 @dataclass
@@ -119,7 +100,7 @@ class Simulation:
         self.now = 0
         self.seq = 0
         self.nodes: dict[str, RaftNode] = {}
-        self.disks: dict[str, Disk] = {}
+        self.disks: dict[str, MemoryStorage] = {}
         self.sms: dict[str, StateMachine] = {}
         self.all_ids: list[str] = []
         self.groups: dict[str, int] = {}
@@ -155,7 +136,7 @@ class Simulation:
         self.note(f"start {node_id}")
         if node_id not in self.disks:
             self.all_ids.append(node_id)
-        disk = self.disks.setdefault(node_id, Disk())
+        disk = self.disks.setdefault(node_id, MemoryStorage())
         cfg = RaftConfig(
             election_ticks=self.election_ticks,
             heartbeat_ticks=self.heartbeat_ticks,
@@ -165,7 +146,7 @@ class Simulation:
             max_inflight=self.max_inflight,
             peers=peers,
         )
-        state = PersistedState(disk.hard_state, disk.snapshot, tuple(disk.entries))
+        state = disk.state()
         node = RaftNode(node_id, cfg, state=state, rng=random.Random(self.rng.getrandbits(32)))
         self.nodes[node_id] = node
         sm = StateMachine()
@@ -199,10 +180,7 @@ class Simulation:
             self.apply(node_id, rd)
             node.advance(rd)
             if node.applied_index - node.log.snapshot_index >= self.compact_every:
-                snap = node.compact(node.applied_index, self.snapshot_data(node_id))
-                disk = self.disks[node_id]
-                disk.entries = disk.entries[snap.index - disk.base() :]
-                disk.snapshot = snap
+                self.disks[node_id].compact(node.compact(node.applied_index, self.snapshot_data(node_id)))
                 self.stats["compactions"] += 1
 
     def snapshot_data(self, node_id: str) -> bytes:
@@ -212,15 +190,13 @@ class Simulation:
     def persist(self, node_id: str, rd: Ready) -> None:
         disk = self.disks[node_id]
         if rd.snapshot is not None:
-            disk.snapshot = rd.snapshot
-            disk.entries = []
+            disk.install_snapshot(rd.snapshot)
             self.stats["snapshots_installed"] += 1
         if rd.entries:
             first = rd.entries[0].index
             prev_term = disk.term(first - 1)
             if prev_term is None:
                 raise self.fail(f"{node_id} persisted entry {first} after a gap")
-            del disk.entries[first - disk.base() - 1 :]
             for e in rd.entries:
                 key = (e.index, e.term)
                 ident = (e.kind.value, e.data, prev_term)
@@ -228,7 +204,7 @@ class Simulation:
                 if seen != ident:
                     raise self.fail(f"log matching: {node_id} has a different entry at {key}: {ident} vs {seen}")
                 prev_term = e.term
-            disk.entries.extend(rd.entries)
+            disk.append(rd.entries)
         if rd.hard_state is not None:
             old = disk.hard_state
             if rd.hard_state.term < old.term:
@@ -278,7 +254,7 @@ class Simulation:
             self.stats["transfers_completed"] += 1
         # Leader completeness: every entry applied anywhere is in the new leader's log.
         disk = self.disks[node_id]
-        base = disk.base()
+        base = disk.base
         if base and self.digests.get(base) != self.load_snapshot(node_id, disk.snapshot).digest:  # type: ignore[arg-type]
             raise self.fail(f"leader {node_id}'s snapshot disagrees with history")
         for index in range(base + 1, self.max_applied + 1):

@@ -15,10 +15,11 @@ A driver owns the clock, the network and the disk::
 
 Modules: ``types`` (messages, entries, Ready), ``log`` (the log view), ``quorum`` (pure
 majority math), ``progress`` (leader's per-follower state), ``node`` (the state machine),
-``errors``.
+``errors``; ``memory`` (``MemoryStorage``, how a Ready is persisted, kept in memory).
 """
 
 from .errors import NotLeader, ProposalDropped, RaftError
+from .memory import MemoryStorage
 from .node import RaftConfig, RaftNode
 from .types import (
     ConfChange,
@@ -41,6 +42,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "HardState",
+    "MemoryStorage",
     "Message",
     "MessageType",
     "NotLeader",
