@@ -73,9 +73,13 @@ class AckRouter:
         fut: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
         key = (inbox, correlation_id)
         self._waiters[key] = fut
-        # A waiter that gives up (timeout, cancelled call) must not stay in the table.
-        fut.add_done_callback(lambda f: f.cancelled() and self._waiters.get(key) is f and self._waiters.pop(key))
+        fut.add_done_callback(lambda f: self._drop_cancelled(key, f))
         return fut
+
+    def _drop_cancelled(self, key: tuple[str, str], fut: asyncio.Future[api_pb2.Ack]) -> None:
+        # A waiter that gave up (timeout, cancelled call) must not stay in the table.
+        if fut.cancelled() and self._waiters.get(key) is fut:
+            del self._waiters[key]
 
     @property
     def waiting(self) -> int:
