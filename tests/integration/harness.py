@@ -55,19 +55,21 @@ class NatsProcess:
 class LiftlogProcess:
     """``liftlog server`` in a child process; ``address`` is its gRPC host:port."""
 
-    def __init__(self, data_dir: Path, *args: str, nats_url: str | None = None, server_id: str = "s1") -> None:
+    def __init__(self, data_dir: Path, *args: str, nats_url: str | None = None, server_id: str | None = "s1") -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.server_id = server_id
         self.args = list(args)
         self.nats_url = nats_url
-        self.log_path = data_dir.parent / f"{data_dir.name}-{server_id}.log"
+        self.log_path = data_dir.parent / f"{data_dir.name}-{server_id or 'anon'}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "liftlog.cli.main", "server", "--id", self.server_id]
-        cmd += ["--data-dir", str(self.data_dir), "--port", str(self.port), *self.args]
+        cmd = [sys.executable, "-m", "liftlog.cli.main", "server", "--data-dir", str(self.data_dir)]
+        cmd += ["--port", str(self.port), *self.args]
+        if self.server_id:
+            cmd += ["--id", self.server_id]
         if self.nats_url:
             cmd += ["--nats-servers", self.nats_url]
         return cmd

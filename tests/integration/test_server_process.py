@@ -197,3 +197,21 @@ async def test_embedded_nats_crash_is_survived(data_dir: Path) -> None:
         assert await values(server.address, "crash") == [b"before", b"after"]
     finally:
         server.kill()
+
+
+async def test_restart_without_an_id_keeps_the_data_dirs_id(data_dir: Path, nats_server: NatsProcess) -> None:
+    server = LiftlogProcess(data_dir, nats_url=nats_server.url, server_id=None).start()
+    try:
+        await call(server.address, "CreateStream", api_pb2.CreateStreamRequest(subject="anon", name="anon"))
+        assert server.stop() == 0
+        server.start()
+        ack = await call(server.address, "Publish", api_pb2.PublishRequest(stream="anon", value=b"x"))
+        assert ack.ack.offset == 0  # type: ignore[attr-defined]  # still the partition's leader
+        server.stop()
+        other = run_cli(
+            "server", "--data-dir", str(data_dir), "--id", "someone-else", "--nats-servers", nats_server.url
+        )
+        assert other.returncode != 0 and "Traceback" not in other.stderr
+        assert "belongs to server" in other.stderr
+    finally:
+        server.kill()

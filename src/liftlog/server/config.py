@@ -21,7 +21,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -222,7 +221,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("streams.max.message.bytes", parse_size, 1 << 20, "largest message accepted"),
     _s("streams.fsync.policy", _choice("never", "interval", "always"), "never", "when the log is fsynced"),
     _s("streams.fsync.interval", parse_duration_ms, 1000, "fsync interval with the interval policy"),
-    _s("clustering.server.id", _name, "", "this server's id (default: random)"),
+    _s("clustering.server.id", _name, "", "this server's id (default: the one kept in its data dir, else random)"),
     _s("clustering.namespace", _name, "liftbridge-default", "cluster namespace, a prefix of internal subjects"),
     _s("clustering.raft.snapshot.retain", _int(1), 2, "Raft snapshots kept on disk"),
     _s("clustering.raft.snapshot.threshold", _int(1), 8192, "Raft entries between snapshots"),
@@ -415,8 +414,6 @@ def load_config(
     if values["listen"]:
         host, _, port = values["listen"].rpartition(":")
         values["host"], values["port"] = host, int(port)
-    if not values["clustering.server.id"]:
-        values["clustering.server.id"] = uuid.uuid4().hex[:22]
     if bool(values["tls.key"]) != bool(values["tls.cert"]):
         raise ConfigError("tls.cert" if values["tls.key"] else "tls.key", "tls.key and tls.cert must be set together")
     if values["nats.embedded"] and values["nats.servers"]:

@@ -123,16 +123,20 @@ class Server:
         """The configured id, else the one this data directory was first started with."""
         path = data_dir / "server_id"
         configured = self.config.clustering.server_id
-        if configured:
-            if not path.exists():
-                path.write_text(configured + "\n")
-            return configured
         try:
-            return path.read_text().strip()
+            kept = path.read_text().strip()
         except FileNotFoundError:
-            server_id = secrets.token_hex(8)
+            kept = ""
+        if kept and configured and kept != configured:
+            # Its streams name the kept id as their leader; another id would orphan them.
+            raise ServerStartError(
+                f"data directory {data_dir} belongs to server {kept!r}, not {configured!r}: "
+                f"start with --id {kept} or use another data directory"
+            )
+        server_id = kept or configured or secrets.token_hex(8)
+        if not kept:
             path.write_text(server_id + "\n")
-            return server_id
+        return server_id
 
     async def _start_nats(self) -> None:
         cfg = self.config.nats
