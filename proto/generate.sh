@@ -1,6 +1,6 @@
 #!/usr/bin/env sh
-# Regenerates the committed Python modules for proto/api.proto:
-#   src/liftlog/api/_gen/api_pb2.py, api_pb2.pyi, api_pb2_grpc.py
+# Regenerates the committed Python modules for proto/api.proto and proto/cluster.proto:
+#   src/liftlog/api/_gen/{api,cluster}_pb2.py, _pb2.pyi, _pb2_grpc.py
 #
 # Usage (from anywhere):  proto/generate.sh
 # Uses $PYTHON, or .venv/bin/python of the repository, which needs the dev
@@ -33,16 +33,19 @@ mkdir -p "$out"
     --python_out="$out" \
     --pyi_out="$out" \
     --grpc_python_out="$out" \
-    "$root/proto/api.proto"
+    "$root/proto/api.proto" "$root/proto/cluster.proto"
 
-# protoc writes a top-level import (`import api_pb2 as api__pb2`); inside the
-# package it must be relative.
-sed 's/^import api_pb2 as api__pb2$/from . import api_pb2 as api__pb2/' "$out/api_pb2_grpc.py" >"$out/api_pb2_grpc.py.tmp"
-mv "$out/api_pb2_grpc.py.tmp" "$out/api_pb2_grpc.py"
-grep -q '^from \. import api_pb2 as api__pb2$' "$out/api_pb2_grpc.py" || {
-    echo "generate.sh: could not rewrite the api_pb2 import in api_pb2_grpc.py" >&2
-    exit 1
-}
+# protoc writes top-level imports (`import api_pb2 as api__pb2`); inside the
+# package they must be relative.
+for name in api cluster; do
+    grpc_py=$out/${name}_pb2_grpc.py
+    sed "s/^import ${name}_pb2 as ${name}__pb2\$/from . import ${name}_pb2 as ${name}__pb2/" "$grpc_py" >"$grpc_py.tmp"
+    mv "$grpc_py.tmp" "$grpc_py"
+    grep -q "^from \\. import ${name}_pb2 as ${name}__pb2\$" "$grpc_py" || {
+        echo "generate.sh: could not rewrite the ${name}_pb2 import in ${name}_pb2_grpc.py" >&2
+        exit 1
+    }
+done
 
 [ -f "$out/__init__.py" ] || printf '"""Code generated from proto/api.proto by proto/generate.sh. Do not edit."""\n' >"$out/__init__.py"
-echo "generated $out/api_pb2.py, api_pb2.pyi, api_pb2_grpc.py with grpcio-tools $version"
+echo "generated {api,cluster}_pb2.py, _pb2.pyi, _pb2_grpc.py in $out with grpcio-tools $version"

@@ -1,0 +1,55 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerStatus(_message.Message):
+    __slots__ = ("id", "host", "port", "rack", "alive", "livenessChanged", "voter", "controller", "partitionCount", "leaderCount")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LIVENESSCHANGED_FIELD_NUMBER: _ClassVar[int]
+    VOTER_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONCOUNT_FIELD_NUMBER: _ClassVar[int]
+    LEADERCOUNT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    host: str
+    port: int
+    rack: str
+    alive: bool
+    livenessChanged: int
+    voter: bool
+    controller: bool
+    partitionCount: int
+    leaderCount: int
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., alive: _Optional[bool] = ..., livenessChanged: _Optional[int] = ..., voter: _Optional[bool] = ..., controller: _Optional[bool] = ..., partitionCount: _Optional[int] = ..., leaderCount: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount")
+    SERVERID_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMITINDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIEDINDEX_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    STREAMCOUNT_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONCOUNT_FIELD_NUMBER: _ClassVar[int]
+    serverId: str
+    controller: str
+    term: int
+    commitIndex: int
+    appliedIndex: int
+    servers: _containers.RepeatedCompositeFieldContainer[ServerStatus]
+    streamCount: int
+    partitionCount: int
+    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ...) -> None: ...
