@@ -32,6 +32,15 @@ def test_single_node_elects_itself_and_commits_alone() -> None:
     assert a.commit_index == index and c.applied["a"] == [b"x"]
 
 
+def test_campaign_makes_a_lone_voter_leader_at_once_and_is_ignored_by_non_voters() -> None:
+    lone = RaftNode("a", RaftConfig(peers=("a",)), state=PersistedState(), rng=random.Random(1))
+    lone.campaign()
+    assert lone.role is Role.LEADER and lone.term == 2
+    joining = RaftNode("b", RaftConfig(), state=PersistedState(), rng=random.Random(1))
+    joining.campaign()
+    assert joining.role is Role.FOLLOWER and joining.term == 0
+
+
 def test_a_leader_is_elected_and_known_to_all() -> None:
     c = Cluster(["a", "b", "c", "d", "e"])
     c.elect("c")

@@ -16,8 +16,22 @@ A driver owns the clock, the network and the disk::
 Modules: ``types`` (messages, entries, Ready), ``log`` (the log view), ``quorum`` (pure
 majority math), ``progress`` (leader's per-follower state), ``node`` (the state machine),
 ``errors``; ``memory`` (``MemoryStorage``, how a Ready is persisted, kept in memory).
+``codec``: the binary encoding of messages, entries, hard state and snapshots (wire and disk).
+``disk``: ``DiskStorage``, MemoryStorage made durable (WAL, snapshots, hard state; crash recovery).
 """
 
+from .codec import (
+    CodecError,
+    decode_entry,
+    decode_hard_state,
+    decode_message,
+    decode_snapshot,
+    encode_entry,
+    encode_hard_state,
+    encode_message,
+    encode_snapshot,
+)
+from .disk import DiskStorage, RaftStorageError
 from .errors import NotLeader, ProposalDropped, RaftError
 from .memory import MemoryStorage
 from .node import RaftConfig, RaftNode
@@ -37,8 +51,10 @@ from .types import (
 )
 
 __all__ = [
+    "CodecError",
     "ConfChange",
     "ConfChangeOp",
+    "DiskStorage",
     "Entry",
     "EntryKind",
     "HardState",
@@ -51,8 +67,17 @@ __all__ = [
     "RaftConfig",
     "RaftError",
     "RaftNode",
+    "RaftStorageError",
     "ReadState",
     "Ready",
     "Role",
     "Snapshot",
+    "decode_entry",
+    "decode_hard_state",
+    "decode_message",
+    "decode_snapshot",
+    "encode_entry",
+    "encode_hard_state",
+    "encode_message",
+    "encode_snapshot",
 ]

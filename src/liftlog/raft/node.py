@@ -188,6 +188,11 @@ class RaftNode:
         elif self._election_elapsed >= self._timeout and self._promotable():
             self._campaign(transfer=False)
 
+    def campaign(self) -> None:
+        """Start an election now instead of after the timeout (a lone founding voter need not wait)."""
+        if self._role is not Role.LEADER and self._promotable():
+            self._campaign(transfer=False)
+
     def propose(self, data: bytes) -> int:
         """Append ``data`` as a NORMAL entry; returns its index (committed later, maybe never)."""
         return self._propose(EntryKind.NORMAL, data)
