@@ -45,7 +45,7 @@ def assert_one_error_line(result: Result, code: int) -> str:
 # -- help ----------------------------------------------------------------------
 
 HELP = [
-    ((), ["--addr", "--version", "server", "stream", "publish", "subscribe", "bench"]),
+    ((), ["--addr", "--version", "server", "stream", "publish", "subscribe", "bench", "cluster"]),
     (("server",), ["--config", "--id", "--data-dir", "--host", "--port", "--embedded-nats", "--no-embedded-nats"]),
     (("server",), ["--embedded-nats-port", "--nats-servers", "--namespace", "--log-level", "--set"]),
     (("stream",), ["create", "delete", "list", "describe", "pause", "resume", "readonly"]),

@@ -15,13 +15,15 @@
 :class:`LiftlogError` (see :mod:`liftlog.client.errors`).
 
 The modules: ``client`` (:class:`Client`), ``subscription``
-(:class:`Subscription`), ``publish_async`` (the windowed PublishAsync behind
+(:class:`Subscription`), ``cluster`` (what :meth:`Client.cluster_status`
+returns), ``publish_async`` (the windowed PublishAsync behind
 ``publish_many``), ``routing`` (the client's channels, metadata cache and
 retries), ``stubs`` (the gRPC stubs), ``nats_helpers`` (publishing on NATS
 directly), ``types`` (the values returned) and ``errors``.
 """
 
 from liftlog.client.client import Client
+from liftlog.client.cluster import ClusterStatus, ServerStatus
 from liftlog.client.errors import (
     AckTimeoutError,
     ClientClosedError,
@@ -70,6 +72,7 @@ __all__ = [
     "BrokerInfo",
     "Client",
     "ClientClosedError",
+    "ClusterStatus",
     "ConfigurationError",
     "DeadlineExceededError",
     "EventTimestamps",
@@ -90,6 +93,7 @@ __all__ = [
     "PermissionDeniedError",
     "PublishAsyncFailed",
     "ReadonlyError",
+    "ServerStatus",
     "StartPosition",
     "StopPosition",
     "StreamDeletedError",

@@ -4,7 +4,9 @@ One :class:`Client` talks gRPC (``proto.API``) to a liftlog or Liftbridge
 cluster. It keeps one channel per server address, learns the servers and the
 partition leaders from ``FetchMetadata`` and sends partition requests
 (publish, subscribe, partition metadata) to the leader. Everything else goes
-to any server, failing over to the next address when one is unavailable.
+to any server, failing over to the next address when one is unavailable,
+including :meth:`Client.cluster_status`, the one call on liftlog's own
+``liftlog.Cluster`` service (:mod:`liftlog.client.cluster`).
 Where requests go and how they are retried is the business of its base class
 (:mod:`liftlog.client.routing`); ``publish_many`` runs on
 :mod:`liftlog.client.publish_async` and ``subscribe`` returns a
@@ -34,7 +36,8 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-from liftlog.api import api_pb2
+from liftlog.api import api_pb2, cluster_pb2
+from liftlog.client.cluster import ClusterStatus, not_offered
 from liftlog.client.errors import (
     AckTimeoutError,
     ConfigurationError,
@@ -42,6 +45,7 @@ from liftlog.client.errors import (
     LiftlogError,
     StreamExistsError,
     UnavailableError,
+    UnimplementedError,
     error_from_ack,
 )
 from liftlog.client.nats_helpers import connect_nats, encode_publish, publish_and_wait_ack, to_bytes, to_headers
@@ -150,9 +154,13 @@ class Client(Routing):
         try:
             await self.fetch_metadata()
         except UnavailableError as err:
-            raise UnavailableError(
-                f"no liftlog server answered at {', '.join(self.addresses)}: {err.message}", code=err.code
-            ) from err
+            raise self._none_answered(err) from err
+
+    def _none_answered(self, err: UnavailableError) -> UnavailableError:
+        """`err` naming the addresses tried: gRPC's own message does not say which server it failed to reach."""
+        return UnavailableError(
+            f"no liftlog server answered at {', '.join(self.addresses)}: {err.message}", code=err.code
+        )
 
     async def close(self) -> None:
         """Close subscriptions, channels and the NATS connection. Idempotent."""
@@ -450,6 +458,33 @@ class Client(Routing):
 
         resp = await self._call_leader(stream, partition, call)
         return PartitionInfo.from_proto(resp.metadata)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The cluster as any one server sees it (liftlog's ``liftlog.Cluster/Status``).
+
+        Sent to any server, failing over and retrying on
+        :class:`UnavailableError` like the other cluster-wide calls. It needs no
+        metadata first, so it also answers while the cluster has no controller.
+        Raises :class:`UnavailableError` naming the addresses when no server
+        answers (the server's own error when one answers that it cannot
+        serve), and :class:`UnimplementedError` when the server has no
+        ``liftlog.Cluster`` service, as a Liftbridge server does not.
+        """
+        self._check_open()
+        try:
+            resp: cluster_pb2.ClusterStatusResponse = await self._call_any(
+                "cluster_status", cluster_pb2.ClusterStatusRequest()
+            )
+        except UnavailableError as err:
+            if err.reason is not None:  # a liftlog server answered, and says why it cannot serve
+                raise
+            raise self._none_answered(err) from err
+        except UnimplementedError as err:
+            replacement = not_offered(err)
+            if replacement is None:
+                raise
+            raise replacement from err
+        return ClusterStatus.from_proto(resp)
 
     # ------------------------------------------------------------------ plain NATS
 

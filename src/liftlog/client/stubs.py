@@ -1,7 +1,7 @@
 """The gRPC layer under the client: ``proto.API`` stubs and grpc.aio call helpers.
 
-:class:`Stub` binds the ``proto.API`` methods the client uses to one channel
-to one server; :func:`open_stub` opens that channel. :data:`EOF` is what a
+:class:`Stub` binds the ``proto.API`` methods the client uses (and liftlog's
+own ``liftlog.Cluster`` ones) to one channel to one server; :func:`open_stub` opens that channel. :data:`EOF` is what a
 grpc.aio streaming call's ``read`` returns at the end of the stream, and
 :func:`being_cancelled` tells a task's own cancellation apart from the
 ``CancelledError`` a read raises when its call is cancelled.
@@ -18,7 +18,7 @@ from typing import Any, Final
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
-from liftlog.api import api_pb2
+from liftlog.api import api_pb2, cluster_pb2
 
 __all__ = ["EOF", "Stub", "being_cancelled", "open_stub"]
 
@@ -32,7 +32,7 @@ EOF: Final[Any] = grpc.aio.EOF
 
 
 class Stub:
-    """The ``proto.API`` methods used by the client, bound to one channel.
+    """The ``proto.API`` (and ``liftlog.Cluster``) methods used by the client, bound to one channel.
 
     Built by hand rather than with ``api_pb2_grpc.APIStub`` (whose
     constructor is untyped) so each multicallable is created once per channel.
@@ -41,6 +41,7 @@ class Stub:
     __slots__ = (
         "address",
         "channel",
+        "cluster_status",
         "create_stream",
         "delete_stream",
         "fetch_metadata",
@@ -57,9 +58,9 @@ class Stub:
         self.address = address
         self.channel = channel
 
-        def unary(method: str, req: Any, resp: Any) -> Any:
+        def unary(method: str, req: Any, resp: Any, service: str = "proto.API") -> Any:
             return channel.unary_unary(
-                f"/proto.API/{method}", request_serializer=req.SerializeToString, response_deserializer=resp.FromString
+                f"/{service}/{method}", request_serializer=req.SerializeToString, response_deserializer=resp.FromString
             )
 
         self.create_stream = unary("CreateStream", api_pb2.CreateStreamRequest, api_pb2.CreateStreamResponse)
@@ -75,6 +76,10 @@ class Stub:
         self.publish = unary("Publish", api_pb2.PublishRequest, api_pb2.PublishResponse)
         self.publish_to_subject = unary(
             "PublishToSubject", api_pb2.PublishToSubjectRequest, api_pb2.PublishToSubjectResponse
+        )
+        # liftlog's own service: a Liftbridge server answers it UNIMPLEMENTED.
+        self.cluster_status = unary(
+            "Status", cluster_pb2.ClusterStatusRequest, cluster_pb2.ClusterStatusResponse, "liftlog.Cluster"
         )
         self.subscribe = channel.unary_stream(
             "/proto.API/Subscribe",

@@ -1,0 +1,118 @@
+"""What ``liftlog.Cluster/Status`` returns, as plain values, and the error for servers without it.
+
+``liftlog.Cluster`` is liftlog's own admin service (``proto/cluster.proto``),
+served next to the Liftbridge-compatible ``proto.API``. Liftbridge has no
+such service, so a Liftbridge server answers UNIMPLEMENTED; :func:`not_offered`
+turns that into an error that says so instead of gRPC's bare "Method not found".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from liftlog.api import cluster_pb2
+from liftlog.client.errors import UnimplementedError
+
+__all__ = ["ClusterStatus", "ServerStatus", "not_offered"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """One server as the answering server sees it in the committed metadata.
+
+    ``alive`` is the controller's verdict (False once it missed heartbeats for
+    the liveness timeout); ``liveness_changed_ns`` is when that verdict last
+    changed, in Unix ns, 0 if never. ``voter`` means a member of the metadata
+    Raft group and ``controller`` the metadata leader. ``partition_count`` and
+    ``leader_count`` are the partitions it holds a replica of and leads.
+    """
+
+    id: str
+    host: str
+    port: int
+    rack: str
+    alive: bool
+    liveness_changed_ns: int
+    voter: bool
+    controller: bool
+    partition_count: int
+    leader_count: int
+
+    @property
+    def address(self) -> str:
+        """``host:port``, its client (gRPC) address."""
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_proto(cls, s: cluster_pb2.ServerStatus) -> ServerStatus:
+        """Convert a ``cluster_pb2.ServerStatus``."""
+        return cls(
+            s.id,
+            s.host,
+            s.port,
+            s.rack,
+            s.alive,
+            s.livenessChanged,
+            s.voter,
+            s.controller,
+            s.partitionCount,
+            s.leaderCount,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """The cluster as one server (``server_id``) sees it.
+
+    ``controller`` is the metadata leader's id, None when the answering server
+    knows of none (no quorum, or an election in progress). ``term``,
+    ``commit_index`` and ``applied_index`` are the answering server's Raft
+    state: an applied index lagging the commit index means its view is behind.
+    ``servers`` keeps the order the server sent.
+    """
+
+    server_id: str
+    controller: str | None
+    term: int
+    commit_index: int
+    applied_index: int
+    servers: tuple[ServerStatus, ...]
+    stream_count: int
+    partition_count: int
+
+    def server(self, id: str) -> ServerStatus | None:
+        """The server with this id, or None."""
+        for s in self.servers:
+            if s.id == id:
+                return s
+        return None
+
+    @classmethod
+    def from_proto(cls, resp: cluster_pb2.ClusterStatusResponse) -> ClusterStatus:
+        """Convert a ``cluster_pb2.ClusterStatusResponse`` (an empty controller becomes None)."""
+        return cls(
+            resp.serverId,
+            resp.controller or None,
+            resp.term,
+            resp.commitIndex,
+            resp.appliedIndex,
+            tuple(ServerStatus.from_proto(s) for s in resp.servers),
+            resp.streamCount,
+            resp.partitionCount,
+        )
+
+
+def not_offered(err: UnimplementedError) -> UnimplementedError | None:
+    """The error to raise for an UNIMPLEMENTED answer to a ``liftlog.Cluster`` call, or None to keep `err`.
+
+    Without a ``liftlog-error`` reason the UNIMPLEMENTED comes from gRPC itself:
+    the server has no ``liftlog.Cluster`` service, which is what a Liftbridge
+    server (or a liftlog older than the service) looks like. With a reason it is
+    a liftlog server refusing the call on purpose, and its own message says why.
+    """
+    if err.reason is not None:
+        return None
+    return UnimplementedError(
+        "the server does not offer liftlog's cluster API (liftlog.Cluster); is it a Liftbridge server?",
+        code=err.code,
+    )
