@@ -12,6 +12,7 @@ from liftlog.metadata import (
     DeleteStream,
     InvalidStreamError,
     Metadata,
+    MetadataError,
     MetadataFile,
     NoSuchPartitionError,
     NoSuchStreamError,
@@ -25,6 +26,7 @@ from liftlog.metadata import (
     validate_stream_name,
     validate_subject,
 )
+from liftlog.metadata.model import RegisterServer, ServerMeta, SetServerLiveness
 
 
 def stream(name: str = "orders", subject: str = "orders", partitions: int = 2) -> StreamMeta:
@@ -109,3 +111,105 @@ def test_missing_file_is_empty_and_corrupt_file_is_an_error(tmp_path: Path) -> N
     path.write_text("{not json")
     with pytest.raises(CorruptMetadataError, match=r"metadata\.json"):
         MetadataFile(path).load()
+
+
+# --- servers -------------------------------------------------------------------------------------
+
+
+def test_register_server_adds_an_alive_server() -> None:
+    meta = Metadata()
+    # The registration's own alive / liveness_changed are ignored: registering counts as alive from timestamp.
+    changed = meta.apply(RegisterServer(ServerMeta("s1", "10.0.0.1", 9292, rack="r1", alive=False), 100))
+    assert changed == []
+    assert meta.servers["s1"] == ServerMeta("s1", "10.0.0.1", 9292, rack="r1", alive=True, liveness_changed=100)
+
+
+def test_register_server_copies_the_operation_server() -> None:
+    op = RegisterServer(ServerMeta("s1", "h", 1), 100)
+    meta = Metadata()
+    meta.apply(op)
+    meta.apply(SetServerLiveness("s1", False, 200))
+    assert op.server.alive is True  # the operation is not mutated by later operations
+    assert op.server.liveness_changed == 0
+
+
+def test_re_registration_while_alive_updates_the_address_and_keeps_liveness_changed() -> None:
+    meta = Metadata()
+    meta.apply(RegisterServer(ServerMeta("s1", "old-host", 1, rack="r1"), 100))
+    meta.apply(RegisterServer(ServerMeta("s1", "new-host", 2, rack="r2"), 500))
+    assert list(meta.servers) == ["s1"]
+    assert meta.servers["s1"] == ServerMeta("s1", "new-host", 2, rack="r2", alive=True, liveness_changed=100)
+
+
+def test_re_registration_after_being_dead_revives_and_resets_liveness_changed() -> None:
+    meta = Metadata()
+    meta.apply(RegisterServer(ServerMeta("s1", "h", 1), 100))
+    meta.apply(SetServerLiveness("s1", False, 300))
+    meta.apply(RegisterServer(ServerMeta("s1", "h", 1), 700))
+    assert meta.servers["s1"].alive is True
+    assert meta.servers["s1"].liveness_changed == 700
+
+
+def test_set_server_liveness_flips_alive_and_records_the_time() -> None:
+    meta = Metadata()
+    meta.apply(RegisterServer(ServerMeta("s1", "h", 1), 100))
+    meta.apply(RegisterServer(ServerMeta("s2", "h", 2), 100))
+    assert meta.apply(SetServerLiveness("s1", False, 300)) == []
+    assert (meta.servers["s1"].alive, meta.servers["s1"].liveness_changed) == (False, 300)
+    assert (meta.servers["s2"].alive, meta.servers["s2"].liveness_changed) == (True, 100)  # untouched
+    meta.apply(SetServerLiveness("s1", True, 400))
+    assert (meta.servers["s1"].alive, meta.servers["s1"].liveness_changed) == (True, 400)
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_set_server_liveness_to_the_current_value_is_a_no_op(alive: bool) -> None:
+    meta = Metadata()
+    meta.apply(RegisterServer(ServerMeta("s1", "h", 1), 100))
+    if not alive:
+        meta.apply(SetServerLiveness("s1", False, 200))
+    before = meta.to_dict()
+    assert meta.apply(SetServerLiveness("s1", alive, 999)) == []
+    assert meta.to_dict() == before
+    assert meta.servers["s1"].liveness_changed == (100 if alive else 200)
+
+
+def test_set_server_liveness_of_an_unknown_server_is_an_error() -> None:
+    meta = Metadata()
+    meta.apply(RegisterServer(ServerMeta("s1", "h", 1), 100))
+    before = meta.to_dict()
+    with pytest.raises(MetadataError, match="no such server: 'ghost'"):
+        meta.apply(SetServerLiveness("ghost", False, 200))
+    assert meta.to_dict() == before
+    assert "ghost" not in meta.servers
+
+
+def test_servers_round_trip_through_to_dict() -> None:
+    meta = Metadata()
+    meta.apply(RegisterServer(ServerMeta("s1", "h1", 1, rack="r1"), 100))
+    meta.apply(RegisterServer(ServerMeta("s2", "h2", 2), 110))
+    meta.apply(SetServerLiveness("s2", False, 300))
+    meta.apply(CreateStream(stream()))
+    data = meta.to_dict()
+    assert data["servers"] == [
+        {"id": "s1", "host": "h1", "port": 1, "rack": "r1", "alive": True, "liveness_changed": 100},
+        {"id": "s2", "host": "h2", "port": 2, "rack": "", "alive": False, "liveness_changed": 300},
+    ]
+    loaded = Metadata.from_dict(data)
+    assert loaded.to_dict() == data
+    assert loaded.servers["s2"] == ServerMeta("s2", "h2", 2, rack="", alive=False, liveness_changed=300)
+
+
+def test_from_dict_without_servers_reads_older_files() -> None:
+    meta = Metadata()
+    meta.apply(CreateStream(stream()))
+    data = meta.to_dict()
+    del data["servers"]
+    loaded = Metadata.from_dict(data)
+    assert loaded.servers == {}
+    assert loaded.stream("orders").partitions.keys() == {0, 1}
+
+
+def test_server_from_dict_defaults_optional_fields() -> None:
+    data = {"version": 1, "servers": [{"id": "s1", "host": "h", "port": "9292"}], "streams": []}
+    server = Metadata.from_dict(data).servers["s1"]
+    assert server == ServerMeta("s1", "h", 9292, rack="", alive=True, liveness_changed=0)

@@ -1,10 +1,10 @@
-"""Cluster metadata as a plain state machine: streams, partitions, their flags.
+"""Cluster metadata as a plain state machine: servers, streams, partitions, their flags.
 
 Rules:
-- Every change is an operation (``CreateStream``, ``DeleteStream``,
-  ``SetPaused``, ``SetReadonly``) applied by :meth:`Metadata.apply`; the
-  state changes only there, so the same operations can later be replicated
-  through Raft and applied on every server in the same order.
+- Every change is an operation (``RegisterServer``, ``SetServerLiveness``,
+  ``CreateStream``, ``DeleteStream``, ``SetPaused``, ``SetReadonly``) applied
+  by :meth:`Metadata.apply`; the state changes only there, so the operations
+  replicated through the metadata Raft log leave every server with the same state.
 - ``apply`` either fully applies an operation or raises a
   :class:`MetadataError` subclass and changes nothing.
 - Nothing here reads a clock or touches a file: timestamps arrive inside the
@@ -30,8 +30,11 @@ __all__ = [
     "NoSuchStreamError",
     "Operation",
     "PartitionMeta",
+    "RegisterServer",
+    "ServerMeta",
     "SetPaused",
     "SetReadonly",
+    "SetServerLiveness",
     "StreamExistsError",
     "StreamMeta",
     "StreamSettings",
@@ -137,6 +140,40 @@ class StreamSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StreamSettings:
         return cls(**data)
+
+
+@dataclass(slots=True)
+class ServerMeta:
+    """A server of the cluster as its last registration described it, and whether it answers."""
+
+    id: str
+    host: str
+    port: int
+    rack: str = ""
+    alive: bool = True
+    #: When ``alive`` last changed (ns), as the controller saw it.
+    liveness_changed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host": self.host,
+            "port": self.port,
+            "rack": self.rack,
+            "alive": self.alive,
+            "liveness_changed": self.liveness_changed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerMeta:
+        return cls(
+            id=str(data["id"]),
+            host=str(data["host"]),
+            port=int(data["port"]),
+            rack=str(data.get("rack", "")),
+            alive=bool(data.get("alive", True)),
+            liveness_changed=int(data.get("liveness_changed", 0)),
+        )
 
 
 @dataclass(slots=True)
@@ -253,13 +290,29 @@ class SetReadonly:
     timestamp: int
 
 
-Operation = CreateStream | DeleteStream | SetPaused | SetReadonly
+@dataclass(frozen=True, slots=True)
+class RegisterServer:
+    """A server announces (or updates) where it serves the API; it counts as alive from ``timestamp``."""
+
+    server: ServerMeta
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetServerLiveness:
+    id: str
+    alive: bool
+    timestamp: int
+
+
+Operation = RegisterServer | SetServerLiveness | CreateStream | DeleteStream | SetPaused | SetReadonly
 
 
 class Metadata:
-    """Every stream and partition of the cluster, changed only by :meth:`apply`."""
+    """Every server, stream and partition of the cluster, changed only by :meth:`apply`."""
 
     def __init__(self) -> None:
+        self.servers: dict[str, ServerMeta] = {}
         self.streams: dict[str, StreamMeta] = {}
 
     def stream(self, name: str) -> StreamMeta:
@@ -277,6 +330,21 @@ class Metadata:
     def apply(self, op: Operation) -> list[PartitionMeta]:
         """Apply ``op``; return the partitions whose state changed."""
         match op:
+            case RegisterServer(server=server):
+                old = self.servers.get(server.id)
+                changed_at = op.timestamp if old is None or not old.alive else old.liveness_changed
+                self.servers[server.id] = ServerMeta(
+                    server.id, server.host, server.port, server.rack, alive=True, liveness_changed=changed_at
+                )
+                return []
+            case SetServerLiveness():
+                known = self.servers.get(op.id)
+                if known is None:
+                    raise MetadataError(f"no such server: {op.id!r}")
+                if known.alive != op.alive:
+                    known.alive = op.alive
+                    known.liveness_changed = op.timestamp
+                return []
             case CreateStream(stream=s):
                 validate_stream_name(s.name)
                 validate_subject(s.subject)
@@ -320,13 +388,20 @@ class Metadata:
         return [stream.partitions[i] for i in dict.fromkeys(partitions)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": 1, "streams": [s.to_dict() for s in self.streams.values()]}
+        return {
+            "version": 1,
+            "servers": [s.to_dict() for s in self.servers.values()],
+            "streams": [s.to_dict() for s in self.streams.values()],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Metadata:
         if data.get("version") != 1:
             raise ValueError(f"unsupported metadata version {data.get('version')!r}")
         meta = cls()
+        for srv in data.get("servers", []):
+            server = ServerMeta.from_dict(srv)
+            meta.servers[server.id] = server
         for s in data.get("streams", []):
             stream = StreamMeta.from_dict(s)
             meta.streams[stream.name] = stream

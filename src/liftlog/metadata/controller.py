@@ -1,0 +1,127 @@
+"""What the controller (the metadata Raft leader) decides, as plain functions and classes.
+
+- :func:`plan_create_stream` turns a CreateStream request into the operation to
+  replicate: validated, with every partition's replicas placed over the live
+  servers and leaders balanced over the whole cluster.
+- :class:`LivenessTracker` turns heartbeat arrivals into ``SetServerLiveness``
+  operations when a server goes silent or comes back.
+
+No clocks, no I/O: times arrive as arguments (ns), results are operations for
+the driver to propose through Raft.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .model import (
+    CreateStream,
+    InvalidStreamError,
+    Metadata,
+    PartitionMeta,
+    SetServerLiveness,
+    StreamExistsError,
+    StreamMeta,
+    StreamSettings,
+    partition_subject,
+    validate_stream_name,
+    validate_subject,
+)
+from .placement import PlacementError, ServerInfo, place_partitions
+
+__all__ = ["CreateStreamRequest", "LivenessTracker", "plan_create_stream"]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStreamRequest:
+    name: str
+    subject: str
+    group: str = ""
+    #: 0 means one partition (an unset proto field).
+    partitions: int = 1
+    #: 0 means one replica, -1 every live server.
+    replication_factor: int = 1
+    settings: StreamSettings = field(default_factory=StreamSettings)
+
+
+def plan_create_stream(metadata: Metadata, req: CreateStreamRequest, now: int) -> CreateStream:
+    """Validate ``req`` against ``metadata`` and place its partitions; raises a MetadataError."""
+    validate_stream_name(req.name)
+    validate_subject(req.subject)
+    if req.name in metadata.streams:
+        raise StreamExistsError(req.name)
+    if req.partitions < 0:
+        raise InvalidStreamError(f"partitions must be positive, got {req.partitions}")
+    partitions = req.partitions or 1
+    if partitions > 1 and req.subject.endswith(">"):
+        raise InvalidStreamError(
+            f"subject {req.subject!r} ends with '>', so partition subjects ({req.subject}.1 ...) would not be valid; "
+            "use one partition or a subject without '>'"
+        )
+    live = [ServerInfo(s.id, s.rack) for s in metadata.servers.values() if s.alive]
+    rf = req.replication_factor or 1
+    leaders: Counter[str] = Counter()
+    replicas: Counter[str] = Counter()
+    for stream in metadata.streams.values():
+        for p in stream.partitions.values():
+            leaders[p.replicas[0]] += 1  # preferred leaderships, as placement balances them
+            replicas.update(p.replicas)
+    try:
+        placement = place_partitions(live, partitions, rf, leader_counts=leaders, replica_counts=replicas)
+    except PlacementError as exc:
+        raise InvalidStreamError(str(exc)) from exc
+    min_isr = req.settings.min_isr
+    if min_isr is not None and min_isr > len(placement[0]):
+        raise InvalidStreamError(
+            f"minIsr {min_isr} is larger than the replication factor ({len(placement[0])}"
+            f"{' live servers' if rf == -1 else ''})"
+        )
+    stream = StreamMeta(
+        name=req.name, subject=req.subject, group=req.group, creation_timestamp=now, settings=req.settings
+    )
+    for i, chosen in enumerate(placement):
+        stream.partitions[i] = PartitionMeta(
+            stream=req.name,
+            id=i,
+            subject=partition_subject(req.subject, i),
+            leader=chosen[0],
+            replicas=list(chosen),
+            isr=list(chosen),
+        )
+    return CreateStream(stream)
+
+
+class LivenessTracker:
+    """When each server was last heard from, as seen by the current controller.
+
+    A new controller knows nothing yet, so it gives every server a full
+    timeout from its own start (``reset``) before declaring anyone dead.
+    """
+
+    def __init__(self, timeout_ns: int) -> None:
+        self.timeout_ns = timeout_ns
+        self._since = 0
+        self._heard: dict[str, int] = {}
+
+    def reset(self, now: int) -> None:
+        self._since = now
+        self._heard.clear()
+
+    def heard(self, server_id: str, now: int) -> None:
+        self._heard[server_id] = now
+
+    def last_heard(self, server_id: str) -> int | None:
+        return self._heard.get(server_id)
+
+    def changes(self, metadata: Metadata, now: int) -> list[SetServerLiveness]:
+        """Operations that bring ``metadata``'s liveness flags in line with what was heard."""
+        ops = []
+        for server in sorted(metadata.servers.values(), key=lambda s: s.id):
+            heard = self._heard.get(server.id)
+            if heard is None and not server.alive:
+                continue  # the grace period only delays deaths; coming back takes a heartbeat
+            alive = now - (heard if heard is not None else self._since) < self.timeout_ns
+            if alive != server.alive:
+                ops.append(SetServerLiveness(server.id, alive, now))
+        return ops
