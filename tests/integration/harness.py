@@ -55,13 +55,22 @@ class NatsProcess:
 class LiftlogProcess:
     """``liftlog server`` in a child process; ``address`` is its gRPC host:port."""
 
-    def __init__(self, data_dir: Path, *args: str, nats_url: str | None = None, server_id: str | None = "s1") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *args: str,
+        nats_url: str | None = None,
+        server_id: str | None = "s1",
+        bootstrap: str | None = "seed",
+    ) -> None:
+        """``bootstrap``: "seed" founds a cluster of one when on external NATS; None joins; else peer ids."""
         self.data_dir = data_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.server_id = server_id
         self.args = list(args)
         self.nats_url = nats_url
+        self.bootstrap = bootstrap
         self.log_path = data_dir.parent / f"{data_dir.name}-{server_id or 'anon'}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -72,6 +81,10 @@ class LiftlogProcess:
             cmd += ["--id", self.server_id]
         if self.nats_url:
             cmd += ["--nats-servers", self.nats_url]
+            if self.bootstrap == "seed":
+                cmd += ["--raft-bootstrap-seed"]
+            elif self.bootstrap:
+                cmd += ["--raft-bootstrap-peers", self.bootstrap]
         return cmd
 
     def start(self, timeout: float = 30.0) -> LiftlogProcess:

@@ -10,6 +10,7 @@ import click
 
 from liftlog import __version__
 from liftlog.cli.bench import bench
+from liftlog.cli.cluster import cluster
 from liftlog.cli.common import ADDR_ENV, fail, reporting_errors, root_addr_option
 from liftlog.cli.messages import publish, subscribe
 from liftlog.cli.streams import stream
@@ -40,6 +41,7 @@ def main() -> None:
       liftlog stream create orders --subject orders
       echo '{"id": 1}' | liftlog publish orders
       liftlog subscribe orders --from earliest --follow
+      liftlog cluster status
 
     Commands that talk to a server take --addr/-a here or after the command.
     """
@@ -81,6 +83,18 @@ def _server_overrides(settings: tuple[str, ...], flags: Mapping[str, Any]) -> di
 @click.option("--nats-servers", metavar="URLS", help="Comma-separated NATS URLs to connect to (nats.servers).")
 @click.option("--namespace", help="Cluster namespace, a prefix of internal subjects (clustering.namespace).")
 @click.option(
+    "--raft-bootstrap-seed",
+    is_flag=True,
+    default=None,
+    help="Found a new cluster with this server; others join it (clustering.raft.bootstrap.seed).",
+)
+@click.option(
+    "--raft-bootstrap-peers",
+    metavar="IDS",
+    help="Found a new cluster of these comma-separated server ids (clustering.raft.bootstrap.peers).",
+)
+@click.option("--rack", help="This server's rack; replicas of a partition go to different racks (clustering.rack).")
+@click.option(
     "--log-level",
     type=click.Choice(_LOG_LEVELS, case_sensitive=False),
     help="Log level (logging.level; default info).",
@@ -102,6 +116,9 @@ def server(
     embedded_nats_port: int | None,
     nats_servers: str | None,
     namespace: str | None,
+    raft_bootstrap_seed: bool | None,
+    raft_bootstrap_peers: str | None,
+    rack: str | None,
     log_level: str | None,
     settings: tuple[str, ...],
 ) -> None:
@@ -111,9 +128,14 @@ def server(
     LIFTLOG_<KEY> environment variables (LIFTLOG_STREAMS_RETENTION_MAX_AGE=24h),
     then these flags.
 
+    A server with --embedded-nats and no Raft state founds its own cluster;
+    otherwise give one server --raft-bootstrap-seed (the others join it) or
+    give every founding server the same --raft-bootstrap-peers.
+
     \b
       liftlog server --embedded-nats --data-dir ./data
       liftlog server -c liftlog.yaml --port 9293
+      liftlog server --id a --raft-bootstrap-seed --nats-servers nats://127.0.0.1:4222
     """
     from liftlog.server.config import load_config
 
@@ -128,6 +150,9 @@ def server(
             "nats.embedded.port": embedded_nats_port,
             "nats.servers": nats_servers,
             "clustering.namespace": namespace,
+            "clustering.raft.bootstrap.seed": raft_bootstrap_seed,
+            "clustering.raft.bootstrap.peers": raft_bootstrap_peers,
+            "clustering.rack": rack,
             "logging.level": log_level.lower() if log_level else None,
         },
     )
@@ -143,6 +168,7 @@ main.add_command(stream)
 main.add_command(publish)
 main.add_command(subscribe)
 main.add_command(bench)
+main.add_command(cluster)
 
 
 if __name__ == "__main__":  # `python -m liftlog.cli.main`, as `liftlog bench --start-server` runs it

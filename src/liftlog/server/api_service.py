@@ -1,4 +1,9 @@
-"""The gRPC ``proto.API`` service: Liftbridge's RPCs on top of the stream manager.
+"""The gRPC ``proto.API`` service: Liftbridge's RPCs on top of the metadata service and stream manager.
+
+Stream changes (create, delete, pause, readonly) go to the metadata service,
+which has the controller apply them through Raft; FetchMetadata answers from
+this server's committed metadata; subscriptions and partition metadata need
+the partition's leader (Liftbridge's "Server not partition leader" otherwise).
 
 Publishes go through NATS, as in Liftbridge: the server wraps the request in
 a Publish envelope and publishes it on the partition's subject, so every
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -24,16 +29,20 @@ from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.api.envelope import encode_publish_message
 from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
 from liftlog.metadata import (
+    EventTimestamps,
     InvalidStreamError,
     MetadataError,
     NoSuchPartitionError,
     NoSuchStreamError,
+    PartitionMeta,
     StreamExistsError,
     StreamSettings,
     validate_subject,
 )
+from liftlog.metadata.controller import CreateStreamRequest
 
 from .acks import AckRouter
+from .cluster import MetadataService, NoMetadataLeaderError
 from .partition import Partition
 from .streams import StreamManager
 from .subscribe import EndOfReadonly, PartitionGone, read_subscription
@@ -69,6 +78,8 @@ _ASYNC_CODES = {
 
 
 def failure_from(exc: MetadataError) -> RpcFailure:
+    if isinstance(exc, NoMetadataLeaderError):
+        return RpcFailure(Code.INTERNAL, Reason.INTERNAL, str(exc))  # Liftbridge clients match this message
     if isinstance(exc, StreamExistsError):
         return RpcFailure(Code.ALREADY_EXISTS, Reason.STREAM_EXISTS, str(exc))
     if isinstance(exc, NoSuchPartitionError):
@@ -95,6 +106,7 @@ class ApiService(api_pb2_grpc.APIServicer):
         host: str,
         port: int,
         streams: StreamManager,
+        cluster: MetadataService,
         acks: AckRouter,
         publish: Publish,
         ack_timeout: float,
@@ -104,6 +116,7 @@ class ApiService(api_pb2_grpc.APIServicer):
         self.host = host
         self.port = port
         self._streams = streams
+        self._cluster = cluster
         self._acks = acks
         self._publish = publish
         self._ack_timeout = ack_timeout
@@ -115,13 +128,16 @@ class ApiService(api_pb2_grpc.APIServicer):
         req: api_pb2.CreateStreamRequest = request
         try:
             settings = self._settings(req)
-            await self._streams.create_stream(
-                req.name,
-                req.subject,
-                group=req.group,
-                partitions=req.partitions,
-                replication_factor=req.replicationFactor,
-                settings=settings,
+            self._streams.check_settings(settings)
+            await self._cluster.create_stream(
+                CreateStreamRequest(
+                    req.name,
+                    req.subject,
+                    group=req.group,
+                    partitions=req.partitions,
+                    replication_factor=req.replicationFactor,
+                    settings=settings,
+                )
             )
         except MetadataError as exc:
             await _abort(context, failure_from(exc))
@@ -157,21 +173,19 @@ class ApiService(api_pb2_grpc.APIServicer):
                 raise InvalidStreamError(f"{name} must not be negative, got {value}")
         if settings.encryption:
             raise InvalidStreamError("encryption at rest is not supported yet")
-        if settings.min_isr is not None and settings.min_isr > 1:
-            raise InvalidStreamError(f"minIsr {settings.min_isr} is larger than the number of servers (1)")
         return settings
 
     async def DeleteStream(self, request: Any, context: Any) -> api_pb2.DeleteStreamResponse:
-        await self._change(context, self._streams.delete_stream(request.name))
+        await self._change(context, self._cluster.delete_stream(request.name))
         return api_pb2.DeleteStreamResponse()
 
     async def PauseStream(self, request: Any, context: Any) -> api_pb2.PauseStreamResponse:
-        await self._change(context, self._streams.pause(request.name, tuple(request.partitions), request.resumeAll))
+        await self._change(context, self._cluster.pause(request.name, tuple(request.partitions), request.resumeAll))
         return api_pb2.PauseStreamResponse()
 
     async def SetStreamReadonly(self, request: Any, context: Any) -> api_pb2.SetStreamReadonlyResponse:
         await self._change(
-            context, self._streams.set_readonly(request.name, tuple(request.partitions), request.readonly)
+            context, self._cluster.set_readonly(request.name, tuple(request.partitions), request.readonly)
         )
         return api_pb2.SetStreamReadonlyResponse()
 
@@ -180,16 +194,16 @@ class ApiService(api_pb2_grpc.APIServicer):
     async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[api_pb2.Message]:
         req: api_pb2.SubscribeRequest = request
         try:
-            part = self._streams.partition(req.stream, req.partition)
-            if part.meta.paused:
+            meta = self._streams.metadata.partition(req.stream, req.partition)
+            if meta.paused:
                 if not req.resume:
                     raise RpcFailure(
                         Code.FAILED_PRECONDITION,
                         Reason.PAUSED,
                         f"partition {req.stream}/{req.partition} is paused; subscribe with resume to resume it",
                     )
-                await self._streams.resume(req.stream, req.partition)
-            self._check_leader(part, allow_replica=req.readISRReplica)
+                await self._cluster.resume(req.stream, req.partition)
+            part = self._hosted(req.stream, req.partition, allow_replica=req.readISRReplica)
         except MetadataError as exc:
             await _abort(context, failure_from(exc))
         except RpcFailure as failure:
@@ -215,26 +229,42 @@ class ApiService(api_pb2_grpc.APIServicer):
             return RpcFailure(Code.FAILED_PRECONDITION, Reason.PAUSED, f"partition {stream}/{partition} was paused")
         return RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, reason)
 
-    def _check_leader(self, part: Partition, allow_replica: bool = False) -> None:
-        meta = part.meta
-        if meta.leader != self.server_id and not (allow_replica and self.server_id in meta.isr):
+    def _hosted(self, stream: str, partition: int, allow_replica: bool = False) -> Partition:
+        """This server's replica of a partition it leads (or, with ``allow_replica``, is in the ISR of).
+
+        Raises NoSuchStream/NoSuchPartition for unknown ones, RpcFailure NOT_LEADER otherwise.
+        """
+        meta = self._streams.metadata.partition(stream, partition)
+        part = self._streams.partitions.get((stream, partition))
+        if part is None or not (meta.leader == self.server_id or (allow_replica and self.server_id in meta.isr)):
             raise RpcFailure(Code.FAILED_PRECONDITION, Reason.NOT_LEADER, NOT_LEADER_MESSAGE)
+        return part
 
     # -- metadata ----------------------------------------------------------
 
     async def FetchMetadata(self, request: Any, context: Any) -> api_pb2.FetchMetadataResponse:
         req: api_pb2.FetchMetadataRequest = request
-        streams = self._streams.metadata.streams
+        metadata = self._streams.metadata
+        streams = metadata.streams
         names = list(req.streams) or list(streams)
         out = api_pb2.FetchMetadataResponse()
-        leaders = 0
-        total = 0
-        for part in self._streams.partitions.values():
-            total += 1
-            leaders += part.meta.leader == self.server_id
-        out.brokers.append(
-            api_pb2.Broker(id=self.server_id, host=self.host, port=self.port, partitionCount=total, leaderCount=leaders)
-        )
+        replicas: Counter[str] = Counter()
+        leaders: Counter[str] = Counter()
+        for each in streams.values():
+            for p in each.partitions.values():
+                replicas.update(p.replicas)
+                leaders[p.leader] += 1
+        for server in sorted(metadata.servers.values(), key=lambda s: s.id):
+            if server.alive:
+                out.brokers.append(
+                    api_pb2.Broker(
+                        id=server.id,
+                        host=server.host,
+                        port=server.port,
+                        partitionCount=replicas[server.id],
+                        leaderCount=leaders[server.id],
+                    )
+                )
         for name in names:
             stream = streams.get(name)
             if stream is None:
@@ -243,8 +273,8 @@ class ApiService(api_pb2_grpc.APIServicer):
                 )
                 continue
             sm = out.streamMetadata.add(name=name, subject=stream.subject, creationTimestamp=stream.creation_timestamp)
-            for pid in stream.partitions:
-                sm.partitions[pid].CopyFrom(self._partition_metadata(self._streams.partitions[(name, pid)]))
+            for pid, meta in stream.partitions.items():
+                sm.partitions[pid].CopyFrom(self._partition_metadata(meta, self._streams.partitions.get((name, pid))))
         if req.groups:
             for group in req.groups:
                 out.groupMetadata.append(
@@ -253,16 +283,16 @@ class ApiService(api_pb2_grpc.APIServicer):
         return out
 
     @staticmethod
-    def _partition_metadata(part: Partition) -> api_pb2.PartitionMetadata:
-        meta = part.meta
-        received = part.messages_received
+    def _partition_metadata(meta: PartitionMeta, part: Partition | None) -> api_pb2.PartitionMetadata:
+        """Committed metadata, with offsets when this server holds a replica (-1 otherwise)."""
+        received = part.messages_received if part is not None else EventTimestamps()
         return api_pb2.PartitionMetadata(
             id=meta.id,
             leader=meta.leader,
             replicas=meta.replicas,
             isr=meta.isr,
-            highWatermark=part.high_watermark,
-            newestOffset=part.newest_offset,
+            highWatermark=part.high_watermark if part is not None else -1,
+            newestOffset=part.newest_offset if part is not None else -1,
             paused=meta.paused,
             readonly=meta.readonly,
             messagesReceivedTimestamps=api_pb2.PartitionEventTimestamps(
@@ -278,37 +308,36 @@ class ApiService(api_pb2_grpc.APIServicer):
 
     async def FetchPartitionMetadata(self, request: Any, context: Any) -> api_pb2.FetchPartitionMetadataResponse:
         try:
-            part = self._streams.partition(request.stream, request.partition)
-            self._check_leader(part)
+            part = self._hosted(request.stream, request.partition)
         except MetadataError as exc:
             await _abort(context, failure_from(exc))
         except RpcFailure as failure:
             await _abort(context, failure)
-        return api_pb2.FetchPartitionMetadataResponse(metadata=self._partition_metadata(part))
+        return api_pb2.FetchPartitionMetadataResponse(metadata=self._partition_metadata(part.meta, part))
 
     # -- publish -----------------------------------------------------------
 
     async def _send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
         """Validate and publish one request; the future resolves with its ack (None for AckPolicy NONE)."""
         try:
-            part = self._streams.partition(req.stream, req.partition)
+            meta = self._streams.metadata.partition(req.stream, req.partition)
+            if meta.readonly:
+                raise RpcFailure(
+                    Code.FAILED_PRECONDITION, Reason.READONLY, f"partition {req.stream}/{req.partition} is readonly"
+                )
+            if meta.paused:
+                await self._cluster.resume(req.stream, req.partition)
+            # Any server may publish: the message goes to the partition's subject, the leader acks.
+            occ = self._streams.occ_enabled(req.stream)
         except MetadataError as exc:
             raise failure_from(exc) from exc
-        meta = part.meta
-        if meta.readonly:
-            raise RpcFailure(
-                Code.FAILED_PRECONDITION, Reason.READONLY, f"partition {req.stream}/{req.partition} is readonly"
-            )
-        self._check_leader(part)
-        if meta.paused:
-            await self._streams.resume(req.stream, req.partition)
         self._check_size(req)
         policy = req.ackPolicy
         message = api_pb2.Message(
             key=req.key,
             value=req.value,
             headers=req.headers,
-            offset=req.expectedOffset if part.options.occ else -1,
+            offset=req.expectedOffset if occ else -1,
         )
         future = None
         if policy != api_pb2.NONE:
@@ -318,7 +347,7 @@ class ApiService(api_pb2_grpc.APIServicer):
             message.correlationId = cid
             message.ackPolicy = policy
             future = self._acks.expect(inbox, cid)
-        await self._publish_envelope(part.subject, message, future)
+        await self._publish_envelope(meta.subject, message, future)
         return future
 
     def _check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:

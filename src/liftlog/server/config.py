@@ -229,6 +229,16 @@ SETTINGS: tuple[Setting, ...] = (
     _s("clustering.raft.bootstrap.seed", _bool, False, "found a new cluster with this server"),
     _s("clustering.raft.bootstrap.peers", _list, (), "found a new cluster with these server ids"),
     _s("clustering.raft.max.quorum.size", _int(0), 0, "most voters in the metadata group (0: all)"),
+    _s(
+        "clustering.raft.heartbeat.interval",
+        parse_duration_ms,
+        100,
+        "Raft tick: the metadata leader heartbeats this often",
+    ),
+    _s("clustering.raft.election.timeout", parse_duration_ms, 1000, "elect a new metadata leader after this silence"),
+    _s("clustering.raft.fsync", _bool, True, "fsync the metadata Raft log (off only for tests)"),
+    _s("clustering.server.heartbeat.interval", parse_duration_ms, 1000, "servers tell the controller they are alive"),
+    _s("clustering.server.liveness.timeout", parse_duration_ms, 5000, "a silent server counts as dead after this"),
     _s("clustering.replica.max.lag.time", parse_duration_ms, 15_000, "drop a follower from the ISR after this"),
     _s("clustering.replica.max.leader.timeout", parse_duration_ms, 15_000, "report a silent leader after this"),
     _s("clustering.replica.max.idle.wait", parse_duration_ms, 10_000, "a caught-up follower's sleep"),
@@ -309,6 +319,11 @@ class ClusteringConfig:
     raft_bootstrap_seed: bool
     raft_bootstrap_peers: tuple[str, ...]
     raft_max_quorum_size: int
+    raft_heartbeat_interval: int
+    raft_election_timeout: int
+    raft_fsync: bool
+    server_heartbeat_interval: int
+    server_liveness_timeout: int
     replica_max_lag_time: int
     replica_max_leader_timeout: int
     replica_max_idle_wait: int
@@ -418,6 +433,15 @@ def load_config(
         raise ConfigError("tls.cert" if values["tls.key"] else "tls.key", "tls.key and tls.cert must be set together")
     if values["nats.embedded"] and values["nats.servers"]:
         raise ConfigError("nats.servers", "cannot be combined with nats.embedded: true (the embedded server is used)")
+    if values["clustering.raft.bootstrap.seed"] and values["clustering.raft.bootstrap.peers"]:
+        raise ConfigError(
+            "clustering.raft.bootstrap.peers",
+            "cannot be combined with clustering.raft.bootstrap.seed: found a cluster one way or the other",
+        )
+    if values["clustering.raft.election.timeout"] < 2 * values["clustering.raft.heartbeat.interval"]:
+        raise ConfigError(
+            "clustering.raft.election.timeout", "must be at least twice clustering.raft.heartbeat.interval"
+        )
 
     return ServerConfig(
         host=values["host"],

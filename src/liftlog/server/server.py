@@ -2,11 +2,17 @@
 
 ``start`` order: data directory (locked against a second server), embedded
 nats-server when configured, the NATS connection, the ack router, the
-streams (reopening every partition), the gRPC API, then the housekeeping
-tasks. A failing step stops what was started and raises ServerStartError
-naming the step. ``stop`` closes the API first (no new work), drains every
-partition's NATS intake and writes what it received, closes the logs with
-their checkpoints, then NATS and the child nats-server.
+stream manager, the metadata service (Raft log replayed, partitions reopened
+as the metadata says), the gRPC API, then the housekeeping tasks. A failing
+step stops what was started and raises ServerStartError naming the step.
+``stop`` closes the API first (no new work), leaves the metadata group's
+loop, drains every partition's NATS intake and writes what it received,
+closes the logs with their checkpoints, then NATS and the child nats-server.
+
+Founding a cluster (only when the data directory has no Raft state yet):
+``clustering.raft.bootstrap.seed`` founds it alone, ``.peers`` with a fixed
+set of ids; with neither, a server with an embedded nats-server founds its
+own (the standalone case) and any other asks the running cluster to join.
 """
 
 from __future__ import annotations
@@ -26,15 +32,21 @@ from typing import IO, Any
 import grpc
 import nats
 
-from liftlog.api import api_pb2_grpc
-from liftlog.metadata import CorruptMetadataError
+from liftlog.api import api_pb2_grpc, cluster_pb2_grpc
+from liftlog.metadata import CorruptMetadataError, MetadataFile
+from liftlog.metadata.codec import encode_operation
+from liftlog.metadata.model import CreateStream, ServerMeta
+from liftlog.raft.disk import RaftStorageError
 from liftlog.storage import StorageError
 
 from .acks import AckRouter
 from .api_service import ApiService
+from .cluster import MetadataService
+from .cluster_service import ClusterStatusService
 from .config import ServerConfig
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
+from .metadata_raft import RaftSettings
 from .streams import StreamManager
 
 __all__ = ["Server"]
@@ -60,6 +72,7 @@ class Server:
         self._nc: Any = None
         self._acks: AckRouter | None = None
         self.streams: StreamManager | None = None
+        self.cluster: MetadataService | None = None
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
@@ -85,12 +98,15 @@ class Server:
                 ack_sink=self._acks.deliver,
                 clock=self._clock,
             )
-            try:
-                await self.streams.start(self._nc)
-            except (StorageError, CorruptMetadataError, OSError) as exc:
-                raise ServerStartError(f"cannot open the streams in {self.config.data_dir}: {exc}") from exc
-            await self._start_grpc()
+            await self.streams.start(self._nc)
+            self._create_metadata()
+            self._bind_grpc()  # the port the metadata advertises
+            await self._start_metadata()
+            await self._catch_up_locally()
+            assert self._grpc is not None
+            await self._grpc.start()
             self._start_housekeeping()
+            await self._await_standalone_registration()
         except BaseException:
             await self.stop()
             raise
@@ -188,6 +204,79 @@ class Server:
             raise ServerStartError(f"cannot connect to NATS at {self.nats_url}: {exc or type(exc).__name__}") from exc
         self._nc.options["max_reconnect_attempts"] = -1
 
+    def _bootstrap_peers(self) -> tuple[str, ...]:
+        c = self.config.clustering
+        if c.raft_bootstrap_peers:
+            if self.server_id not in c.raft_bootstrap_peers:
+                raise ServerStartError(
+                    f"clustering.raft.bootstrap.peers ({', '.join(c.raft_bootstrap_peers)}) "
+                    f"must include this server's id {self.server_id!r}"
+                )
+            return tuple(c.raft_bootstrap_peers)
+        if c.raft_bootstrap_seed or (self.config.nats.embedded and not c.raft_bootstrap_seed):
+            return (self.server_id,)
+        return ()
+
+    def _create_metadata(self) -> None:
+        assert self.streams is not None
+        c = self.config.clustering
+        tick = max(c.raft_heartbeat_interval, 1) / 1000
+        self.cluster = MetadataService(
+            server_id=self.server_id,
+            advertise=ServerMeta(self.server_id, self.config.host, self.config.port, c.rack),  # port set at start
+            raft_dir=self.config.data_dir / "raft" / "metadata",
+            namespace=c.namespace,
+            raft_settings=RaftSettings(
+                tick_seconds=tick,
+                election_ticks=max(2, round(c.raft_election_timeout / max(c.raft_heartbeat_interval, 1))),
+                snapshot_threshold=c.raft_snapshot_threshold,
+                snapshot_retain=c.raft_snapshot_retain,
+                fsync=c.raft_fsync,
+            ),
+            bootstrap_peers=self._bootstrap_peers(),
+            streams=self.streams,
+            heartbeat_interval=c.server_heartbeat_interval / 1000,
+            liveness_timeout=c.server_liveness_timeout / 1000,
+            clock=self._clock,
+        )
+        self.streams.request_pause = self.cluster.pause
+
+    async def _start_metadata(self) -> None:
+        assert self.cluster is not None
+        c = self.config.clustering
+        self.cluster.advertise = ServerMeta(self.server_id, self.config.host, self.port, c.rack)
+        try:
+            await self.cluster.start(self._nc)
+        except (RaftStorageError, StorageError, OSError, ValueError) as exc:
+            raise ServerStartError(f"cannot open the metadata log in {self.config.data_dir / 'raft'}: {exc}") from exc
+
+    async def _await_standalone_registration(self) -> None:
+        """A server that is the whole metadata group serves once its address is in the metadata."""
+        cluster = self.cluster
+        assert cluster is not None
+        if cluster.voters != (self.server_id,):
+            return
+        try:
+            await asyncio.wait_for(cluster.registered.wait(), 10)
+        except TimeoutError:
+            raise ServerStartError("the metadata group did not accept this server within 10 s") from None
+        await self._import_legacy_metadata()
+
+    async def _import_legacy_metadata(self) -> None:
+        """Streams of a pre-Raft standalone data directory (``metadata.json``) move into the Raft log once."""
+        path = self.config.data_dir / "metadata.json"
+        if not path.exists() or self.cluster is None:
+            return
+        try:
+            legacy = MetadataFile(path).load()
+        except CorruptMetadataError as exc:
+            raise ServerStartError(str(exc)) from exc
+        for stream in legacy.streams.values():
+            if stream.name not in self.cluster.metadata.streams:
+                await self.cluster.raft.propose(encode_operation(CreateStream(stream)))
+        path.rename(path.with_suffix(".json.imported"))
+        log.info("imported %d streams from %s into the metadata log", len(legacy.streams), path)
+
     async def _on_nats_error(self, exc: Exception) -> None:
         log.warning("NATS: %s", exc or type(exc).__name__)
 
@@ -198,8 +287,15 @@ class Server:
     async def _on_nats_reconnected(self) -> None:
         log.info("reconnected to NATS at %s", self._nc.connected_url.netloc if self._nc else "?")
 
-    async def _start_grpc(self) -> None:
-        assert self.streams is not None and self._acks is not None
+    async def _catch_up_locally(self) -> None:
+        """Serve only once the metadata this server had committed is replayed and its partitions reopened."""
+        assert self.cluster is not None and self.streams is not None and self.cluster.raft.node is not None
+        commit = self.cluster.raft.node.commit_index
+        if not await self.streams.wait_reconciled(commit, 60):
+            raise ServerStartError(f"replaying the metadata log to index {commit} took more than 60 s")
+
+    def _bind_grpc(self) -> None:
+        assert self.streams is not None and self._acks is not None and self.cluster is not None
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
@@ -232,13 +328,16 @@ class Server:
             host=self.config.host,
             port=port,
             streams=self.streams,
+            cluster=self.cluster,
             acks=self._acks,
             publish=self._nc.publish,
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
             max_message_bytes=self.config.streams.max_message_bytes,
         )
         api_pb2_grpc.add_APIServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-        await server.start()
+        cluster_pb2_grpc.add_ClusterServicer_to_server(  # type: ignore[no-untyped-call]
+            ClusterStatusService(self.cluster, self.streams), server
+        )
         self._grpc = server
 
     def _start_housekeeping(self) -> None:
@@ -279,6 +378,9 @@ class Server:
         # and followers end when their partition closes.
         grpc_stopped = asyncio.ensure_future(self._grpc.stop(grace)) if self._grpc is not None else None
         self._grpc = None
+        if self.cluster is not None:
+            await self.cluster.stop()
+            self.cluster = None
         if self.streams is not None:
             await self.streams.stop()
             self.streams = None

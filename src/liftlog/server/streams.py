@@ -1,11 +1,16 @@
-"""The streams this server hosts: metadata changes and the partitions they open and close.
+"""The partition replicas this server hosts, kept in line with the committed metadata.
 
-Every change follows the same order: validate, persist the new metadata,
-then act on partitions (open a log, subscribe, drain, close), so a crash
-between the two leaves metadata that the next start simply re-applies.
-Changes are serialised by one lock; reads and publishes do not take it.
+The metadata Raft group decides; this module follows. After the metadata
+changes (an applied entry, a restored snapshot, a restart) ``reconcile``
+compares the partitions assigned to this server with the ones it hosts and
+opens, closes, starts or stops intake, and deletes data, one change at a
+time in one task. ``reconciled_index`` tells which metadata index the
+hosted partitions reflect, so a change's caller can wait until every
+affected server has acted on it.
 
-Partition data lives in ``<data dir>/streams/<stream>/<partition>/``.
+Partition data lives in ``<data dir>/streams/<stream>/<partition>/``; the
+stream directory holds ``.created`` with the stream's creation time, so data
+left by a deleted stream is never mistaken for a new stream of the same name.
 
 Event-loop only, not thread-safe.
 """
@@ -13,34 +18,23 @@ Event-loop only, not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import shutil
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from liftlog.metadata import (
-    CreateStream,
-    DeleteStream,
     InvalidStreamError,
     Metadata,
-    MetadataFile,
     NoSuchPartitionError,
-    Operation,
     PartitionMeta,
-    PlacementError,
-    ServerInfo,
-    SetPaused,
-    SetReadonly,
     StreamMeta,
     StreamSettings,
-    partition_subject,
-    place_partitions,
-    validate_stream_name,
-    validate_subject,
 )
 from liftlog.server.config import StreamsConfig
 from liftlog.storage import LogConfig
@@ -50,6 +44,20 @@ from .partition import AckSink, Partition, PartitionOptions
 __all__ = ["StreamManager"]
 
 log = logging.getLogger(__name__)
+
+#: Asks the controller to pause these partitions of a stream (auto-pause).
+PauseRequest = Callable[[str, tuple[int, ...]], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Hosted:
+    """What a hosted partition was last set up as."""
+
+    part: Partition
+    created: int
+    leader: bool
+    paused: bool
+    readonly: bool
 
 
 class StreamManager:
@@ -65,37 +73,36 @@ class StreamManager:
     ) -> None:
         self.server_id = server_id
         self._dir = data_dir / "streams"
-        self._file = MetadataFile(data_dir / "metadata.json")
         self._defaults = defaults
         self._batch_max = batch_max
         self._ack_sink = ack_sink
         self._clock = clock
-        self._lock = asyncio.Lock()
         self._nats: Any = None
+        #: The committed metadata; the metadata service replaces it when it restores a snapshot.
         self.metadata = Metadata()
         self.partitions: dict[tuple[str, int], Partition] = {}
+        self._hosted: dict[tuple[str, int], _Hosted] = {}
+        self.reconciled_index = 0
+        self._target_index = 0
+        self._dirty = asyncio.Event()
+        self._reconciled = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.request_pause: PauseRequest | None = None
 
     # -- lifecycle -------------------------------------------------------
 
     async def start(self, nats: Any) -> None:
-        """Load the metadata and reopen every partition that is not paused."""
         self._nats = nats
         self._dir.mkdir(parents=True, exist_ok=True)
-        self.metadata = self._file.load()
-        for stream in self.metadata.streams.values():
-            for meta in stream.partitions.values():
-                part = self._new_partition(stream, meta)
-                self.partitions[(stream.name, meta.id)] = part
-                if meta.paused:
-                    # Opened once so a paused partition reports its offsets in metadata.
-                    await asyncio.to_thread(part.open_log)
-                    await part.close(f"partition {stream.name}/{meta.id} is paused")
-                else:
-                    await self._open(part)
-        log.info("hosting %d streams, %d partitions", len(self.metadata.streams), len(self.partitions))
+        self._task = asyncio.get_running_loop().create_task(self._reconcile_loop(), name="reconcile-partitions")
 
     async def stop(self) -> None:
-        """Drain every partition's intake and close its log."""
+        """Stop following the metadata, drain every partition's intake and close its log."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
         # Stop all intake first so nothing new arrives while logs close.
         await asyncio.gather(*(p.stop_intake() for p in self.partitions.values()), return_exceptions=True)
         for part in self.partitions.values():
@@ -103,6 +110,124 @@ class StreamManager:
                 await part.close("the server is shutting down")
             except Exception:
                 log.exception("closing %s", part)
+
+    # -- following the metadata -----------------------------------------
+
+    def metadata_changed(self, index: int) -> None:
+        """The committed metadata now reflects ``index``; reconcile soon."""
+        self._target_index = max(self._target_index, index)
+        self._dirty.set()
+
+    async def wait_reconciled(self, index: int, timeout: float) -> bool:
+        """Wait until the hosted partitions reflect metadata ``index``; False on timeout."""
+        async with self._reconciled:
+            try:
+                await asyncio.wait_for(self._reconciled.wait_for(lambda: self.reconciled_index >= index), timeout)
+            except TimeoutError:
+                return False
+        return True
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            target = self._target_index
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("acting on metadata index %d failed; retrying", target)
+                await asyncio.sleep(1.0)
+                self._dirty.set()
+                continue
+            async with self._reconciled:
+                self.reconciled_index = max(self.reconciled_index, target)
+                self._reconciled.notify_all()
+
+    async def reconcile(self) -> None:
+        """Open, close and reconfigure hosted partitions to match ``metadata``."""
+        wanted: dict[tuple[str, int], tuple[StreamMeta, PartitionMeta]] = {}
+        for stream in self.metadata.streams.values():
+            for meta in stream.partitions.values():
+                if self.server_id in meta.replicas:
+                    wanted[(stream.name, meta.id)] = (stream, meta)
+        for key in [
+            k for k, h in self._hosted.items() if k not in wanted or wanted[k][0].creation_timestamp != h.created
+        ]:
+            await self._remove(key)
+        for key, (stream, meta) in wanted.items():
+            hosted = self._hosted.get(key)
+            if hosted is None:
+                await self._add(stream, meta)
+            else:
+                hosted.part.meta = meta
+                await self._update(hosted, meta)
+
+    async def _remove(self, key: tuple[str, int]) -> None:
+        hosted = self._hosted.pop(key)
+        self.partitions.pop(key, None)
+        name, pid = key
+        await hosted.part.close(f"stream {name!r} was deleted")
+        stream_dir = self._dir / name
+        await asyncio.to_thread(shutil.rmtree, stream_dir / str(pid), True)
+        if not any(k[0] == name for k in self._hosted):
+            await asyncio.to_thread(shutil.rmtree, stream_dir, True)
+        log.info("removed partition %s/%d", name, pid)
+
+    async def _add(self, stream: StreamMeta, meta: PartitionMeta) -> None:
+        await asyncio.to_thread(self._claim_stream_dir, stream)
+        part = self._new_partition(stream, meta)
+        key = (stream.name, meta.id)
+        hosted = _Hosted(part, stream.creation_timestamp, leader=False, paused=meta.paused, readonly=meta.readonly)
+        self._hosted[key] = hosted
+        self.partitions[key] = part
+        await asyncio.to_thread(part.open_log)
+        if meta.paused:
+            # Opened once so a paused partition reports its offsets in metadata.
+            await part.close(f"partition {stream.name}/{meta.id} is paused")
+        else:
+            await self._set_intake(hosted, meta)
+
+    async def _update(self, hosted: _Hosted, meta: PartitionMeta) -> None:
+        part = hosted.part
+        if meta.paused != hosted.paused:
+            hosted.paused = meta.paused
+            if meta.paused:
+                hosted.leader = False
+                await part.close(f"partition {part.stream}/{part.id} was paused")
+                return
+            await asyncio.to_thread(part.open_log)
+        if not meta.paused:
+            await self._set_intake(hosted, meta)
+
+    async def _set_intake(self, hosted: _Hosted, meta: PartitionMeta) -> None:
+        """Only the leader of a partition that is not readonly listens on its subject."""
+        part = hosted.part
+        leader = meta.leader == self.server_id
+        listen = leader and not meta.readonly
+        if listen and not part.accepting:
+            await part.start_intake(self._nats)
+        elif not listen and part.accepting:
+            await part.stop_intake()
+        if meta.readonly != hosted.readonly:
+            part.wake_readers()  # readers at the end learn the partition is readonly
+        hosted.leader = leader
+        hosted.readonly = meta.readonly
+
+    def _claim_stream_dir(self, stream: StreamMeta) -> None:
+        """Make ``streams/<name>`` this incarnation's: data of an older stream of that name goes."""
+        stream_dir = self._dir / stream.name
+        marker = stream_dir / ".created"
+        stamp = str(stream.creation_timestamp)
+        try:
+            kept = marker.read_text().strip()
+        except FileNotFoundError:
+            kept = None
+        if kept is not None and kept != stamp:
+            log.info("removing data of an earlier stream %r (created %s)", stream.name, kept)
+            shutil.rmtree(stream_dir, ignore_errors=True)
+        if kept != stamp:
+            stream_dir.mkdir(parents=True, exist_ok=True)
+            marker.write_text(stamp + "\n")
 
     # -- lookups ---------------------------------------------------------
 
@@ -117,103 +242,14 @@ class StreamManager:
             raise NoSuchPartitionError(name, partition)
         return part
 
-    # -- changes ---------------------------------------------------------
+    def occ_enabled(self, name: str) -> bool:
+        """Whether publishes to the stream check expectedOffset (its setting, else the server's)."""
+        occ = self.metadata.stream(name).settings.optimistic_concurrency_control
+        return occ if occ is not None else self._defaults.concurrency_control
 
-    async def create_stream(
-        self,
-        name: str,
-        subject: str,
-        *,
-        group: str = "",
-        partitions: int = 1,
-        replication_factor: int = 1,
-        settings: StreamSettings | None = None,
-    ) -> StreamMeta:
-        validate_stream_name(name)
-        validate_subject(subject)
-        if partitions < 0:
-            raise InvalidStreamError(f"partitions must be positive, got {partitions}")
-        partitions = partitions or 1
-        if partitions > 1 and subject.endswith(">"):
-            raise InvalidStreamError(
-                f"subject {subject!r} ends with '>', so partition subjects ({subject}.1 ...) would not be valid; "
-                "use one partition or a subject without '>'"
-            )
-        try:
-            # A request that leaves replicationFactor unset (0) means one replica.
-            placement = place_partitions(
-                [ServerInfo(self.server_id)],
-                partitions,
-                replication_factor or 1,
-                leader_counts=Counter(p.meta.leader for p in self.partitions.values()),
-            )
-        except PlacementError as exc:
-            raise InvalidStreamError(str(exc)) from exc
-        settings = settings or StreamSettings()
-        self._log_config(settings)  # reject bad settings before anything is written
-        now = self._clock()
-        stream = StreamMeta(name=name, subject=subject, group=group, creation_timestamp=now, settings=settings)
-        for i, replicas in enumerate(placement):
-            stream.partitions[i] = PartitionMeta(
-                stream=name,
-                id=i,
-                subject=partition_subject(subject, i),
-                leader=replicas[0],
-                replicas=list(replicas),
-                isr=list(replicas),
-            )
-        async with self._lock:
-            self._apply(CreateStream(stream))
-            stream_dir = self._dir / name
-            if stream_dir.exists():  # left over by a deletion that crashed half-way
-                await asyncio.to_thread(shutil.rmtree, stream_dir)
-            for meta in stream.partitions.values():
-                part = self._new_partition(stream, meta)
-                self.partitions[(name, meta.id)] = part
-                await self._open(part)
-        log.info("created stream %r on %r with %d partitions", name, subject, partitions)
-        return stream
-
-    async def delete_stream(self, name: str) -> None:
-        async with self._lock:
-            removed = self._apply(DeleteStream(name))
-            for meta in removed:
-                part = self.partitions.pop((name, meta.id), None)
-                if part is not None:
-                    await part.close(f"stream {name!r} was deleted")
-            await asyncio.to_thread(shutil.rmtree, self._dir / name, True)
-        log.info("deleted stream %r", name)
-
-    async def pause(self, name: str, partitions: tuple[int, ...] = (), resume_all: bool = False) -> None:
-        async with self._lock:
-            changed = self._apply(SetPaused(name, partitions, True, self._clock(), resume_all))
-            for meta in changed:
-                await self.partitions[(name, meta.id)].close(f"partition {name}/{meta.id} was paused")
-        if changed:
-            log.info("paused %s", ", ".join(f"{name}/{m.id}" for m in changed))
-
-    async def resume(self, name: str, partition: int) -> None:
-        """Resume a paused partition (all of the stream's with resumeAll); no-op when not paused."""
-        if not self.metadata.partition(name, partition).paused:
-            return
-        async with self._lock:
-            changed = self._apply(SetPaused(name, (partition,), False, self._clock()))
-            for meta in changed:
-                await self._open(self.partitions[(name, meta.id)])
-        if changed:
-            log.info("resumed %s", ", ".join(f"{name}/{m.id}" for m in changed))
-
-    async def set_readonly(self, name: str, partitions: tuple[int, ...], readonly: bool) -> None:
-        async with self._lock:
-            changed = self._apply(SetReadonly(name, partitions, readonly, self._clock()))
-            for meta in changed:
-                part = self.partitions[(name, meta.id)]
-                if not meta.paused:
-                    if readonly:
-                        await part.stop_intake()
-                        part.wake_readers()
-                    else:
-                        await part.start_intake(self._nats)
+    def check_settings(self, settings: StreamSettings) -> None:
+        """Raise InvalidStreamError for stream settings the log would refuse."""
+        self._log_config(settings)
 
     async def auto_pause(self) -> None:
         """Pause partitions that have been idle longer than their stream's auto-pause time."""
@@ -221,17 +257,21 @@ class StreamManager:
         idle: dict[str, list[int]] = {}
         for part in self.partitions.values():
             opts = part.options
+            if part.meta.leader != self.server_id:
+                continue  # the leader decides; followers see no publishes
             if not opts.auto_pause_ns or not part.is_open or part.idle_for(now) < opts.auto_pause_ns:
                 continue
             if part.subscribers and opts.auto_pause_disable_if_subscribers:
                 continue
             idle.setdefault(part.stream, []).append(part.id)
         for name, ids in idle.items():
+            if self.request_pause is None:
+                return
             log.info("auto-pausing %s (idle)", ", ".join(f"{name}/{i}" for i in ids))
             try:
-                await self.pause(name, tuple(ids))
-            except Exception as exc:  # deleted meanwhile
-                log.debug("auto-pause of %s: %s", name, exc)
+                await self.request_pause(name, tuple(ids))
+            except Exception as exc:  # deleted meanwhile, or no controller right now
+                log.info("auto-pause of %s: %s", name, exc)
 
     async def clean(self) -> None:
         """Enforce retention and compact the partitions whose cleaner interval has passed.
@@ -256,16 +296,6 @@ class StreamManager:
                 part.log.flush_if_due()
 
     # -- helpers ---------------------------------------------------------
-
-    def _apply(self, op: Operation) -> list[PartitionMeta]:
-        changed = self.metadata.apply(op)
-        self._file.save(self.metadata)
-        return changed
-
-    async def _open(self, part: Partition) -> None:
-        await asyncio.to_thread(part.open_log)
-        if not part.meta.readonly:
-            await part.start_intake(self._nats)
 
     def _new_partition(self, stream: StreamMeta, meta: PartitionMeta) -> Partition:
         s = stream.settings

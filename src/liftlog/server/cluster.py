@@ -1,0 +1,501 @@
+"""The metadata service: the replicated metadata, the controller's duties and request forwarding.
+
+Every server runs one. It is the metadata Raft group's state machine (apply
+operations, snapshot, restore) and tells the StreamManager to follow each
+change. Changes requested on any server go to the controller, the Raft
+leader:
+
+    API call -> request(...) -> this server leads?  -> _lead(): plan, propose, wait for commit
+                                 else NATS request  -> <ns>.raft.metadata.<leader>.propose -> _lead() there
+             -> the leader waits until every affected server reconciled the change
+             -> this server waits until it reconciled it too, then answers
+
+NATS subjects under ``<namespace>.raft.metadata.``: ``<id>`` (Raft messages,
+see MetadataRaft), ``<id>.propose`` and ``<id>.applied`` (request/reply to one
+server), ``join`` (answered by the leader: add me as a voter) and ``heartbeat``
+(every server says it is alive; the controller records liveness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from liftlog.metadata import (
+    InvalidStreamError,
+    Metadata,
+    MetadataError,
+    NoSuchPartitionError,
+    NoSuchStreamError,
+    PartitionMeta,
+    StreamExistsError,
+    StreamSettings,
+)
+from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
+from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
+from liftlog.metadata.model import (
+    DeleteStream,
+    Operation,
+    RegisterServer,
+    ServerMeta,
+    SetPaused,
+    SetReadonly,
+)
+from liftlog.raft import NotLeader, ProposalDropped, Role
+
+from .metadata_raft import MetadataRaft, RaftSettings
+from .streams import StreamManager
+
+__all__ = ["MetadataService", "NoMetadataLeaderError"]
+
+log = logging.getLogger(__name__)
+
+NO_LEADER_MESSAGE = "no known metadata leader"
+#: How long a change waits for a leader to appear, and for the leader to answer.
+CHANGE_TIMEOUT_S = 5.0
+#: How long the controller waits for an affected server to act on a change.
+APPLY_WAIT_S = 5.0
+
+
+class NoMetadataLeaderError(MetadataError):
+    """No controller is known (an election is under way, or too few servers are up)."""
+
+    def __init__(self) -> None:
+        super().__init__(NO_LEADER_MESSAGE)
+
+
+class _NotLeaderReply(Exception):
+    """The server asked to lead a change is not (or no longer) the leader."""
+
+
+def _error_to_dict(exc: MetadataError) -> dict[str, Any]:
+    match exc:
+        case StreamExistsError():
+            return {"kind": "stream_exists", "name": exc.name}
+        case NoSuchStreamError():
+            return {"kind": "no_such_stream", "name": exc.name}
+        case NoSuchPartitionError():
+            return {"kind": "no_such_partition", "name": exc.name, "partition": exc.partition}
+        case InvalidStreamError():
+            return {"kind": "invalid", "message": str(exc)}
+        case NoMetadataLeaderError():
+            return {"kind": "no_leader"}
+    return {"kind": "other", "message": str(exc)}
+
+
+def _error_from_dict(data: dict[str, Any]) -> MetadataError:
+    kind = data.get("kind")
+    if kind == "stream_exists":
+        return StreamExistsError(data["name"])
+    if kind == "no_such_stream":
+        return NoSuchStreamError(data["name"])
+    if kind == "no_such_partition":
+        return NoSuchPartitionError(data["name"], int(data["partition"]))
+    if kind == "invalid":
+        return InvalidStreamError(data["message"])
+    if kind == "no_leader":
+        return NoMetadataLeaderError()
+    return MetadataError(str(data.get("message", "metadata change failed")))
+
+
+class MetadataService:
+    def __init__(
+        self,
+        *,
+        server_id: str,
+        advertise: ServerMeta,
+        raft_dir: Path,
+        namespace: str,
+        raft_settings: RaftSettings,
+        bootstrap_peers: tuple[str, ...],
+        streams: StreamManager,
+        heartbeat_interval: float = 1.0,
+        liveness_timeout: float = 5.0,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.server_id = server_id
+        self.advertise = advertise
+        self._prefix = f"{namespace}.raft.metadata."
+        self._streams = streams
+        self._clock = clock
+        self._heartbeat_interval = heartbeat_interval
+        self._liveness = LivenessTracker(int(liveness_timeout * 1e9))
+        self.metadata = Metadata()
+        streams.metadata = self.metadata
+        self.raft = MetadataRaft(
+            server_id=server_id,
+            directory=raft_dir,
+            namespace=namespace,
+            settings=raft_settings,
+            state_machine=self,
+            bootstrap_peers=bootstrap_peers,
+        )
+        self._nats: Any = None
+        self._subs: list[Any] = []
+        self._join_sub: Any = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._leader_task: asyncio.Task[None] | None = None
+        self._leader_changed = asyncio.Event()
+        self.registered = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def start(self, nats: Any) -> None:
+        self._nats = nats
+        for subject, handler in (
+            (f"{self._prefix}{self.server_id}.propose", self._on_propose),
+            (f"{self._prefix}{self.server_id}.applied", self._on_applied),
+            (f"{self._prefix}heartbeat", self._on_heartbeat),
+        ):
+            self._subs.append(await nats.subscribe(subject, cb=handler))
+        await self.raft.start(nats)
+        self._spawn(self._announce())
+        self._spawn(self._heartbeats())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._leader_task is not None:
+            self._leader_task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for sub in [*self._subs, self._join_sub]:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        self._subs = []
+        self._join_sub = None
+        await self.raft.stop()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the state machine (called by MetadataRaft) ---------------------
+
+    def apply(self, index: int, data: bytes) -> object:
+        try:
+            op = decode_operation(data)
+            changed = self.metadata.apply(op)
+        except MetadataError as exc:
+            result: object = exc
+        else:
+            result = changed
+            if isinstance(op, RegisterServer) and op.server.id == self.server_id:
+                self.registered.set()
+        self._streams.metadata_changed(index)
+        return result
+
+    def applied_membership(self, index: int, voters: tuple[str, ...]) -> None:
+        self._streams.metadata_changed(index)
+
+    def snapshot(self) -> bytes:
+        return encode_snapshot(self.metadata)
+
+    def restore(self, index: int, data: bytes) -> None:
+        self.metadata = decode_snapshot(data)
+        self._streams.metadata = self.metadata
+        if self.server_id in self.metadata.servers:
+            self.registered.set()
+        self._streams.metadata_changed(index)
+
+    def role_changed(self, role: Role, leader: str | None, term: int) -> None:
+        log.info("metadata group: %s is %s at term %d", self.server_id, role.value, term)
+        self._leader_changed.set()
+        self._leader_changed = asyncio.Event()
+        if role is Role.LEADER and self._leader_task is None:
+            self._liveness.reset(self._clock())
+            self._leader_task = asyncio.get_running_loop().create_task(self._lead_cluster(), name="controller")
+        elif role is not Role.LEADER and self._leader_task is not None:
+            self._leader_task.cancel()
+            self._leader_task = None
+
+    # -- status ----------------------------------------------------------
+
+    @property
+    def leader_id(self) -> str | None:
+        return self.raft.leader_id
+
+    @property
+    def voters(self) -> tuple[str, ...]:
+        return self.raft.node.voters if self.raft.node else ()
+
+    # -- changes, from the API ------------------------------------------
+
+    async def create_stream(self, req: CreateStreamRequest) -> None:
+        body = {
+            "kind": "create_stream",
+            "name": req.name,
+            "subject": req.subject,
+            "group": req.group,
+            "partitions": req.partitions,
+            "replication_factor": req.replication_factor,
+            "settings": req.settings.to_dict(),
+        }
+        await self.request(body)
+
+    async def delete_stream(self, name: str) -> None:
+        await self.request({"kind": "delete_stream", "name": name})
+
+    async def pause(self, name: str, partitions: tuple[int, ...] = (), resume_all: bool = False) -> None:
+        await self.request({"kind": "pause", "name": name, "partitions": list(partitions), "resume_all": resume_all})
+
+    async def resume(self, name: str, partition: int) -> None:
+        """Resume a paused partition (all of the stream's with resumeAll); no-op when not paused."""
+        if self.metadata.partition(name, partition).paused:
+            await self.request({"kind": "resume", "name": name, "partitions": [partition]})
+
+    async def set_readonly(self, name: str, partitions: tuple[int, ...], readonly: bool) -> None:
+        await self.request({"kind": "readonly", "name": name, "partitions": list(partitions), "readonly": readonly})
+
+    async def request(self, body: dict[str, Any], timeout: float = CHANGE_TIMEOUT_S) -> int:
+        """Have the controller apply the change in ``body``; returns its index once reconciled here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            leader = self.raft.leader_id
+            try:
+                if leader == self.server_id:
+                    index = await self._lead(body)
+                elif leader is not None:
+                    index = await self._forward(leader, body, deadline - loop.time())
+                else:
+                    raise _NotLeaderReply()
+            except (_NotLeaderReply, NotLeader, ProposalDropped, NoRespondersError, NatsTimeoutError) as exc:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise NoMetadataLeaderError() from exc
+                # Wait for news of a leader (or a short while), then try again.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._leader_changed.wait(), min(remaining, 0.25))
+                continue
+            await self._streams.wait_reconciled(index, max(deadline - loop.time(), 0.1))
+            return index
+
+    async def _forward(self, leader: str, body: dict[str, Any], timeout: float) -> int:
+        reply = await self._nats.request(
+            f"{self._prefix}{leader}.propose", json.dumps(body).encode(), timeout=max(timeout, 0.1)
+        )
+        answer = json.loads(reply.data)
+        if "index" in answer:
+            return int(answer["index"])
+        error = answer.get("error", {})
+        if error.get("kind") in ("not_leader", "no_leader"):
+            raise _NotLeaderReply()
+        raise _error_from_dict(error)
+
+    async def _on_propose(self, msg: Any) -> None:
+        # One task per request: a subscription's callbacks run one at a time.
+        self._spawn(self._answer_propose(msg))
+
+    async def _answer_propose(self, msg: Any) -> None:
+        try:
+            body = json.loads(msg.data)
+            if not self.raft.is_leader:
+                answer: dict[str, Any] = {"error": {"kind": "not_leader"}}
+            else:
+                answer = {"index": await self._lead(body)}
+        except (NotLeader, ProposalDropped):
+            answer = {"error": {"kind": "not_leader"}}
+        except MetadataError as exc:
+            answer = {"error": _error_to_dict(exc)}
+        except Exception as exc:
+            log.exception("serving a forwarded metadata change")
+            answer = {"error": {"kind": "other", "message": f"metadata change failed: {exc}"}}
+        with contextlib.suppress(Exception):
+            await msg.respond(json.dumps(answer).encode())
+
+    # -- the controller --------------------------------------------------
+
+    def _plan(self, body: dict[str, Any]) -> Operation:
+        kind = body.get("kind")
+        now = self._clock()
+        if kind == "create_stream":
+            req = CreateStreamRequest(
+                name=str(body["name"]),
+                subject=str(body["subject"]),
+                group=str(body.get("group", "")),
+                partitions=int(body.get("partitions", 1)),
+                replication_factor=int(body.get("replication_factor", 1)),
+                settings=StreamSettings.from_dict(dict(body.get("settings", {}))),
+            )
+            return plan_create_stream(self.metadata, req, now)
+        if kind == "delete_stream":
+            self.metadata.stream(str(body["name"]))  # fail fast, without a log entry
+            return DeleteStream(str(body["name"]))
+        if kind in ("pause", "resume"):
+            partitions = tuple(int(p) for p in body.get("partitions", ()))
+            for p in partitions or ():
+                self.metadata.partition(str(body["name"]), p)
+            if not partitions:
+                self.metadata.stream(str(body["name"]))
+            return SetPaused(str(body["name"]), partitions, kind == "pause", now, bool(body.get("resume_all", False)))
+        if kind == "readonly":
+            partitions = tuple(int(p) for p in body.get("partitions", ()))
+            return SetReadonly(str(body["name"]), partitions, bool(body["readonly"]), now)
+        if kind == "register_server":
+            return RegisterServer(ServerMeta.from_dict(body["server"]), now)
+        raise MetadataError(f"unknown metadata change {kind!r}")
+
+    async def _lead(self, body: dict[str, Any]) -> int:
+        """Plan, replicate and apply one change as the leader; wait for the affected servers."""
+        op = self._plan(body)
+        index, result = await self._propose(op)
+        if isinstance(result, MetadataError):
+            raise result
+        changed: list[PartitionMeta] = result if isinstance(result, list) else []
+        affected = {r for p in changed for r in p.replicas}
+        await self._wait_applied(affected, index)
+        return index
+
+    async def _propose(self, op: Operation) -> tuple[int, object]:
+        return await self.raft.propose(encode_operation(op))
+
+    async def _wait_applied(self, servers: set[str], index: int) -> None:
+        async def one(server_id: str) -> None:
+            if server_id == self.server_id:
+                ok = await self._streams.wait_reconciled(index, APPLY_WAIT_S)
+            else:
+                server = self.metadata.servers.get(server_id)
+                if server is None or not server.alive:
+                    return  # it acts on the change when it comes back
+                try:
+                    reply = await self._nats.request(
+                        f"{self._prefix}{server_id}.applied",
+                        json.dumps({"index": index}).encode(),
+                        timeout=APPLY_WAIT_S,
+                    )
+                    ok = bool(json.loads(reply.data).get("ok"))
+                except Exception:
+                    ok = False
+            if not ok:
+                log.warning("server %s has not acted on metadata index %d yet", server_id, index)
+
+        await asyncio.gather(*(one(s) for s in sorted(servers)))
+
+    async def _on_applied(self, msg: Any) -> None:
+        self._spawn(self._answer_applied(msg))
+
+    async def _answer_applied(self, msg: Any) -> None:
+        try:
+            index = int(json.loads(msg.data)["index"])
+        except (ValueError, KeyError, TypeError):
+            return
+        ok = await self._streams.wait_reconciled(index, APPLY_WAIT_S - 0.5)
+        with contextlib.suppress(Exception):
+            await msg.respond(json.dumps({"ok": ok}).encode())
+
+    async def _lead_cluster(self) -> None:
+        """Controller duties while this server leads: admit joiners, track liveness."""
+        try:
+            self._join_sub = await self._nats.subscribe(f"{self._prefix}join", cb=self._on_join)
+            while True:
+                await asyncio.sleep(self._heartbeat_interval)
+                now = self._clock()
+                self._liveness.heard(self.server_id, now)
+                for op in self._liveness.changes(self.metadata, now):
+                    log.warning("server %s is %s", op.id, "alive again" if op.alive else "not answering")
+                    try:
+                        await self.raft.propose(encode_operation(op))
+                    except (NotLeader, ProposalDropped):
+                        return
+        finally:
+            if self._join_sub is not None:
+                with contextlib.suppress(Exception):
+                    await self._join_sub.unsubscribe()
+                self._join_sub = None
+
+    async def _on_join(self, msg: Any) -> None:
+        self._spawn(self._answer_join(msg))
+
+    async def _answer_join(self, msg: Any) -> None:
+        try:
+            server_id = str(json.loads(msg.data)["id"])
+            if server_id not in self.voters:
+                log.info("adding server %s to the metadata group", server_id)
+                await self.raft.add_voter(server_id)
+            answer: dict[str, Any] = {"ok": True}
+        except (NotLeader, ProposalDropped) as exc:
+            answer = {"ok": False, "error": str(exc)}
+        except Exception as exc:
+            log.exception("admitting a server")
+            answer = {"ok": False, "error": str(exc)}
+        with contextlib.suppress(Exception):
+            await msg.respond(json.dumps(answer).encode())
+
+    def _on_heartbeat_from(self, server_id: str) -> None:
+        self._liveness.heard(server_id, self._clock())
+
+    async def _on_heartbeat(self, msg: Any) -> None:
+        if self.raft.is_leader:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self._on_heartbeat_from(str(json.loads(msg.data)["id"]))
+
+    # -- this server's part ---------------------------------------------
+
+    async def _announce(self) -> None:
+        """Join the metadata group if needed, then register this server's address (retrying)."""
+        if self.server_id not in self.voters:
+            await self._join_group()
+        body = {"kind": "register_server", "server": self.advertise.to_dict()}
+        while True:
+            known = self.metadata.servers.get(self.server_id)
+            if known is not None and (known.host, known.port, known.rack) == (
+                self.advertise.host,
+                self.advertise.port,
+                self.advertise.rack,
+            ):
+                self.registered.set()
+                return
+            try:
+                await self.request(body)
+                self.registered.set()
+                return
+            except MetadataError as exc:
+                log.info("registering with the controller: %s; retrying", exc)
+                await asyncio.sleep(1.0)
+
+    async def _join_group(self) -> None:
+        attempts = 0
+        while self.server_id not in self.voters:
+            try:
+                reply = await self._nats.request(
+                    f"{self._prefix}join", json.dumps({"id": self.server_id}).encode(), timeout=5.0
+                )
+                answer = json.loads(reply.data)
+                if answer.get("ok"):
+                    # Added: the leader's log (or snapshot) reaches us next and makes us a voter.
+                    await self._wait(lambda: self.server_id in self.voters, 10.0)
+                    continue
+                log.info("joining the cluster: %s", answer.get("error"))
+            except (NoRespondersError, NatsTimeoutError):
+                if attempts % 10 == 0:
+                    log.info("waiting for a metadata leader to join (start one server with --raft-bootstrap-seed)")
+            attempts += 1
+            await asyncio.sleep(1.0)
+        log.info("server %s is a member of the metadata group", self.server_id)
+
+    async def _wait(self, condition: Callable[[], bool], timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not condition():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _heartbeats(self) -> None:
+        payload = json.dumps({"id": self.server_id}).encode()
+        while True:
+            with contextlib.suppress(Exception):
+                await self._nats.publish(f"{self._prefix}heartbeat", payload)
+            await asyncio.sleep(self._heartbeat_interval)

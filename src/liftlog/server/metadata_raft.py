@@ -1,0 +1,292 @@
+"""The asyncio shell around the Raft core for the metadata group: clock, NATS, disk, state machine.
+
+One task owns the ``RaftNode``. Ticks, incoming messages and proposals are
+queued to it; after each batch it drains ``Ready``s in the order the core
+demands: persist (fsync, in a worker thread), then publish messages, apply
+committed entries to the state machine, resolve proposals, ``advance``, and
+compact into a snapshot every ``snapshot_threshold`` applied entries.
+
+Transport: each server subscribes to ``<namespace>.raft.metadata.<id>`` and a
+message for server X is published to X's subject. Raft tolerates loss, so no
+replies are involved at this level.
+
+A proposal resolves when the entry at its index is applied: with the state
+machine's result if the entry is ours (same term), with ProposalDropped if
+another leader's entry took that index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from liftlog.raft import (
+    ConfChange,
+    ConfChangeOp,
+    EntryKind,
+    NotLeader,
+    PersistedState,
+    ProposalDropped,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+)
+from liftlog.raft.codec import CodecError, decode_message, encode_message
+from liftlog.raft.disk import DiskStorage
+
+__all__ = ["MetadataRaft", "RaftSettings", "StateMachine"]
+
+log = logging.getLogger(__name__)
+
+
+class StateMachine(Protocol):
+    def apply(self, index: int, data: bytes) -> object:
+        """Apply one committed NORMAL entry; the returned value (or exception instance) goes to its proposer."""
+
+    def applied_membership(self, index: int, voters: tuple[str, ...]) -> None:
+        """A membership change (or a NOOP) was applied at ``index``."""
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, index: int, data: bytes) -> None: ...
+
+    def role_changed(self, role: Role, leader: str | None, term: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RaftSettings:
+    tick_seconds: float = 0.1
+    election_ticks: int = 10
+    snapshot_threshold: int = 8192
+    snapshot_retain: int = 2
+    fsync: bool = True
+
+
+@dataclass(slots=True)
+class _Pending:
+    term: int
+    future: asyncio.Future[object]
+
+
+class MetadataRaft:
+    def __init__(
+        self,
+        *,
+        server_id: str,
+        directory: Path,
+        namespace: str,
+        settings: RaftSettings,
+        state_machine: StateMachine,
+        bootstrap_peers: tuple[str, ...] = (),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.server_id = server_id
+        self._dir = directory
+        self._prefix = f"{namespace}.raft.metadata."
+        self._settings = settings
+        self._sm = state_machine
+        self._peers = bootstrap_peers
+        self._rng = rng or random.Random()
+        self._nats: Any = None
+        self._storage: DiskStorage | None = None
+        self.node: RaftNode | None = None
+        self._inbox: asyncio.Queue[Callable[[RaftNode], None]] = asyncio.Queue()
+        self._pending: dict[int, _Pending] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sub: Any = None
+        self._role: tuple[Role, str | None, int] | None = None
+        self._snapshot_index = 0
+        self.failed: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def start(self, nats: Any) -> None:
+        self._nats = nats
+        self._storage = await asyncio.to_thread(
+            DiskStorage.open, self._dir, fsync=self._settings.fsync, retain_snapshots=self._settings.snapshot_retain
+        )
+        state: PersistedState = self._storage.state()
+        if state.snapshot is not None:
+            self._sm.restore(state.snapshot.index, state.snapshot.data)
+            self._snapshot_index = state.snapshot.index
+        config = RaftConfig(election_ticks=self._settings.election_ticks, peers=self._peers)
+        self.node = RaftNode(self.server_id, config, state=state, rng=self._rng)
+        if self.node.voters == (self.server_id,):
+            self.node.campaign()  # alone: no one to wait for
+        self._sub = await nats.subscribe(self._prefix + self.server_id, cb=self._on_message)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run(), name="raft-metadata"),
+            loop.create_task(self._tick(), name="raft-metadata-tick"),
+        ]
+        self._inbox.put_nowait(lambda node: None)  # process the bootstrap / replayed entries at once
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(ProposalDropped("the server is shutting down"))
+        self._pending.clear()
+        if self._storage is not None:
+            self._storage.close()
+            self._storage = None
+
+    # -- state -----------------------------------------------------------
+
+    @property
+    def leader_id(self) -> str | None:
+        return self.node.leader_id if self.node else None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node is not None and self.node.role is Role.LEADER
+
+    # -- requests --------------------------------------------------------
+
+    async def propose(self, data: bytes) -> tuple[int, object]:
+        """Replicate ``data``; returns its index and the state machine's result once applied here.
+
+        Raises NotLeader when this server is not the leader, ProposalDropped when the entry was lost.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+
+        def do(node: RaftNode) -> None:
+            try:
+                at = node.propose(data)
+            except Exception as exc:
+                future.set_exception(exc)
+                return
+            self._pending[at] = _Pending(node.term, future)
+
+        self._inbox.put_nowait(do)
+        outcome = await future
+        assert isinstance(outcome, tuple)
+        return int(outcome[0]), outcome[1]
+
+    async def add_voter(self, server_id: str) -> None:
+        """Propose ``ADD server_id``; returns once committed and applied here."""
+        await self._conf_change(ConfChange(ConfChangeOp.ADD, server_id))
+
+    async def remove_voter(self, server_id: str) -> None:
+        await self._conf_change(ConfChange(ConfChangeOp.REMOVE, server_id))
+
+    async def _conf_change(self, change: ConfChange) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+
+        def do(node: RaftNode) -> None:
+            try:
+                index = node.propose_conf_change(change)
+            except Exception as exc:
+                future.set_exception(exc)
+                return
+            self._pending[index] = _Pending(node.term, future)
+
+        self._inbox.put_nowait(do)
+        await future
+
+    def transfer_leadership(self, to: str) -> None:
+        self._inbox.put_nowait(lambda node: node.transfer_leadership(to))
+
+    # -- the loop --------------------------------------------------------
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.tick_seconds)
+            self._inbox.put_nowait(RaftNode.tick)
+
+    async def _on_message(self, msg: Any) -> None:
+        try:
+            message = decode_message(msg.data)
+        except CodecError as exc:
+            log.warning("dropping a malformed Raft message on %s: %s", msg.subject, exc)
+            return
+        self._inbox.put_nowait(lambda node: node.step(message))
+
+    async def _run(self) -> None:
+        node = self.node
+        assert node is not None
+        try:
+            while True:
+                work = [await self._inbox.get()]
+                while not self._inbox.empty():
+                    work.append(self._inbox.get_nowait())
+                for job in work:
+                    # e.g. a transfer request that arrived after we lost leadership
+                    with contextlib.suppress(NotLeader, ProposalDropped):
+                        job(node)
+                while node.has_ready():
+                    await self._handle(node, node.ready())
+                self._report_role(node)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            # A failed fsync or a broken state machine: this server must not go on voting.
+            self.failed = exc
+            log.critical("the metadata Raft loop stopped: %s", exc, exc_info=True)
+            raise
+
+    async def _handle(self, node: RaftNode, rd: Ready) -> None:
+        storage = self._storage
+        assert storage is not None
+        if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
+            await asyncio.to_thread(storage.save, rd)
+        for m in rd.messages:
+            await self._nats.publish(self._prefix + m.dst, encode_message(m))
+        if rd.snapshot is not None:
+            log.info("installing the leader's metadata snapshot at index %d", rd.snapshot.index)
+            self._sm.restore(rd.snapshot.index, rd.snapshot.data)
+            self._snapshot_index = rd.snapshot.index
+            for index in [i for i in self._pending if i <= rd.snapshot.index]:
+                self._resolve(index, None, ProposalDropped("replaced by a snapshot from the leader; retry"))
+        for entry in rd.committed:
+            result: object = None
+            if entry.kind is EntryKind.NORMAL:
+                result = self._sm.apply(entry.index, entry.data)
+            else:
+                self._sm.applied_membership(entry.index, node.voters)
+            pending = self._pending.get(entry.index)
+            if pending is not None:
+                if pending.term == entry.term:
+                    self._resolve(entry.index, result, None)
+                else:
+                    self._resolve(entry.index, None, ProposalDropped("a new leader overwrote the proposal; retry"))
+        node.advance(rd)
+        applied = node.applied_index
+        if applied - self._snapshot_index >= self._settings.snapshot_threshold:
+            snap = node.compact(applied, self._sm.snapshot())
+            await asyncio.to_thread(storage.compact, snap)
+            self._snapshot_index = applied
+            log.info("metadata snapshot at index %d (%d bytes)", applied, len(snap.data))
+
+    def _resolve(self, index: int, result: object, error: BaseException | None) -> None:
+        pending = self._pending.pop(index)
+        if pending.future.done():
+            return
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result((index, result))
+
+    def _report_role(self, node: RaftNode) -> None:
+        now = (node.role, node.leader_id, node.term)
+        if now != self._role:
+            self._role = now
+            self._sm.role_changed(*now)
