@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -183,8 +186,30 @@ def test_seed_founds_a_cluster_others_join_and_changes_work_through_followers(cl
     more = agreed(cluster, "more")["more"]
     assert sorted(leader for leader, _, _ in more.values()) == ["a", "b", "c", "d"]
 
+    # The CLI shows the same cluster.
+    shown = subprocess.run(
+        [sys.executable, "-m", "liftlog.cli.main", "cluster", "status", "--json", "-a", cluster.servers["b"].address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["controller"] == "a" and report["stream_count"] == 3
+    brokers = rpc(cluster.servers["d"].address, "FetchMetadata", api_pb2.FetchMetadataRequest()).brokers
+    assert [(s["id"], s["alive"], s["partition_count"], s["leader_count"]) for s in report["servers"]] == [
+        (b.id, True, b.partitionCount, b.leaderCount) for b in sorted(brokers, key=lambda b: b.id)
+    ]
+    assert sum(s["partition_count"] for s in report["servers"]) == 3 * 3 + 3 + 4 * 2
+
     rpc(cluster.servers["b"].address, "DeleteStream", api_pb2.DeleteStreamRequest(name="orders"))
     assert agreed(cluster, "orders", "events")["orders"] is None
+    # Every replica's data is gone, not only the metadata.
+    for sid in "abc":
+        assert not (cluster.root / sid / "streams" / "orders").exists()
+        assert (cluster.root / sid / "streams" / "events").exists() or sid not in {
+            leader for leader, _, _ in events.values()
+        }
     with pytest.raises(grpc.RpcError) as gone:
         rpc(cluster.servers["c"].address, "DeleteStream", api_pb2.DeleteStreamRequest(name="orders"))
     assert gone.value.code() is grpc.StatusCode.NOT_FOUND

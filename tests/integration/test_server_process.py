@@ -14,6 +14,8 @@ import grpc
 import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.metadata import CreateStream, Metadata, MetadataFile, PartitionMeta, StreamMeta, StreamSettings
+from liftlog.storage import CommitLog, LogConfig, NewRecord
 
 from .harness import LiftlogProcess, NatsProcess, free_port
 
@@ -213,5 +215,37 @@ async def test_restart_without_an_id_keeps_the_data_dirs_id(data_dir: Path, nats
         )
         assert other.returncode != 0 and "Traceback" not in other.stderr
         assert "belongs to server" in other.stderr
+    finally:
+        server.kill()
+
+
+async def test_a_pre_raft_data_directory_keeps_its_streams_and_messages(data_dir: Path) -> None:
+    # What a server before the metadata Raft group left behind: metadata.json and partition logs.
+    legacy = Metadata()
+    legacy.apply(
+        CreateStream(
+            StreamMeta(
+                name="old",
+                subject="old",
+                group="",
+                creation_timestamp=1,
+                settings=StreamSettings(),
+                partitions={0: PartitionMeta("old", 0, "old", "s1", ["s1"], ["s1"])},
+            )
+        )
+    )
+    data_dir.mkdir(parents=True)
+    MetadataFile(data_dir / "metadata.json").save(legacy)
+    log = CommitLog.open(data_dir / "streams" / "old" / "0", LogConfig())
+    log.append([NewRecord(b"kept-%d" % i) for i in range(3)])
+    log.close()
+    nats_port = free_port()
+    server = LiftlogProcess(data_dir, "--embedded-nats", "--embedded-nats-port", str(nats_port)).start()
+    try:
+        assert await values(server.address, "old") == [b"kept-0", b"kept-1", b"kept-2"]
+        assert not (data_dir / "metadata.json").exists() and (data_dir / "metadata.json.imported").exists()
+        server.stop()
+        server.start()  # imported once, then kept by the Raft log
+        assert await values(server.address, "old") == [b"kept-0", b"kept-1", b"kept-2"]
     finally:
         server.kill()

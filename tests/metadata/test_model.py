@@ -85,6 +85,16 @@ def test_pause_records_timestamps_and_resume_all() -> None:
     assert not any(p.paused for p in meta.stream("orders").partitions.values())
 
 
+def test_every_change_to_a_partition_bumps_its_epoch_and_no_ops_do_not() -> None:
+    meta = Metadata()
+    meta.apply(CreateStream(stream()))
+    meta.apply(SetPaused("orders", (0,), True, 1))
+    meta.apply(SetPaused("orders", (0,), True, 2))  # already paused: nothing changes
+    meta.apply(SetReadonly("orders", (0, 1), True, 3))
+    assert (meta.partition("orders", 0).epoch, meta.partition("orders", 1).epoch) == (2, 1)
+    assert Metadata.from_dict(meta.to_dict()).partition("orders", 0).epoch == 2
+
+
 def test_unknown_partition_in_an_operation() -> None:
     meta = Metadata()
     meta.apply(CreateStream(stream()))

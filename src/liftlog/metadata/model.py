@@ -185,6 +185,8 @@ class PartitionMeta:
     replicas: list[str]
     isr: list[str]
     leader_epoch: int = 0
+    #: Bumped by every committed change to this partition's metadata (Liftbridge's partition epoch).
+    epoch: int = 0
     paused: bool = False
     readonly: bool = False
     pause_timestamps: EventTimestamps = EventTimestamps()
@@ -198,6 +200,7 @@ class PartitionMeta:
             "replicas": list(self.replicas),
             "isr": list(self.isr),
             "leader_epoch": self.leader_epoch,
+            "epoch": self.epoch,
             "paused": self.paused,
             "readonly": self.readonly,
             "pause_timestamps": [self.pause_timestamps.first, self.pause_timestamps.latest],
@@ -214,6 +217,7 @@ class PartitionMeta:
             replicas=[str(r) for r in data["replicas"]],
             isr=[str(r) for r in data["isr"]],
             leader_epoch=int(data.get("leader_epoch", 0)),
+            epoch=int(data.get("epoch", 0)),
             paused=bool(data.get("paused", False)),
             readonly=bool(data.get("readonly", False)),
             pause_timestamps=EventTimestamps(*data.get("pause_timestamps", (0, 0))),
@@ -363,6 +367,7 @@ class Metadata:
                     targets = list(stream.partitions.values())
                 changed = [p for p in targets if p.paused != op.paused]
                 for p in changed:
+                    p.epoch += 1
                     p.paused = op.paused
                     if op.paused:
                         p.pause_timestamps = p.pause_timestamps.record(op.timestamp)
@@ -373,6 +378,7 @@ class Metadata:
                 stream = self.stream(op.name)
                 changed = [p for p in self._targets(stream, op.partitions) if p.readonly != op.readonly]
                 for p in changed:
+                    p.epoch += 1
                     p.readonly = op.readonly
                     p.readonly_timestamps = p.readonly_timestamps.record(op.timestamp)
                 return changed

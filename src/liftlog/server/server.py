@@ -102,11 +102,11 @@ class Server:
             self._create_metadata()
             self._bind_grpc()  # the port the metadata advertises
             await self._start_metadata()
+            await self._await_standalone_registration()
             await self._catch_up_locally()
             assert self._grpc is not None
             await self._grpc.start()
             self._start_housekeeping()
-            await self._await_standalone_registration()
         except BaseException:
             await self.stop()
             raise
