@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+from liftlog.client import Client, StartPosition, StopPosition
 
 from .harness import LiftlogProcess, NatsProcess
 
@@ -323,3 +324,22 @@ def test_without_a_quorum_changes_fail_with_no_known_metadata_leader(cluster: Cl
     assert failed.value.details() == "no known metadata leader"
     # Reads still work from the committed state.
     assert layout(survivor, "nowhere") == {"nowhere": None}
+
+
+async def test_the_client_routes_to_each_partition_leader_from_any_server(cluster: Cluster) -> None:
+    cluster.add("a", "seed").start()
+    cluster.add("b", None).start()
+    cluster.add("c", None).start()
+    formed(cluster, {"a", "b", "c"})
+    async with Client(cluster.servers["c"].address) as client:
+        await client.create_stream("spread", "spread", partitions=3)
+        meta = await client.fetch_metadata("spread")
+        assert {b.id for b in meta.brokers} == {"a", "b", "c"}
+        for pid in range(3):
+            acks = [await client.publish("spread", b"p%d-%d" % (pid, i), partition=pid) for i in range(3)]
+            assert [a.offset for a in acks if a is not None] == [0, 1, 2]
+        for pid in range(3):
+            sub = client.subscribe(
+                "spread", partition=pid, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
+            )
+            assert [m.value async for m in sub] == [b"p%d-%d" % (pid, i) for i in range(3)]

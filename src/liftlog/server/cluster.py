@@ -406,8 +406,10 @@ class MetadataService:
                     log.warning("server %s is %s", op.id, "alive again" if op.alive else "not answering")
                     try:
                         await self.raft.propose(encode_operation(op))
-                    except (NotLeader, ProposalDropped):
-                        return
+                    except (NotLeader, ProposalDropped) as exc:
+                        # Stepping down cancels this task; anything else is retried next round.
+                        log.info("recording liveness of %s: %s", op.id, exc)
+                        break
         finally:
             if self._join_sub is not None:
                 with contextlib.suppress(Exception):
