@@ -48,6 +48,7 @@ HELP = [
     ((), ["--addr", "--version", "server", "stream", "publish", "subscribe", "bench", "cluster"]),
     (("server",), ["--config", "--id", "--data-dir", "--host", "--port", "--embedded-nats", "--no-embedded-nats"]),
     (("server",), ["--embedded-nats-port", "--nats-servers", "--namespace", "--log-level", "--set"]),
+    (("server",), ["--raft-bootstrap-seed", "--raft-bootstrap-peers", "--rack"]),
     (("stream",), ["create", "delete", "list", "describe", "pause", "resume", "readonly"]),
     (("stream", "create"), ["--subject", "--partitions", "--replication-factor", "--group", "--retention-max-bytes"]),
     (("stream", "create"), ["--retention-max-messages", "--retention-max-age", "--segment-max-bytes", "--compact"]),

@@ -300,6 +300,9 @@ def test_a_whole_cluster_restarts_with_its_metadata(cluster: Cluster) -> None:
     rpc(cluster.servers[controller].address, "PauseStream", api_pb2.PauseStreamRequest(name="kept", partitions=[1]))
     before = agreed(cluster, "kept")
 
+    # The controller stops first and hands its leadership over instead of leaving an election to chance.
+    assert cluster.servers[controller].stop() == 0
+    assert "handed the metadata leadership to" in cluster.servers[controller].output()
     for proc in cluster.servers.values():
         assert proc.stop() == 0, proc.output()
     cluster.start_all()

@@ -156,6 +156,15 @@ def test_port_in_use_is_one_clear_line(data_dir: Path, nats_server: NatsProcess)
         first.kill()
 
 
+def test_bootstrap_peers_without_this_server_is_one_clear_line(data_dir: Path, nats_server: NatsProcess) -> None:
+    result = run_cli(
+        "server", "--data-dir", str(data_dir), "--port", "0", "--id", "z", "--nats-servers", nats_server.url,
+        "--raft-bootstrap-peers", "a,b",
+    )  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "clustering.raft.bootstrap.peers (a, b) must include this server's id 'z'" in result.stderr
+
+
 def test_unreachable_nats_is_one_clear_line(data_dir: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     result = run_cli("server", "--data-dir", str(data_dir), "--port", "0", "--nats-servers", url)

@@ -98,3 +98,17 @@ def test_bad_files_are_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(write(tmp_path, "- 1\n"), env={})
     assert load_config(write(tmp_path, ""), env={}).port == 9292
+
+
+def test_clustering_settings_and_their_conflicts() -> None:
+    c = load_config(
+        None,
+        {"clustering.raft.bootstrap.peers": "a, b,c", "clustering.raft.election.timeout": "2s"},
+        env={},
+    ).clustering
+    assert c.raft_bootstrap_peers == ("a", "b", "c") and c.raft_election_timeout == 2000
+    assert (c.raft_heartbeat_interval, c.server_heartbeat_interval, c.server_liveness_timeout) == (100, 1000, 5000)
+    with pytest.raises(ConfigError, match=r"cannot be combined with clustering\.raft\.bootstrap\.seed"):
+        load_config(None, {"clustering.raft.bootstrap.peers": "a", "clustering.raft.bootstrap.seed": True}, env={})
+    with pytest.raises(ConfigError, match=r"at least twice clustering\.raft\.heartbeat\.interval"):
+        load_config(None, {"clustering.raft.election.timeout": "150ms"}, env={})

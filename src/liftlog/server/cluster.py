@@ -121,6 +121,7 @@ class MetadataService:
         heartbeat_interval: float = 1.0,
         liveness_timeout: float = 5.0,
         clock: Callable[[], int] = time.time_ns,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.server_id = server_id
         self.advertise = advertise
@@ -138,6 +139,7 @@ class MetadataService:
             settings=raft_settings,
             state_machine=self,
             bootstrap_peers=bootstrap_peers,
+            on_failure=on_failure,
         )
         self._nats: Any = None
         self._subs: list[Any] = []
@@ -162,6 +164,7 @@ class MetadataService:
         self._spawn(self._heartbeats())
 
     async def stop(self) -> None:
+        await self._hand_over_leadership()
         for task in list(self._tasks):
             task.cancel()
         if self._leader_task is not None:
@@ -174,6 +177,15 @@ class MetadataService:
         self._subs = []
         self._join_sub = None
         await self.raft.stop()
+
+    async def _hand_over_leadership(self, timeout: float = 2.0) -> None:
+        """A leader that stops hands over first, so the others need not wait out an election timeout."""
+        successor = self.raft.best_successor()
+        if successor is None:
+            return
+        self.raft.transfer_leadership(successor)
+        if await self._wait(lambda: self.raft.leader_id not in (self.server_id, None), timeout):
+            log.info("handed the metadata leadership to %s", self.raft.leader_id)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -86,6 +86,7 @@ class MetadataRaft:
         state_machine: StateMachine,
         bootstrap_peers: tuple[str, ...] = (),
         rng: random.Random | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.server_id = server_id
         self._dir = directory
@@ -104,6 +105,7 @@ class MetadataRaft:
         self._role: tuple[Role, str | None, int] | None = None
         self._snapshot_index = 0
         self.failed: BaseException | None = None
+        self._on_failure = on_failure
 
     # -- lifecycle -------------------------------------------------------
 
@@ -205,6 +207,14 @@ class MetadataRaft:
     def transfer_leadership(self, to: str) -> None:
         self._inbox.put_nowait(lambda node: node.transfer_leadership(to))
 
+    def best_successor(self) -> str | None:
+        """The most caught-up other voter, when this server leads."""
+        node = self.node
+        if node is None or node.role is not Role.LEADER:
+            return None
+        others = [(pr.match, peer) for peer, pr in node.progress.items() if peer != self.server_id]
+        return max(others)[1] if others else None
+
     # -- the loop --------------------------------------------------------
 
     async def _tick(self) -> None:
@@ -241,6 +251,8 @@ class MetadataRaft:
             # A failed fsync or a broken state machine: this server must not go on voting.
             self.failed = exc
             log.critical("the metadata Raft loop stopped: %s", exc, exc_info=True)
+            if self._on_failure is not None:
+                self._on_failure(exc)
             raise
 
     async def _handle(self, node: RaftNode, rd: Ready) -> None:
@@ -249,7 +261,10 @@ class MetadataRaft:
         if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
             await asyncio.to_thread(storage.save, rd)
         for m in rd.messages:
-            await self._nats.publish(self._prefix + m.dst, encode_message(m))
+            try:
+                await self._nats.publish(self._prefix + m.dst, encode_message(m))
+            except Exception as exc:  # NATS closed or reconnecting: Raft copes with lost messages
+                log.debug("Raft message to %s not sent: %s", m.dst, exc)
         if rd.snapshot is not None:
             log.info("installing the leader's metadata snapshot at index %d", rd.snapshot.index)
             self._sm.restore(rd.snapshot.index, rd.snapshot.data)

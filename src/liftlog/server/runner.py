@@ -35,8 +35,11 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def serve(config: ServerConfig) -> None:
-    """Start a server, print how to reach it, run until SIGINT/SIGTERM, stop it cleanly."""
+async def serve(config: ServerConfig) -> int:
+    """Start a server, print how to reach it, run until SIGINT/SIGTERM, stop it cleanly.
+
+    Returns the exit code: 0 after a signal, 1 when the server failed on its own.
+    """
     server = Server(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -52,12 +55,20 @@ async def serve(config: ServerConfig) -> None:
         file=sys.stderr,
         flush=True,
     )
+    signalled = asyncio.ensure_future(stop.wait())
+    failed = asyncio.ensure_future(server.failed.wait())
     try:
-        await stop.wait()
+        await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
     finally:
+        signalled.cancel()
+        failed.cancel()
         log.info("shutting down")
         await server.stop()
         log.info("stopped")
+    if server.failure:
+        print(f"error: {server.failure}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def run_server(config: ServerConfig) -> int:
@@ -67,5 +78,4 @@ def run_server(config: ServerConfig) -> int:
     """
     _setup_logging(config.log_level)
     with asyncio.Runner(loop_factory=_new_event_loop) as runner:
-        runner.run(serve(config))
-    return 0
+        return runner.run(serve(config))

@@ -77,6 +77,9 @@ class Server:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._stopping = False
+        #: Set when a part the server cannot run without broke (the metadata Raft loop); see ``failure``.
+        self.failed = asyncio.Event()
+        self.failure = ""
 
     @property
     def address(self) -> str:
@@ -217,6 +220,10 @@ class Server:
             return (self.server_id,)
         return ()
 
+    def _fail(self, exc: BaseException) -> None:
+        self.failure = f"the metadata Raft group stopped on this server: {exc}"
+        self.failed.set()
+
     def _create_metadata(self) -> None:
         assert self.streams is not None
         c = self.config.clustering
@@ -238,6 +245,7 @@ class Server:
             heartbeat_interval=c.server_heartbeat_interval / 1000,
             liveness_timeout=c.server_liveness_timeout / 1000,
             clock=self._clock,
+            on_failure=self._fail,
         )
         self.streams.request_pause = self.cluster.pause
 
