@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -61,7 +62,8 @@ def status_summary(status: ClusterStatus) -> Text:
 
 def status_table(status: ClusterStatus) -> Table:
     """One row per server, sorted by id."""
-    table = Table()
+    # No vertical rules or edge padding: 16-character ids and full headers fit in 80 columns.
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     # On a narrow terminal the long ids fold onto more lines, rather than lose characters; addresses,
     # short and copied into --addr, stay on one line.
     table.add_column("ID", overflow="fold")
