@@ -1,0 +1,75 @@
+"""Partition replication: sans-IO cores (leader, follower) and the wire protocol.
+
+``leader``: ``LeaderReplica``, the leader's follower progress, HW and ISR proposals;
+``follower``: ``FollowerReplica``, truncation by leader epoch and the fetch cycle;
+``protocol``: the server-to-server messages (fetch, fetch error, leader-epoch offset,
+new-data notification) in Liftbridge envelopes, and their NATS subjects.
+"""
+
+from .follower import FollowerReplica, FollowerState
+from .leader import FetchAnswer, LeaderReplica
+from .protocol import (
+    FETCH_RESPONSE_HEADER_LEN,
+    FORMAT_VERSION,
+    EpochOffsetRequest,
+    EpochOffsetResponse,
+    FetchError,
+    FetchErrorCode,
+    FetchRequest,
+    FetchResponse,
+    PartitionNotification,
+    ProtocolError,
+    decode_epoch_offset_request,
+    decode_epoch_offset_response,
+    decode_fetch_error,
+    decode_fetch_reply,
+    decode_fetch_request,
+    decode_fetch_response,
+    decode_notification,
+    decode_partition_notification,
+    encode_epoch_offset_request,
+    encode_epoch_offset_response,
+    encode_fetch_error,
+    encode_fetch_request,
+    encode_fetch_response,
+    encode_notification,
+    encode_partition_notification,
+    notify_subject,
+    offset_subject,
+    replicate_subject,
+)
+
+__all__ = [
+    "FETCH_RESPONSE_HEADER_LEN",
+    "FORMAT_VERSION",
+    "EpochOffsetRequest",
+    "EpochOffsetResponse",
+    "FetchAnswer",
+    "FetchError",
+    "FetchErrorCode",
+    "FetchRequest",
+    "FetchResponse",
+    "FollowerReplica",
+    "FollowerState",
+    "LeaderReplica",
+    "PartitionNotification",
+    "ProtocolError",
+    "decode_epoch_offset_request",
+    "decode_epoch_offset_response",
+    "decode_fetch_error",
+    "decode_fetch_reply",
+    "decode_fetch_request",
+    "decode_fetch_response",
+    "decode_notification",
+    "decode_partition_notification",
+    "encode_epoch_offset_request",
+    "encode_epoch_offset_response",
+    "encode_fetch_error",
+    "encode_fetch_request",
+    "encode_fetch_response",
+    "encode_notification",
+    "encode_partition_notification",
+    "notify_subject",
+    "offset_subject",
+    "replicate_subject",
+]

@@ -1,0 +1,225 @@
+"""The partition leader's replication state: follower progress, the ISR's view, the high watermark.
+
+Offsets follow Liftbridge: the *log end offset* (LEO) is the next offset to
+write, the *high watermark* (HW) is the offset of the last committed message
+(-1 when none). A follower's fetch for ``offset`` says it holds everything
+below ``offset``, so its LEO is ``offset``.
+
+Rules (seed 000, seed 003, seed 004):
+- HW = min(LEO of every ISR member) - 1, and it never moves backwards while
+  this replica leads. The leader's own LEO counts; so with an ISR of one,
+  written is committed.
+- A follower in the ISR is removed when it has not been caught up (fetched
+  at or past the leader's LEO) for ``max_lag_ns``, or, when
+  ``max_lag_messages`` > 0, when it is further behind than that. A follower
+  outside the ISR is added back once it fetches at the leader's LEO.
+- ISR changes are only *proposed* here (``ProposeIsr``); the controller
+  commits them through Raft and the shell reports the committed ISR back
+  with :meth:`LeaderReplica.isr_committed`. A proposal is repeated at most
+  every ``retry_ns`` until the metadata reflects it.
+- A caught-up follower gets an empty answer and sleeps; the leader
+  remembers it as *waiting* and asks the shell to notify it
+  (``NotifyFollowers``) at the next append.
+
+Sans-IO: times come in as arguments (ns), effects go out as actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "FetchAnswer",
+    "FollowerProgress",
+    "HighWatermark",
+    "LeaderAction",
+    "LeaderReplica",
+    "NotifyFollowers",
+    "ProposeIsr",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HighWatermark:
+    """The HW advanced to ``hw``: checkpoint it, release acks and wake readers up to it."""
+
+    hw: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProposeIsr:
+    """Ask the controller for this ISR (the replica order of the partition is kept)."""
+
+    isr: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyFollowers:
+    """New data: wake these idle followers now instead of after their idle wait."""
+
+    replicas: tuple[str, ...]
+
+
+LeaderAction = HighWatermark | ProposeIsr | NotifyFollowers
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAnswer:
+    """How to answer one fetch: read from ``offset`` (nothing when ``empty``), piggyback ``hw``."""
+
+    offset: int
+    hw: int
+    leader_epoch: int
+    empty: bool
+    actions: tuple[LeaderAction, ...] = ()
+
+
+@dataclass(slots=True)
+class FollowerProgress:
+    leo: int = 0
+    last_fetch: int = 0
+    #: When the follower last fetched at (or past) the leader's LEO.
+    caught_up_at: int = 0
+    waiting: bool = False
+
+
+@dataclass(slots=True)
+class _Proposal:
+    isr: tuple[str, ...]
+    at: int
+
+
+@dataclass
+class LeaderReplica:
+    replica_id: str
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+    leader_epoch: int
+    leo: int
+    hw: int
+    now: int
+    max_lag_ns: int
+    max_lag_messages: int = 0
+    retry_ns: int = 1_000_000_000
+    followers: dict[str, FollowerProgress] = field(init=False)
+    _proposal: _Proposal | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.replica_id not in self.replicas:
+            raise ValueError(f"{self.replica_id} is not a replica of the partition ({', '.join(self.replicas)})")
+        # A new leader gives every follower a full lag window before judging it (Kafka does the same).
+        self.followers = {
+            r: FollowerProgress(leo=0, last_fetch=self.now, caught_up_at=self.now)
+            for r in self.replicas
+            if r != self.replica_id
+        }
+
+    # -- events ----------------------------------------------------------
+
+    def appended(self, leo: int, now: int) -> list[LeaderAction]:
+        """The leader wrote to its log; ``leo`` is its new log end offset."""
+        self.leo = leo
+        self.now = now
+        actions: list[LeaderAction] = []
+        waiting = tuple(r for r, p in self.followers.items() if p.waiting and p.leo < leo)
+        for r in waiting:
+            self.followers[r].waiting = False
+        if waiting:
+            actions.append(NotifyFollowers(waiting))
+        actions.extend(self._advance_hw())
+        return actions
+
+    def fetch(self, follower: str, offset: int, follower_epoch: int, now: int) -> FetchAnswer:
+        """A follower asks for data from ``offset`` (so it holds everything below).
+
+        Raises ValueError for a replica that is not a follower, or an offset past the LEO
+        (the follower's log diverged: it must truncate by epoch first).
+        """
+        progress = self.followers.get(follower)
+        if progress is None:
+            raise ValueError(f"{follower} is not a follower of this partition")
+        if offset > self.leo:
+            raise ValueError(f"fetch offset {offset} is past the log end offset {self.leo}")
+        self.now = now
+        progress.leo = offset
+        progress.last_fetch = now
+        caught_up = offset >= self.leo
+        if caught_up:
+            progress.caught_up_at = now
+        progress.waiting = caught_up
+        actions = list(self._advance_hw())
+        if caught_up and follower not in self.isr and follower_epoch == self.leader_epoch:
+            actions.extend(self._propose(self._with(follower), f"{follower} caught up at offset {offset}"))
+        return FetchAnswer(offset, self.hw, self.leader_epoch, empty=caught_up, actions=tuple(actions))
+
+    def tick(self, now: int) -> list[LeaderAction]:
+        """Check followers' lag; propose removing those that fell behind."""
+        self.now = now
+        lagging = []
+        for r in self.isr:
+            if r == self.replica_id:
+                continue
+            p = self.followers[r]
+            if now - p.caught_up_at > self.max_lag_ns:
+                lagging.append((r, f"{r} not caught up for {(now - p.caught_up_at) // 1_000_000} ms"))
+            elif self.max_lag_messages and self.leo - p.leo > self.max_lag_messages:
+                lagging.append((r, f"{r} is {self.leo - p.leo} messages behind"))
+        if not lagging:
+            return self._retry()
+        isr = tuple(r for r in self.isr if r not in {r for r, _ in lagging})
+        return self._propose(isr, "; ".join(reason for _, reason in lagging))
+
+    def isr_committed(self, isr: tuple[str, ...], now: int) -> list[LeaderAction]:
+        """The controller committed ``isr`` for this partition (it may differ from what was proposed)."""
+        self.now = now
+        if set(isr) != set(self.isr):
+            for r in set(isr) - set(self.isr):
+                if r in self.followers:
+                    # Just admitted: its lag window starts now, not at its last catch-up.
+                    self.followers[r].caught_up_at = max(self.followers[r].caught_up_at, now)
+        self.isr = isr
+        if self._proposal is not None and set(self._proposal.isr) == set(isr):
+            self._proposal = None
+        return self._advance_hw()
+
+    # -- queries ---------------------------------------------------------
+
+    def lag(self, replica: str) -> int:
+        """Messages ``replica`` is behind the leader (0 for the leader)."""
+        if replica == self.replica_id:
+            return 0
+        return self.leo - self.followers[replica].leo
+
+    # -- helpers ---------------------------------------------------------
+
+    def _advance_hw(self) -> list[LeaderAction]:
+        leos = [self.leo if r == self.replica_id else self.followers[r].leo for r in self.isr if r in self.replicas]
+        if self.replica_id not in self.isr:
+            leos.append(self.leo)  # a leader always counts itself
+        hw = min(leos) - 1
+        if hw > self.hw:
+            self.hw = hw
+            return [HighWatermark(hw)]
+        return []
+
+    def _with(self, replica: str) -> tuple[str, ...]:
+        members = set(self.isr) | {replica}
+        return tuple(r for r in self.replicas if r in members)
+
+    def _propose(self, isr: tuple[str, ...], reason: str) -> list[LeaderAction]:
+        p = self._proposal
+        if p is not None and p.isr == isr and self.now - p.at < self.retry_ns:
+            return []
+        self._proposal = _Proposal(isr, self.now)
+        return [ProposeIsr(isr, reason)]
+
+    def _retry(self) -> list[LeaderAction]:
+        p = self._proposal
+        if p is None or self.now - p.at < self.retry_ns:
+            return []
+        if set(p.isr) == set(self.isr):
+            self._proposal = None
+            return []
+        self._proposal = _Proposal(p.isr, self.now)
+        return [ProposeIsr(p.isr, "retrying an ISR change the metadata does not show yet")]
