@@ -15,14 +15,18 @@ from liftlog.metadata.codec import (
     encode_snapshot,
 )
 from liftlog.metadata.model import (
+    ChangeIsr,
+    ChangeLeader,
     CreateStream,
     DeleteStream,
     EventTimestamps,
     Metadata,
     Operation,
     PartitionMeta,
+    PartitionState,
     RegisterServer,
     ServerMeta,
+    SetPartitionState,
     SetPaused,
     SetReadonly,
     SetServerLiveness,
@@ -80,6 +84,10 @@ def operations() -> list[Operation]:
         SetReadonly("orders", (0,), True, 400),
         SetPaused("orders", (), False, 500),
         SetServerLiveness("s2", True, 600),
+        ChangeIsr("orders", 0, ("s0", "s1", "s2"), 3),
+        SetPartitionState("orders", 0, PartitionState.ELECTION, "", 4),
+        SetPartitionState("orders", 0, PartitionState.CANDIDATE_FOUND, "s1", 5),
+        ChangeLeader("orders", 0, "s1", ("s1", "s2"), 6),
         DeleteStream("other"),
     ]
 

@@ -26,7 +26,16 @@ from liftlog.metadata import (
     validate_stream_name,
     validate_subject,
 )
-from liftlog.metadata.model import RegisterServer, ServerMeta, SetServerLiveness
+from liftlog.metadata.model import (
+    ChangeIsr,
+    ChangeLeader,
+    PartitionState,
+    RegisterServer,
+    ServerMeta,
+    SetPartitionState,
+    SetServerLiveness,
+    StaleEpochError,
+)
 
 
 def stream(name: str = "orders", subject: str = "orders", partitions: int = 2) -> StreamMeta:
@@ -223,3 +232,42 @@ def test_server_from_dict_defaults_optional_fields() -> None:
     data = {"version": 1, "servers": [{"id": "s1", "host": "h", "port": "9292"}], "streams": []}
     server = Metadata.from_dict(data).servers["s1"]
     assert server == ServerMeta("s1", "h", 9292, rack="", alive=True, liveness_changed=0)
+
+
+def replicated(partitions: int = 1) -> Metadata:
+    meta = Metadata()
+    s = StreamMeta(name="orders", subject="orders", group="", creation_timestamp=1, settings=StreamSettings())
+    for i in range(partitions):
+        s.partitions[i] = PartitionMeta(
+            "orders", i, partition_subject("orders", i), "a", ["a", "b", "c"], ["a", "b", "c"]
+        )
+    meta.apply(CreateStream(s))
+    return meta
+
+
+def test_isr_changes_need_the_current_epoch_keep_the_leader_and_replica_order() -> None:
+    meta = replicated()
+    [p] = meta.apply(ChangeIsr("orders", 0, ("c", "a"), 0))
+    assert p.isr == ["a", "c"] and p.epoch == 1 and p.leader_epoch == 0
+    with pytest.raises(StaleEpochError, match="at epoch 1, not 0"):
+        meta.apply(ChangeIsr("orders", 0, ("a",), 0))
+    with pytest.raises(InvalidStreamError, match="must keep its leader a"):
+        meta.apply(ChangeIsr("orders", 0, ("b", "c"), 1))
+    with pytest.raises(InvalidStreamError, match="x not a replica"):
+        meta.apply(ChangeIsr("orders", 0, ("a", "x"), 1))
+    assert meta.partition("orders", 0).isr == ["a", "c"]
+
+
+def test_an_election_walks_its_states_and_a_new_leader_starts_a_new_leader_epoch() -> None:
+    meta = replicated()
+    meta.apply(SetPartitionState("orders", 0, PartitionState.ELECTION, "", 0))
+    meta.apply(SetPartitionState("orders", 0, PartitionState.CANDIDATE_FOUND, "b", 1))
+    p = meta.partition("orders", 0)
+    assert (p.state, p.candidate, p.epoch) == (PartitionState.CANDIDATE_FOUND, "b", 2)
+    meta.apply(ChangeLeader("orders", 0, "b", ("c",), 2))
+    assert (p.leader, p.isr, p.leader_epoch, p.epoch) == ("b", ["b", "c"], 1, 3)
+    assert (p.state, p.candidate) == (PartitionState.ONLINE, "")
+    restored = Metadata.from_dict(meta.to_dict()).partition("orders", 0)
+    assert (restored.state, restored.leader, restored.leader_epoch) == (PartitionState.ONLINE, "b", 1)
+    meta.apply(SetPartitionState("orders", 0, PartitionState.OFFLINE, "", 3))
+    assert Metadata.from_dict(meta.to_dict()).partition("orders", 0).state is PartitionState.OFFLINE

@@ -6,6 +6,8 @@ persists it for a standalone server (issue 4 replaces that with Raft);
 """
 
 from .model import (
+    ChangeIsr,
+    ChangeLeader,
     CreateStream,
     DeleteStream,
     EventTimestamps,
@@ -16,8 +18,14 @@ from .model import (
     NoSuchStreamError,
     Operation,
     PartitionMeta,
+    PartitionState,
+    RegisterServer,
+    ServerMeta,
+    SetPartitionState,
     SetPaused,
     SetReadonly,
+    SetServerLiveness,
+    StaleEpochError,
     StreamExistsError,
     StreamMeta,
     StreamSettings,
@@ -29,6 +37,8 @@ from .placement import PlacementError, ServerInfo, place_partitions
 from .store import CorruptMetadataError, MetadataFile
 
 __all__ = [
+    "ChangeIsr",
+    "ChangeLeader",
     "CorruptMetadataError",
     "CreateStream",
     "DeleteStream",
@@ -41,10 +51,16 @@ __all__ = [
     "NoSuchStreamError",
     "Operation",
     "PartitionMeta",
+    "PartitionState",
     "PlacementError",
+    "RegisterServer",
     "ServerInfo",
+    "ServerMeta",
+    "SetPartitionState",
     "SetPaused",
     "SetReadonly",
+    "SetServerLiveness",
+    "StaleEpochError",
     "StreamExistsError",
     "StreamMeta",
     "StreamSettings",

@@ -13,12 +13,16 @@ import zlib
 from typing import Any
 
 from .model import (
+    ChangeIsr,
+    ChangeLeader,
     CreateStream,
     DeleteStream,
     Metadata,
     Operation,
+    PartitionState,
     RegisterServer,
     ServerMeta,
+    SetPartitionState,
     SetPaused,
     SetReadonly,
     SetServerLiveness,
@@ -60,6 +64,15 @@ def encode_operation(op: Operation) -> bytes:
                 "readonly": op.readonly,
                 "timestamp": op.timestamp,
             }
+        case ChangeIsr():
+            body = {"op": "change_isr", "name": op.name, "partition": op.partition, "isr": list(op.isr)}
+            body["epoch"] = op.epoch
+        case ChangeLeader():
+            body = {"op": "change_leader", "name": op.name, "partition": op.partition, "leader": op.leader}
+            body |= {"isr": list(op.isr), "epoch": op.epoch}
+        case SetPartitionState():
+            body = {"op": "set_partition_state", "name": op.name, "partition": op.partition}
+            body |= {"state": op.state.value, "candidate": op.candidate, "epoch": op.epoch}
         case _:  # pragma: no cover
             raise TypeError(f"unknown metadata operation {op!r}")
     return json.dumps(body, separators=(",", ":")).encode()
@@ -92,9 +105,33 @@ def decode_operation(data: bytes) -> Operation:
                 bool(body["readonly"]),
                 int(body["timestamp"]),
             )
+        if kind == "change_isr":
+            return ChangeIsr(str(body["name"]), int(body["partition"]), _names(body["isr"]), int(body["epoch"]))
+        if kind == "change_leader":
+            return ChangeLeader(
+                str(body["name"]),
+                int(body["partition"]),
+                str(body["leader"]),
+                _names(body["isr"]),
+                int(body["epoch"]),
+            )
+        if kind == "set_partition_state":
+            return SetPartitionState(
+                str(body["name"]),
+                int(body["partition"]),
+                PartitionState(body["state"]),
+                str(body["candidate"]),
+                int(body["epoch"]),
+            )
     except (ValueError, KeyError, TypeError) as exc:
         raise MetadataCodecError(f"malformed metadata operation: {exc}") from exc
     raise MetadataCodecError(f"unknown metadata operation {kind!r}")
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of server ids, got {type(value).__name__}")
+    return tuple(str(v) for v in value)
 
 
 def encode_snapshot(metadata: Metadata) -> bytes:

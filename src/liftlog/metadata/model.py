@@ -15,6 +15,7 @@ Not safe to share between threads; the server uses it from its event loop.
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,17 @@ class NoSuchPartitionError(MetadataError):
         self.name = name
         self.partition = partition
         super().__init__(f"no such partition: stream {name!r} has no partition {partition}")
+
+
+class StaleEpochError(MetadataError):
+    """A partition change was based on an older partition epoch than the committed one."""
+
+    def __init__(self, name: str, partition: int, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"partition {name}/{partition} is at epoch {actual}, not {expected}: the change was based on stale metadata"
+        )
 
 
 class InvalidStreamError(MetadataError):
@@ -176,6 +188,15 @@ class ServerMeta:
         )
 
 
+class PartitionState(enum.StrEnum):
+    """Where a partition is in leader election (seed 002)."""
+
+    ONLINE = "online"
+    ELECTION = "election"
+    CANDIDATE_FOUND = "candidate-found"
+    OFFLINE = "offline"
+
+
 @dataclass(slots=True)
 class PartitionMeta:
     stream: str
@@ -191,9 +212,14 @@ class PartitionMeta:
     readonly: bool = False
     pause_timestamps: EventTimestamps = EventTimestamps()
     readonly_timestamps: EventTimestamps = EventTimestamps()
+    state: PartitionState = PartitionState.ONLINE
+    #: The replica asked to take over while ``state`` is CANDIDATE_FOUND.
+    candidate: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "state": self.state.value,
+            "candidate": self.candidate,
             "id": self.id,
             "subject": self.subject,
             "leader": self.leader,
@@ -218,6 +244,8 @@ class PartitionMeta:
             isr=[str(r) for r in data["isr"]],
             leader_epoch=int(data.get("leader_epoch", 0)),
             epoch=int(data.get("epoch", 0)),
+            state=PartitionState(data.get("state", PartitionState.ONLINE.value)),
+            candidate=str(data.get("candidate", "")),
             paused=bool(data.get("paused", False)),
             readonly=bool(data.get("readonly", False)),
             pause_timestamps=EventTimestamps(*data.get("pause_timestamps", (0, 0))),
@@ -309,7 +337,49 @@ class SetServerLiveness:
     timestamp: int
 
 
-Operation = RegisterServer | SetServerLiveness | CreateStream | DeleteStream | SetPaused | SetReadonly
+@dataclass(frozen=True, slots=True)
+class ChangeIsr:
+    """The partition leader's new ISR, valid only at partition ``epoch`` (else StaleEpochError)."""
+
+    name: str
+    partition: int
+    isr: tuple[str, ...]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeLeader:
+    """A new leader (and ISR) for the partition, from the controller; starts a new leader epoch."""
+
+    name: str
+    partition: int
+    leader: str
+    isr: tuple[str, ...]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetPartitionState:
+    """An election step: ``candidate`` is asked to take over when ``state`` is CANDIDATE_FOUND."""
+
+    name: str
+    partition: int
+    state: PartitionState
+    candidate: str
+    epoch: int
+
+
+Operation = (
+    RegisterServer
+    | SetServerLiveness
+    | CreateStream
+    | DeleteStream
+    | SetPaused
+    | SetReadonly
+    | ChangeIsr
+    | ChangeLeader
+    | SetPartitionState
+)
 
 
 class Metadata:
@@ -382,7 +452,47 @@ class Metadata:
                     p.readonly = op.readonly
                     p.readonly_timestamps = p.readonly_timestamps.record(op.timestamp)
                 return changed
+            case ChangeIsr():
+                p = self._at_epoch(op.name, op.partition, op.epoch)
+                self._check_members(p, op.isr)
+                if p.leader not in op.isr:
+                    raise InvalidStreamError(f"the ISR of {op.name}/{op.partition} must keep its leader {p.leader}")
+                p.isr = [r for r in p.replicas if r in op.isr]
+                p.epoch += 1
+                return [p]
+            case ChangeLeader():
+                p = self._at_epoch(op.name, op.partition, op.epoch)
+                self._check_members(p, (op.leader, *op.isr))
+                p.leader = op.leader
+                p.isr = [r for r in p.replicas if r in op.isr or r == op.leader]
+                p.leader_epoch += 1
+                p.epoch += 1
+                p.state = PartitionState.ONLINE
+                p.candidate = ""
+                return [p]
+            case SetPartitionState():
+                p = self._at_epoch(op.name, op.partition, op.epoch)
+                if op.candidate:
+                    self._check_members(p, (op.candidate,))
+                p.state = op.state
+                p.candidate = op.candidate
+                p.epoch += 1
+                return [p]
         raise TypeError(f"unknown metadata operation {op!r}")  # pragma: no cover
+
+    def _at_epoch(self, name: str, partition: int, epoch: int) -> PartitionMeta:
+        p = self.partition(name, partition)
+        if p.epoch != epoch:
+            raise StaleEpochError(name, partition, epoch, p.epoch)
+        return p
+
+    @staticmethod
+    def _check_members(p: PartitionMeta, members: tuple[str, ...]) -> None:
+        strangers = [m for m in members if m not in p.replicas]
+        if strangers:
+            raise InvalidStreamError(
+                f"{', '.join(strangers)} not a replica of {p.stream}/{p.id} ({', '.join(p.replicas)})"
+            )
 
     @staticmethod
     def _targets(stream: StreamMeta, partitions: tuple[int, ...]) -> list[PartitionMeta]:
