@@ -175,6 +175,7 @@ def test_json(fake: tuple[FakeCluster, str]) -> None:
         "applied_index": 118,
         "stream_count": 3,
         "partition_count": 9,
+        "attention": [],
     }
     assert [s["id"] for s in obj["servers"]] == ["a", "b", "c"]  # sorted by id, like the table
     assert obj["servers"][2] == {
@@ -233,3 +234,35 @@ def test_server_without_the_cluster_api_is_one_error_line() -> None:
     finally:
         server.stop(None)
     assert "does not offer liftlog's cluster API" in line and "Liftbridge" in line
+
+
+def test_partitions_needing_attention_get_their_own_table_and_json(fake: tuple[FakeCluster, str]) -> None:
+    servicer, address = fake
+    assert "needing attention" not in invoke("cluster", "status", "-a", address, env=WIDE).stdout  # all well
+    servicer.response.attention.add(
+        stream="orders", partition=2, state="candidate-found", leader="a", candidate="c", replicas=["a", "b", "c"],
+        isr=["b", "c"],
+    )  # fmt: skip
+    servicer.response.attention.add(
+        stream="logs", partition=0, state="online", leader="b", replicas=["b", "c"], isr=["b"]
+    )
+    out = invoke("cluster", "status", "-a", address, env=WIDE).stdout
+    lines = out.splitlines()
+    title = next(i for i, line in enumerate(lines) if "Partitions needing attention" in line)
+    rows = [line.split() for line in lines[title + 3 :] if line.strip() and not line.strip().startswith("─")]
+    assert rows == [
+        ["orders", "2", "candidate-found", "(c)", "a", "b,c", "a,b,c"],
+        ["logs", "0", "online", "b", "b", "b,c"],
+    ]
+    report = json.loads(invoke("cluster", "status", "--json", "-a", address).stdout)
+    assert report["attention"][0] == {
+        "stream": "orders",
+        "partition": 2,
+        "state": "candidate-found",
+        "leader": "a",
+        "candidate": "c",
+        "replicas": ["a", "b", "c"],
+        "isr": ["b", "c"],
+    }
+    status = ClusterStatus.from_proto(servicer.response)
+    assert [p.under_replicated for p in status.attention] == [True, True]

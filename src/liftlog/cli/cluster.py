@@ -85,6 +85,20 @@ def status_table(status: ClusterStatus) -> Table:
     return table
 
 
+def attention_table(status: ClusterStatus) -> Table:
+    """Partitions not online or under-replicated, so an operator sees at once what to look at."""
+    table = Table(title="Partitions needing attention", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for heading in ("STREAM", "PART.", "STATE", "LEADER", "ISR", "REPLICAS"):
+        table.add_column(heading, overflow="fold")
+    for p in status.attention:
+        state = Text(p.state, style="red" if p.state == "offline" else "yellow" if p.state != "online" else "")
+        if p.candidate:
+            state.append(f" ({p.candidate})")
+        isr = Text(",".join(p.isr), style="yellow" if p.under_replicated else "")
+        table.add_row(Text(p.stream), str(p.partition), state, Text(p.leader), isr, Text(",".join(p.replicas)))
+    return table
+
+
 def status_json(status: ClusterStatus) -> str:
     """One JSON object with the fields of :class:`~liftlog.client.ClusterStatus`, servers sorted by id."""
     obj: dict[str, Any] = dataclasses.asdict(status)
@@ -124,3 +138,5 @@ def status(as_json: bool) -> None:
     console = out_console()
     console.print(status_summary(result), soft_wrap=True)
     console.print(status_table(result))
+    if result.attention:
+        console.print(attention_table(result))

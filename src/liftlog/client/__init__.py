@@ -23,7 +23,7 @@ directly), ``types`` (the values returned) and ``errors``.
 """
 
 from liftlog.client.client import Client
-from liftlog.client.cluster import ClusterStatus, ServerStatus
+from liftlog.client.cluster import ClusterStatus, PartitionStatus, ServerStatus
 from liftlog.client.errors import (
     AckTimeoutError,
     ClientClosedError,
@@ -90,6 +90,7 @@ __all__ = [
     "NotLeaderError",
     "PartitionInfo",
     "PartitionPausedError",
+    "PartitionStatus",
     "PermissionDeniedError",
     "PublishAsyncFailed",
     "ReadonlyError",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from liftlog.api import cluster_pb2
 from liftlog.client.errors import UnimplementedError
 
-__all__ = ["ClusterStatus", "ServerStatus", "not_offered"]
+__all__ = ["ClusterStatus", "PartitionStatus", "ServerStatus", "not_offered"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,27 @@ class ServerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    """A partition that needs attention: ``state`` is not "online", or ``isr`` is smaller than ``replicas``."""
+
+    stream: str
+    partition: int
+    state: str
+    leader: str
+    candidate: str
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.isr) < len(self.replicas)
+
+    @classmethod
+    def from_proto(cls, p: cluster_pb2.PartitionStatus) -> PartitionStatus:
+        return cls(p.stream, p.partition, p.state, p.leader, p.candidate, tuple(p.replicas), tuple(p.isr))
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterStatus:
     """The cluster as one server (``server_id``) sees it.
 
@@ -68,7 +89,8 @@ class ClusterStatus:
     knows of none (no quorum, or an election in progress). ``term``,
     ``commit_index`` and ``applied_index`` are the answering server's Raft
     state: an applied index lagging the commit index means its view is behind.
-    ``servers`` keeps the order the server sent.
+    ``servers`` keeps the order the server sent; ``attention`` lists the
+    partitions that are not online or are under-replicated.
     """
 
     server_id: str
@@ -79,6 +101,7 @@ class ClusterStatus:
     servers: tuple[ServerStatus, ...]
     stream_count: int
     partition_count: int
+    attention: tuple[PartitionStatus, ...] = ()
 
     def server(self, id: str) -> ServerStatus | None:
         """The server with this id, or None."""
@@ -99,6 +122,7 @@ class ClusterStatus:
             tuple(ServerStatus.from_proto(s) for s in resp.servers),
             resp.streamCount,
             resp.partitionCount,
+            tuple(PartitionStatus.from_proto(p) for p in resp.attention),
         )
 
 

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from liftlog.api import cluster_pb2, cluster_pb2_grpc
+from liftlog.metadata import PartitionState
 
 from .cluster import MetadataService
 from .streams import StreamManager
@@ -41,6 +42,20 @@ class ClusterStatusService(cluster_pb2_grpc.ClusterServicer):
             streamCount=len(metadata.streams),
             partitionCount=partitions,
         )
+        for stream in sorted(metadata.streams.values(), key=lambda s: s.name):
+            for p in stream.partitions.values():
+                if p.state is not PartitionState.ONLINE or len(p.isr) < len(p.replicas):
+                    out.attention.append(
+                        cluster_pb2.PartitionStatus(
+                            stream=stream.name,
+                            partition=p.id,
+                            state=p.state.value,
+                            leader=p.leader,
+                            candidate=p.candidate,
+                            replicas=p.replicas,
+                            isr=p.isr,
+                        )
+                    )
         for server in sorted(metadata.servers.values(), key=lambda s: s.id):
             out.servers.append(
                 cluster_pb2.ServerStatus(

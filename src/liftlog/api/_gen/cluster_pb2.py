@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcluster.proto\x12\x07liftlog\"\x16\n\x14\x43lusterStatusRequest\"\xbc\x01\n\x0cServerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x17\n\x0flivenessChanged\x18\x06 \x01(\x03\x12\r\n\x05voter\x18\x07 \x01(\x08\x12\x12\n\ncontroller\x18\x08 \x01(\x08\x12\x16\n\x0epartitionCount\x18\t \x01(\x05\x12\x13\n\x0bleaderCount\x18\n \x01(\x05\"\xcb\x01\n\x15\x43lusterStatusResponse\x12\x10\n\x08serverId\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ommitIndex\x18\x04 \x01(\x04\x12\x14\n\x0c\x61ppliedIndex\x18\x05 \x01(\x04\x12&\n\x07servers\x18\x06 \x03(\x0b\x32\x15.liftlog.ServerStatus\x12\x13\n\x0bstreamCount\x18\x07 \x01(\x05\x12\x16\n\x0epartitionCount\x18\x08 \x01(\x05\x32T\n\x07\x43luster\x12I\n\x06Status\x12\x1d.liftlog.ClusterStatusRequest\x1a\x1e.liftlog.ClusterStatusResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcluster.proto\x12\x07liftlog\"\x16\n\x14\x43lusterStatusRequest\"\xbc\x01\n\x0cServerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x17\n\x0flivenessChanged\x18\x06 \x01(\x03\x12\r\n\x05voter\x18\x07 \x01(\x08\x12\x12\n\ncontroller\x18\x08 \x01(\x08\x12\x16\n\x0epartitionCount\x18\t \x01(\x05\x12\x13\n\x0bleaderCount\x18\n \x01(\x05\"\x85\x01\n\x0fPartitionStatus\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\x11\n\tcandidate\x18\x05 \x01(\t\x12\x10\n\x08replicas\x18\x06 \x03(\t\x12\x0b\n\x03isr\x18\x07 \x03(\t\"\xf8\x01\n\x15\x43lusterStatusResponse\x12\x10\n\x08serverId\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ommitIndex\x18\x04 \x01(\x04\x12\x14\n\x0c\x61ppliedIndex\x18\x05 \x01(\x04\x12&\n\x07servers\x18\x06 \x03(\x0b\x32\x15.liftlog.ServerStatus\x12\x13\n\x0bstreamCount\x18\x07 \x01(\x05\x12\x16\n\x0epartitionCount\x18\x08 \x01(\x05\x12+\n\tattention\x18\t \x03(\x0b\x32\x18.liftlog.PartitionStatus2T\n\x07\x43luster\x12I\n\x06Status\x12\x1d.liftlog.ClusterStatusRequest\x1a\x1e.liftlog.ClusterStatusResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERSTATUSREQUEST']._serialized_end=48
   _globals['_SERVERSTATUS']._serialized_start=51
   _globals['_SERVERSTATUS']._serialized_end=239
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=242
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=445
-  _globals['_CLUSTER']._serialized_start=447
-  _globals['_CLUSTER']._serialized_end=531
+  _globals['_PARTITIONSTATUS']._serialized_start=242
+  _globals['_PARTITIONSTATUS']._serialized_end=375
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=378
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=626
+  _globals['_CLUSTER']._serialized_start=628
+  _globals['_CLUSTER']._serialized_end=712
 # @@protoc_insertion_point(module_scope)

@@ -34,8 +34,26 @@ class ServerStatus(_message.Message):
     leaderCount: int
     def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., alive: _Optional[bool] = ..., livenessChanged: _Optional[int] = ..., voter: _Optional[bool] = ..., controller: _Optional[bool] = ..., partitionCount: _Optional[int] = ..., leaderCount: _Optional[int] = ...) -> None: ...
 
+class PartitionStatus(_message.Message):
+    __slots__ = ("stream", "partition", "state", "leader", "candidate", "replicas", "isr")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    state: str
+    leader: str
+    candidate: str
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    isr: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., candidate: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount")
+    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention")
     SERVERID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +62,7 @@ class ClusterStatusResponse(_message.Message):
     SERVERS_FIELD_NUMBER: _ClassVar[int]
     STREAMCOUNT_FIELD_NUMBER: _ClassVar[int]
     PARTITIONCOUNT_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
     serverId: str
     controller: str
     term: int
@@ -52,4 +71,5 @@ class ClusterStatusResponse(_message.Message):
     servers: _containers.RepeatedCompositeFieldContainer[ServerStatus]
     streamCount: int
     partitionCount: int
-    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ...) -> None: ...
+    attention: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
+    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
