@@ -346,3 +346,27 @@ async def test_the_client_routes_to_each_partition_leader_from_any_server(cluste
                 "spread", partition=pid, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
             )
             assert [m.value async for m in sub] == [b"p%d-%d" % (pid, i) for i in range(3)]
+
+
+def test_a_publish_right_after_creation_through_another_server_is_not_lost(cluster: Cluster) -> None:
+    # The leader's NATS subscription must be in place before CreateStream returns, even when the publish
+    # then travels over another server's NATS connection. It is, because the leader's "reconciled" answer
+    # leaves on its connection after its SUB, and nats-server handles one connection's commands in order.
+    cluster.add("a", "seed").start()
+    cluster.add("b", None).start()
+    formed(cluster, {"a", "b"})
+    a, b = cluster.servers["a"].address, cluster.servers["b"].address
+    names = [f"fresh-{i}" for i in range(12)]
+    for name in names:
+        create(b, name)
+        leader = agreed(cluster, name)[name][0][0]
+        other = b if leader == "a" else a
+        rpc(other, "Publish", api_pb2.PublishRequest(stream=name, value=b"first", ackPolicy=api_pb2.NONE))
+    for name in names:
+        address = cluster.servers[agreed(cluster, name)[name][0][0]].address
+        request = api_pb2.FetchPartitionMetadataRequest(stream=name, partition=0)
+
+        def first_stored(address: str = address, request: Any = request) -> bool:
+            return bool(rpc(address, "FetchPartitionMetadata", request).metadata.newestOffset == 0)
+
+        eventually(first_stored, 10, f"the first message of {name}")
