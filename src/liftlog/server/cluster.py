@@ -43,6 +43,7 @@ from liftlog.metadata import (
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
 from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
 from liftlog.metadata.model import (
+    ChangeIsr,
     DeleteStream,
     Operation,
     RegisterServer,
@@ -277,12 +278,20 @@ class MetadataService:
             leader = self.raft.leader_id
             try:
                 if leader == self.server_id:
-                    index = await self._lead(body)
+                    # Bounded: a leader that lost its quorum keeps the proposal pending until someone commits.
+                    index = await asyncio.wait_for(self._lead(body), max(deadline - loop.time(), 0.1))
                 elif leader is not None:
                     index = await self._forward(leader, body, deadline - loop.time())
                 else:
                     raise _NotLeaderReply()
-            except (_NotLeaderReply, NotLeader, ProposalDropped, NoRespondersError, NatsTimeoutError) as exc:
+            except (
+                _NotLeaderReply,
+                NotLeader,
+                ProposalDropped,
+                NoRespondersError,
+                NatsTimeoutError,
+                TimeoutError,
+            ) as exc:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise NoMetadataLeaderError() from exc
@@ -315,8 +324,8 @@ class MetadataService:
             if not self.raft.is_leader:
                 answer: dict[str, Any] = {"error": {"kind": "not_leader"}}
             else:
-                answer = {"index": await self._lead(body)}
-        except (NotLeader, ProposalDropped):
+                answer = {"index": await asyncio.wait_for(self._lead(body), CHANGE_TIMEOUT_S)}
+        except (NotLeader, ProposalDropped, TimeoutError):
             answer = {"error": {"kind": "not_leader"}}
         except MetadataError as exc:
             answer = {"error": _error_to_dict(exc)}
@@ -354,6 +363,9 @@ class MetadataService:
         if kind == "readonly":
             partitions = tuple(int(p) for p in body.get("partitions", ()))
             return SetReadonly(str(body["name"]), partitions, bool(body["readonly"]), now)
+        if kind == "change_isr":
+            isr = tuple(str(r) for r in body["isr"])
+            return ChangeIsr(str(body["name"]), int(body["partition"]), isr, int(body["epoch"]))
         if kind == "register_server":
             return RegisterServer(ServerMeta.from_dict(body["server"]), now)
         raise MetadataError(f"unknown metadata change {kind!r}")
