@@ -329,6 +329,15 @@ class ApiService(api_pb2_grpc.APIServicer):
                 await self._cluster.resume(req.stream, req.partition)
             # Any server may publish: the message goes to the partition's subject, the leader acks.
             occ = self._streams.occ_enabled(req.stream)
+            min_isr = self._streams.min_isr(req.stream)
+            if req.ackPolicy == api_pb2.ALL and len(meta.isr) < min_isr:
+                raise RpcFailure(
+                    Code.FAILED_PRECONDITION,
+                    Reason.INTERNAL,
+                    f"partition {req.stream}/{req.partition} has {len(meta.isr)} in-sync replicas "
+                    f"({', '.join(meta.isr)}), fewer than min.insync.replicas {min_isr}: "
+                    "ack ALL cannot be promised",
+                )
         except MetadataError as exc:
             raise failure_from(exc) from exc
         self._check_size(req)

@@ -23,12 +23,14 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from liftlog.api import api_pb2
 from liftlog.metadata import EventTimestamps, PartitionMeta
+from liftlog.replication.follower import FollowerReplica
+from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
 from liftlog.storage import CommitLog, LogConfig, RecordTooLarge, StorageError
 
 from .messages import Incoming, incoming_from_nats, record_size
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: Sends an Ack to its inbox (locally or over NATS). Must not block.
 AckSink = Callable[[api_pb2.Ack], None]
+#: Carries out a leader's ISR proposals and follower notifications (server-level work). Must not block.
+LeaderActionSink = Callable[["Partition", Sequence[LeaderAction]], None]
 
 
 class PartitionClosed(Exception):
@@ -62,6 +66,7 @@ class PartitionOptions:
         "batch_max",
         "cleaner_interval_ns",
         "log_config",
+        "min_isr",
         "occ",
     )
 
@@ -74,8 +79,10 @@ class PartitionOptions:
         auto_pause_ns: int = 0,
         auto_pause_disable_if_subscribers: bool = False,
         cleaner_interval_ns: int = 300 * 1_000_000_000,
+        min_isr: int = 1,
     ) -> None:
         self.log_config = log_config
+        self.min_isr = min_isr
         self.cleaner_interval_ns = cleaner_interval_ns
         self.occ = occ
         self.batch_max = batch_max
@@ -120,6 +127,10 @@ class Partition:
         # What a closed (paused) partition reports in its metadata.
         self._closed_hw = -1
         self._closed_newest = -1
+        #: Replication state of this replica's role: at most one is set.
+        self.leader: LeaderReplica | None = None
+        self.follower: FollowerReplica | None = None
+        self.leader_actions: LeaderActionSink | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -155,6 +166,9 @@ class Partition:
     async def close(self, reason: str) -> None:
         """Stop intake, close the log (checkpointing the HW) and end every reader."""
         await self.stop_intake()
+        self.leader = None
+        self.follower = None
+        self.fail_commit_waiters(reason)
         self._closed_reason = reason
         self.wake_readers()
         if self.log is not None:
@@ -198,6 +212,9 @@ class Partition:
                 rejected.append((item, api_pb2.Ack.INCORRECT_OFFSET))
             elif len(item.record.value) > max_bytes and record_size(item.record) > max_bytes:
                 rejected.append((item, api_pb2.Ack.TOO_LARGE))
+            elif item.ack_policy == api_pb2.ALL and self.under_min_isr:
+                # Acknowledging it as committed with too few copies would promise what we cannot keep.
+                rejected.append((item, api_pb2.Ack.UNKNOWN))
             else:
                 accepted.append(item)
                 next_offset += 1
@@ -222,9 +239,96 @@ class Partition:
             self._written(item, offset, now)
         for item, error in rejected:
             self._refused(item, error, now)
-        if log_.newest_offset >= base:
-            # One replica: written means committed. Replication (issue 5) moves this to the ISR's acks.
-            self.set_high_watermark(log_.newest_offset)
+        if log_.log_end_offset > base:
+            self._log_grew(now)
+        if rejected and self.under_min_isr:
+            log.warning(
+                "%s: refused %d ack-ALL messages: %d in-sync replicas, min.insync.replicas is %d",
+                self,
+                len(rejected),
+                len(self.leader.isr) if self.leader else 0,
+                self.options.min_isr,
+            )
+
+    @property
+    def under_min_isr(self) -> bool:
+        return self.leader is not None and len(self.leader.isr) < self.options.min_isr
+
+    def _log_grew(self, now: int) -> None:
+        assert self.log is not None
+        if self.leader is None:
+            # Not replicated (no role yet, as in unit tests): written means committed.
+            self.set_high_watermark(self.log.newest_offset)
+            return
+        self._leader_did(self.leader.appended(self.log.log_end_offset, now))
+
+    # -- replication: leader side ---------------------------------------
+
+    def become_leader(self, server_id: str, now: int, *, max_lag_ns: int, max_lag_messages: int = 0) -> None:
+        """Lead from the current metadata: record the new leader epoch at the LEO, then track followers."""
+        assert self.log is not None
+        meta = self.meta
+        self.follower = None
+        self.log.epoch_cache.assign(meta.leader_epoch, self.log.log_end_offset)
+        self.leader = LeaderReplica(
+            server_id,
+            tuple(meta.replicas),
+            tuple(meta.isr),
+            meta.leader_epoch,
+            self.log.log_end_offset,
+            self.log.high_watermark,
+            now,
+            max_lag_ns,
+            max_lag_messages,
+        )
+        self._leader_did(self.leader.isr_committed(tuple(meta.isr), now))
+
+    def serve_fetch(self, follower: str, offset: int, epoch: int, max_bytes: int) -> tuple[FetchAnswer, bytes]:
+        """A follower's fetch: what to answer and the raw batches (empty when it is caught up)."""
+        assert self.leader is not None and self.log is not None
+        answer = self.leader.fetch(follower, offset, epoch, self._clock())
+        data = b"" if answer.empty else self.log.read_raw(offset, max_bytes)
+        self._leader_did(list(answer.actions))
+        return answer, data
+
+    def epoch_end(self, epoch: int) -> tuple[int, int]:
+        """(largest epoch <= ``epoch`` in this log, where it ends), for a follower about to truncate."""
+        assert self.log is not None
+        return self.log.epoch_cache.end_offset_for(epoch, self.log.log_end_offset)
+
+    def leader_tick(self, now: int) -> None:
+        if self.leader is not None:
+            self._leader_did(self.leader.tick(now))
+
+    def isr_committed(self, now: int) -> None:
+        """The metadata's ISR changed (``self.meta`` is current)."""
+        if self.leader is not None:
+            self._leader_did(self.leader.isr_committed(tuple(self.meta.isr), now))
+
+    def _leader_did(self, actions: list[LeaderAction]) -> None:
+        rest: list[LeaderAction] = []
+        for action in actions:
+            if isinstance(action, HighWatermark):
+                self.set_high_watermark(action.hw)
+            else:
+                rest.append(action)
+        if rest and self.leader_actions is not None:
+            self.leader_actions(self, rest)
+
+    def become_follower(self) -> None:
+        """Stop leading; the replicator sets ``follower`` when it starts fetching."""
+        self.leader = None
+        self.fail_commit_waiters("the partition has a new leader")
+
+    def fail_commit_waiters(self, reason: str) -> None:
+        """Acks waiting for a commit this replica can no longer make: tell their publishers."""
+        waiters, self._commit_waiters = self._commit_waiters, deque()
+        for ack in waiters:
+            ack.ackError = api_pb2.Ack.UNKNOWN
+            ack.offset = -1
+            self._ack_sink(ack)
+        if waiters:
+            log.warning("%s: %d ack-ALL messages not acknowledged: %s", self, len(waiters), reason)
 
     def _append_one_by_one(self, items: list[Incoming], now: int) -> None:
         assert self.log is not None

@@ -47,6 +47,8 @@ from .config import ServerConfig
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
 from .metadata_raft import RaftSettings
+from .partition import Partition
+from .replicator import Replicator, ReplicatorSettings
 from .streams import StreamManager
 
 __all__ = ["Server"]
@@ -73,6 +75,7 @@ class Server:
         self._acks: AckRouter | None = None
         self.streams: StreamManager | None = None
         self.cluster: MetadataService | None = None
+        self.replicator: Replicator | None = None
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
@@ -102,6 +105,7 @@ class Server:
                 clock=self._clock,
             )
             await self.streams.start(self._nc)
+            await self._start_replicator()
             self._create_metadata()
             self._bind_grpc()  # the port the metadata advertises
             await self._start_metadata()
@@ -219,6 +223,54 @@ class Server:
         if c.raft_bootstrap_seed or (self.config.nats.embedded and not c.raft_bootstrap_seed):
             return (self.server_id,)
         return ()
+
+    async def _start_replicator(self) -> None:
+        assert self.streams is not None
+        c = self.config.clustering
+        self.replicator = Replicator(
+            server_id=self.server_id,
+            namespace=c.namespace,
+            settings=ReplicatorSettings(
+                max_lag_ns=c.replica_max_lag_time * 1_000_000,
+                idle_wait_s=c.replica_max_idle_wait / 1000,
+                fetch_timeout_s=c.replica_fetch_timeout / 1000,
+                leader_timeout_ns=c.replica_max_leader_timeout * 1_000_000,
+                max_bytes=c.replication_max_bytes,
+            ),
+            propose_isr=self._propose_isr,
+            report_leader=self._report_leader,
+            clock=self._clock,
+        )
+        await self.replicator.start(self._nc)
+        self.streams.replicator = self.replicator
+        self.streams.min_isr_default = c.min_insync_replicas
+
+    async def _propose_isr(self, part: Partition, isr: tuple[str, ...], reason: str) -> None:
+        if self.cluster is None:
+            return
+        body = {"kind": "change_isr", "name": part.stream, "partition": part.id, "isr": list(isr)}
+        body["epoch"] = part.meta.epoch
+        try:
+            await self.cluster.request(body)
+        except Exception as exc:  # a newer epoch, no controller: the leader proposes again later
+            log.info("%s: ISR change to %s not applied: %s", part, ",".join(isr), exc)
+
+    async def _report_leader(self, part: Partition, report: Any) -> None:
+        if self.cluster is None:
+            return
+        body = {
+            "kind": "report_leader",
+            "name": part.stream,
+            "partition": part.id,
+            "reporter": self.server_id,
+            "leader": report.leader,
+            "epoch": part.meta.epoch,
+            "leader_epoch": report.leader_epoch,
+        }
+        try:
+            await self.cluster.request(body)
+        except Exception as exc:
+            log.info("%s: reporting leader %s failed: %s", part, report.leader, exc)
 
     def _fail(self, exc: BaseException) -> None:
         self.failure = f"the metadata Raft group stopped on this server: {exc}"
@@ -357,6 +409,13 @@ class Server:
             # Each partition has its own cleaner interval (streams.cleaner.interval or the stream's).
             loop.create_task(self._every(1.0, streams.clean), name="cleaner"),
         ]
+        replicator = self.replicator
+        if replicator is not None:
+
+            async def judge_followers() -> None:
+                replicator.tick()
+
+            self._tasks.append(loop.create_task(self._every(1.0, judge_followers), name="isr"))
         if self.config.streams.fsync_policy == "interval":
             interval = max(self.config.streams.fsync_interval / 1000, 0.01)
 
@@ -389,6 +448,9 @@ class Server:
         if self.cluster is not None:
             await self.cluster.stop()
             self.cluster = None
+        if self.replicator is not None:
+            await self.replicator.stop()
+            self.replicator = None
         if self.streams is not None:
             await self.streams.stop()
             self.streams = None

@@ -40,6 +40,7 @@ from liftlog.server.config import StreamsConfig
 from liftlog.storage import LogConfig
 
 from .partition import AckSink, Partition, PartitionOptions
+from .replicator import Replicator
 
 __all__ = ["StreamManager"]
 
@@ -55,9 +56,11 @@ class _Hosted:
 
     part: Partition
     created: int
-    leader: bool
     paused: bool
     readonly: bool
+    #: (leader, leader epoch) the replica was last set up for; None while closed.
+    role: tuple[str, int] | None = None
+    isr: tuple[str, ...] = ()
 
 
 class StreamManager:
@@ -83,11 +86,15 @@ class StreamManager:
         self.partitions: dict[tuple[str, int], Partition] = {}
         self._hosted: dict[tuple[str, int], _Hosted] = {}
         self.reconciled_index = 0
+        #: clustering.min.insync.replicas, for streams without their own minIsr.
+        self.min_isr_default = 1
         self._target_index = 0
         self._dirty = asyncio.Event()
         self._reconciled = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self.request_pause: PauseRequest | None = None
+        #: Replication of partitions with several replicas; None runs every partition unreplicated.
+        self.replicator: Replicator | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -166,6 +173,7 @@ class StreamManager:
         hosted = self._hosted.pop(key)
         self.partitions.pop(key, None)
         name, pid = key
+        await self._drop_role(hosted)
         await hosted.part.close(f"stream {name!r} was deleted")
         stream_dir = self._dir / name
         await asyncio.to_thread(shutil.rmtree, stream_dir / str(pid), True)
@@ -177,7 +185,7 @@ class StreamManager:
         await asyncio.to_thread(self._claim_stream_dir, stream)
         part = self._new_partition(stream, meta)
         key = (stream.name, meta.id)
-        hosted = _Hosted(part, stream.creation_timestamp, leader=False, paused=meta.paused, readonly=meta.readonly)
+        hosted = _Hosted(part, stream.creation_timestamp, paused=meta.paused, readonly=meta.readonly)
         self._hosted[key] = hosted
         self.partitions[key] = part
         await asyncio.to_thread(part.open_log)
@@ -185,24 +193,55 @@ class StreamManager:
             # Opened once so a paused partition reports its offsets in metadata.
             await part.close(f"partition {stream.name}/{meta.id} is paused")
         else:
-            await self._set_intake(hosted, meta)
+            await self._set_role(hosted, meta)
 
     async def _update(self, hosted: _Hosted, meta: PartitionMeta) -> None:
         part = hosted.part
         if meta.paused != hosted.paused:
             hosted.paused = meta.paused
             if meta.paused:
-                hosted.leader = False
+                await self._drop_role(hosted)
                 await part.close(f"partition {part.stream}/{part.id} was paused")
                 return
             await asyncio.to_thread(part.open_log)
         if not meta.paused:
-            await self._set_intake(hosted, meta)
+            await self._set_role(hosted, meta)
 
-    async def _set_intake(self, hosted: _Hosted, meta: PartitionMeta) -> None:
-        """Only the leader of a partition that is not readonly listens on its subject."""
+    async def _drop_role(self, hosted: _Hosted) -> None:
+        if self.replicator is not None:
+            self.replicator.unfollow(hosted.part)
+            await self.replicator.stop_leading(hosted.part)
+        hosted.role = None
+
+    async def _set_role(self, hosted: _Hosted, meta: PartitionMeta) -> None:
+        """Lead or follow as the metadata says; only a leader that is not readonly listens on its subject."""
         part = hosted.part
         leader = meta.leader == self.server_id
+        role = (meta.leader, meta.leader_epoch)
+        replicator = self.replicator
+        if replicator is not None and role != hosted.role:
+            if leader:
+                replicator.unfollow(part)
+                part.become_leader(
+                    self.server_id,
+                    self._clock(),
+                    max_lag_ns=replicator.settings.max_lag_ns,
+                    max_lag_messages=replicator.settings.max_lag_messages,
+                )
+                await replicator.lead(part)
+                log.info("%s: leading in leader epoch %d (ISR %s)", part, meta.leader_epoch, ",".join(meta.isr))
+            else:
+                await replicator.stop_leading(part)
+                if part.leader is not None:
+                    part.become_follower()
+                replicator.follow(part)
+                log.info("%s: following %s in leader epoch %d", part, meta.leader, meta.leader_epoch)
+            hosted.role = role
+            hosted.isr = tuple(meta.isr)
+        elif tuple(meta.isr) != hosted.isr:
+            hosted.isr = tuple(meta.isr)
+            if leader:
+                part.isr_committed(self._clock())
         listen = leader and not meta.readonly
         if listen and not part.accepting:
             await part.start_intake(self._nats)
@@ -210,7 +249,6 @@ class StreamManager:
             await part.stop_intake()
         if meta.readonly != hosted.readonly:
             part.wake_readers()  # readers at the end learn the partition is readonly
-        hosted.leader = leader
         hosted.readonly = meta.readonly
 
     def _claim_stream_dir(self, stream: StreamMeta) -> None:
@@ -246,6 +284,11 @@ class StreamManager:
         """Whether publishes to the stream check expectedOffset (its setting, else the server's)."""
         occ = self.metadata.stream(name).settings.optimistic_concurrency_control
         return occ if occ is not None else self._defaults.concurrency_control
+
+    def min_isr(self, name: str) -> int:
+        """In-sync replicas an ack-ALL publish needs (the stream's minIsr, else the server's)."""
+        own = self.metadata.stream(name).settings.min_isr
+        return own if own is not None else self.min_isr_default
 
     def check_settings(self, settings: StreamSettings) -> None:
         """Raise InvalidStreamError for stream settings the log would refuse."""
@@ -313,6 +356,7 @@ class StreamManager:
             auto_pause_disable_if_subscribers=s.auto_pause_disable_if_subscribers
             if s.auto_pause_disable_if_subscribers is not None
             else d.auto_pause_disable_if_subscribers,
+            min_isr=s.min_isr if s.min_isr is not None else self.min_isr_default,
         )
         return Partition(
             meta,

@@ -1,0 +1,401 @@
+"""The asyncio shell of partition replication: serving fetches, fetching, notifications, ISR proposals.
+
+Leader side: for every partition it leads, the server answers fetches on
+``<ns>.<stream>.<partition>.replicate`` and epoch questions on
+``<ns>.<stream>.<partition>.offset`` from its ``LeaderReplica``; follower
+notifications go out batched, one message per follower server, on
+``<ns>.notify.<server>``; ISR proposals go to the controller.
+
+Follower side: one fetch loop per leader server, shared by every partition
+this server follows there (seed 002). Each round sends the due partitions'
+requests at once and carries out what their ``FollowerReplica`` asks:
+truncate, append the raw batches, move the HW, sleep until the idle wait
+ends or a notification arrives.
+
+The cores decide; this module only moves bytes and calls the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from liftlog.replication.follower import (
+    Append,
+    Fetch,
+    FollowerAction,
+    FollowerReplica,
+    ReportLeader,
+    RequestEpochOffset,
+    SetHighWatermark,
+    Sleep,
+    Truncate,
+)
+from liftlog.replication.leader import LeaderAction, NotifyFollowers, ProposeIsr
+from liftlog.replication.protocol import (
+    EpochOffsetRequest,
+    EpochOffsetResponse,
+    FetchError,
+    FetchErrorCode,
+    FetchRequest,
+    ProtocolError,
+    decode_epoch_offset_request,
+    decode_epoch_offset_response,
+    decode_fetch_reply,
+    decode_fetch_request,
+    decode_notification,
+    encode_epoch_offset_request,
+    encode_epoch_offset_response,
+    encode_fetch_error,
+    encode_fetch_request,
+    encode_fetch_response,
+    encode_notification,
+    notify_subject,
+    offset_subject,
+    replicate_subject,
+)
+from liftlog.storage import StorageError
+
+from .partition import Partition
+
+__all__ = ["Replicator", "ReplicatorSettings"]
+
+log = logging.getLogger(__name__)
+
+ProposeIsrCallback = Callable[[Partition, tuple[str, ...], str], Awaitable[None]]
+ReportLeaderCallback = Callable[[Partition, ReportLeader], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatorSettings:
+    max_lag_ns: int = 15_000_000_000
+    max_lag_messages: int = 0
+    idle_wait_s: float = 10.0
+    fetch_timeout_s: float = 3.0
+    leader_timeout_ns: int = 15_000_000_000
+    max_bytes: int = 1 << 20
+    retry_s: float = 0.25
+
+
+@dataclass(slots=True)
+class _Following:
+    part: Partition
+    core: FollowerReplica
+    #: The request to send next (RequestEpochOffset or Fetch), None while asleep or in flight.
+    pending: FollowerAction | None = None
+    sleeping: bool = False
+    due: float = 0.0
+
+
+@dataclass(slots=True)
+class _Loop:
+    """Fetching from one leader server: its partitions and the task that serves them."""
+
+    leader: str
+    members: dict[tuple[str, int], _Following] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class Replicator:
+    def __init__(
+        self,
+        *,
+        server_id: str,
+        namespace: str,
+        settings: ReplicatorSettings,
+        propose_isr: ProposeIsrCallback,
+        report_leader: ReportLeaderCallback,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.server_id = server_id
+        self._ns = namespace
+        self.settings = settings
+        self._propose_isr = propose_isr
+        self._report_leader = report_leader
+        self._clock = clock
+        self._nats: Any = None
+        self._served: dict[tuple[str, int], tuple[Partition, list[Any]]] = {}
+        self._loops: dict[str, _Loop] = {}
+        self._notify_sub: Any = None
+        self._outbox: dict[str, set[tuple[str, int]]] = {}
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self, nats: Any) -> None:
+        self._nats = nats
+        self._notify_sub = await nats.subscribe(notify_subject(self._ns, self.server_id), cb=self._on_notify)
+
+    async def stop(self) -> None:
+        for loop in self._loops.values():
+            if loop.task is not None:
+                loop.task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(
+            *(lp.task for lp in self._loops.values() if lp.task is not None), *self._tasks, return_exceptions=True
+        )
+        self._loops.clear()
+        for _, subs in self._served.values():
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        self._served.clear()
+        if self._notify_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._notify_sub.unsubscribe()
+            self._notify_sub = None
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- leader side -----------------------------------------------------
+
+    async def lead(self, part: Partition) -> None:
+        """Start serving followers of ``part`` (it already has its ``leader`` core)."""
+        key = (part.stream, part.id)
+        part.leader_actions = self._on_leader_actions
+        if key in self._served:
+            return
+        subs = [
+            await self._nats.subscribe(
+                replicate_subject(self._ns, part.stream, part.id), cb=functools.partial(self._serve_fetch, part)
+            ),
+            await self._nats.subscribe(
+                offset_subject(self._ns, part.stream, part.id), cb=functools.partial(self._serve_epoch, part)
+            ),
+        ]
+        self._served[key] = (part, subs)
+
+    async def stop_leading(self, part: Partition) -> None:
+        _, subs = self._served.pop((part.stream, part.id), (part, []))
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def tick(self) -> None:
+        """Let every led partition judge its followers' lag."""
+        now = self._clock()
+        for part, _ in list(self._served.values()):
+            part.leader_tick(now)
+
+    async def _serve_fetch(self, part: Partition, msg: Any) -> None:
+        try:
+            req = decode_fetch_request(msg.data)
+        except ProtocolError as exc:
+            log.warning("malformed fetch request on %s: %s", msg.subject, exc)
+            return
+        reply = self._fetch_reply(part, req)
+        with contextlib.suppress(Exception):
+            await msg.respond(reply)
+
+    def _fetch_reply(self, part: Partition, req: FetchRequest) -> bytes:
+        leader = part.leader
+        if leader is None or part.log is None:
+            return encode_fetch_error(
+                FetchError(FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead {part.stream}/{part.id}", -1, -1)
+            )
+        if req.leader_epoch != leader.leader_epoch:
+            return encode_fetch_error(
+                FetchError(
+                    FetchErrorCode.STALE_EPOCH,
+                    f"leader epoch is {leader.leader_epoch}, not {req.leader_epoch}",
+                    leader.leader_epoch,
+                    part.log.log_start_offset,
+                )
+            )
+        if req.offset < part.log.log_start_offset or req.offset > part.log.log_end_offset:
+            return encode_fetch_error(
+                FetchError(
+                    FetchErrorCode.OFFSET_OUT_OF_RANGE,
+                    f"offset {req.offset} is outside {part.log.log_start_offset}..{part.log.log_end_offset}",
+                    leader.leader_epoch,
+                    part.log.log_start_offset,
+                )
+            )
+        try:
+            answer, data = part.serve_fetch(req.replica_id, req.offset, req.leader_epoch, self.settings.max_bytes)
+        except (ValueError, StorageError) as exc:
+            return encode_fetch_error(
+                FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), leader.leader_epoch, part.log.log_start_offset)
+            )
+        return encode_fetch_response(answer.leader_epoch, answer.hw, data)
+
+    async def _serve_epoch(self, part: Partition, msg: Any) -> None:
+        try:
+            req = decode_epoch_offset_request(msg.data)
+        except ProtocolError as exc:
+            log.warning("malformed epoch offset request on %s: %s", msg.subject, exc)
+            return
+        if part.log is None or part.leader is None:
+            epoch, end, start = -1, -1, -1
+        else:
+            epoch, end = part.epoch_end(req.leader_epoch)
+            start = part.log.log_start_offset
+        with contextlib.suppress(Exception):
+            await msg.respond(encode_epoch_offset_response(EpochOffsetResponse(epoch, end, start)))
+
+    def _on_leader_actions(self, part: Partition, actions: Sequence[LeaderAction]) -> None:
+        for action in actions:
+            if isinstance(action, NotifyFollowers):
+                for follower in action.replicas:
+                    self._outbox.setdefault(follower, set()).add((part.stream, part.id))
+                if not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._flush_notifications)
+            elif isinstance(action, ProposeIsr):
+                log.info("%s: proposing ISR %s (%s)", part, ",".join(action.isr), action.reason)
+                self._spawn(self._propose_isr(part, action.isr, action.reason))
+
+    def _flush_notifications(self) -> None:
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, {}
+        for follower, pairs in outbox.items():
+            self._spawn(self._nats.publish(notify_subject(self._ns, follower), encode_notification(sorted(pairs))))
+
+    # -- follower side ---------------------------------------------------
+
+    def follow(self, part: Partition) -> None:
+        """Replicate ``part`` from its current leader (``part.meta``); restarts on a leader change."""
+        self.unfollow(part)
+        assert part.log is not None
+        meta = part.meta
+        core = FollowerReplica(
+            self.server_id,
+            meta.leader,
+            meta.leader_epoch,
+            part.log.log_end_offset,
+            part.log.high_watermark,
+            part.log.epoch_cache.latest_epoch,
+            self._clock(),
+            idle_wait_s=self.settings.idle_wait_s,
+            leader_timeout_ns=self.settings.leader_timeout_ns,
+        )
+        part.follower = core
+        loop = self._loops.get(meta.leader)
+        if loop is None:
+            loop = self._loops[meta.leader] = _Loop(meta.leader)
+            loop.task = asyncio.get_running_loop().create_task(self._fetch_loop(loop), name=f"fetch-from-{meta.leader}")
+        member = _Following(part, core)
+        loop.members[(part.stream, part.id)] = member
+        self._carry_out(member, core.start())
+        loop.wake.set()
+
+    def unfollow(self, part: Partition) -> None:
+        key = (part.stream, part.id)
+        for loop in self._loops.values():
+            loop.members.pop(key, None)
+        part.follower = None
+
+    async def _on_notify(self, msg: Any) -> None:
+        try:
+            pairs = decode_notification(msg.data)
+        except ProtocolError as exc:
+            log.warning("malformed notification: %s", exc)
+            return
+        for loop in self._loops.values():
+            woke = False
+            for key in pairs:
+                member = loop.members.get(key)
+                if member is not None and member.sleeping:
+                    member.due = 0.0
+                    woke = True
+            if woke:
+                loop.wake.set()
+
+    async def _fetch_loop(self, loop: _Loop) -> None:
+        clock = asyncio.get_running_loop().time
+        while True:
+            now = clock()
+            for m in loop.members.values():
+                if m.sleeping and m.due <= now:
+                    m.sleeping = False
+                    self._carry_out(m, m.core.wake())
+            due = [m for m in loop.members.values() if m.pending is not None and m.due <= now]
+            if not due:
+                waits = [m.due - now for m in loop.members.values() if m.due > now]
+                loop.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(loop.wake.wait(), min(waits, default=self.settings.idle_wait_s))
+                continue
+            await asyncio.gather(*(self._request(m) for m in due))
+
+    async def _request(self, member: _Following) -> None:
+        action, member.pending = member.pending, None
+        part, core = member.part, member.core
+        try:
+            if isinstance(action, Fetch):
+                req = FetchRequest(self.server_id, part.stream, part.id, action.offset, action.leader_epoch)
+                msg = await self._nats.request(
+                    replicate_subject(self._ns, part.stream, part.id),
+                    encode_fetch_request(req),
+                    timeout=self.settings.fetch_timeout_s,
+                )
+                reply = decode_fetch_reply(msg.data)
+                if isinstance(reply, FetchError):
+                    raise _Refused(reply)
+                if part.follower is not core:
+                    return  # unfollowed meanwhile
+                first = action.offset
+                actions = core.fetched(reply.leader_epoch, reply.hw, first, not reply.batches, self._clock())
+                if actions and isinstance(actions[0], Append):
+                    assert part.log is not None
+                    part.log.append_raw(reply.batches)
+                    actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())
+                self._carry_out(member, actions)
+            elif isinstance(action, RequestEpochOffset):
+                msg = await self._nats.request(
+                    offset_subject(self._ns, part.stream, part.id),
+                    encode_epoch_offset_request(EpochOffsetRequest(part.stream, part.id, action.epoch)),
+                    timeout=self.settings.fetch_timeout_s,
+                )
+                resp = decode_epoch_offset_response(msg.data)
+                if part.follower is not core or part.log is None:
+                    return
+                local = part.log.epoch_cache.end_offset_for(resp.leader_epoch, part.log.log_end_offset)[1]
+                if resp.leader_epoch < 0:
+                    local = 0
+                self._carry_out(member, core.epoch_offset(resp.leader_epoch, resp.end_offset, local))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if part.follower is not core:
+                return
+            log.debug("%s: replication request to %s failed: %s", part, core.leader, exc)
+            self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+
+    def _carry_out(self, member: _Following, actions: list[FollowerAction], delay: float = 0.0) -> None:
+        """Do the local actions; keep the next request (RequestEpochOffset/Fetch) for the loop."""
+        part = member.part
+        now = asyncio.get_running_loop().time()
+        for action in actions:
+            if isinstance(action, Truncate):
+                assert part.log is not None
+                log.info("%s: truncating to offset %d (leader epoch check)", part, action.offset)
+                part.log.truncate_to(action.offset)
+            elif isinstance(action, SetHighWatermark):
+                part.set_high_watermark(action.hw)
+            elif isinstance(action, Sleep):
+                member.sleeping = True
+                member.due = now + action.seconds
+                return
+            elif isinstance(action, ReportLeader):
+                log.warning("%s: leader %s silent for %d ms", part, action.leader, action.silent_ns // 1_000_000)
+                self._spawn(self._report_leader(part, action))
+            elif isinstance(action, Fetch | RequestEpochOffset):
+                member.pending = action
+                member.due = now + delay
+
+
+class _Refused(Exception):
+    def __init__(self, error: FetchError) -> None:
+        self.error = error
+        super().__init__(f"{error.code.name}: {error.message}")

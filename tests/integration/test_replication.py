@@ -1,0 +1,104 @@
+"""Partition replication between real servers: followers fetch, ISR shrinks and grows, ack ALL waits for it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from liftlog.api import api_pb2, api_pb2_grpc
+
+from .harness import NatsProcess
+from .test_cluster import Cluster, agreed, create, eventually, formed, rpc, status
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+#: Short lag and idle times so ISR changes happen within a test.
+REPLICATION = ("--set", "clustering.replica.max.lag.time=2s", "--set", "clustering.replica.max.idle.wait=500ms")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, nats_server: NatsProcess) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, nats_server.url)
+    ids = ["a", "b", "c"]
+    for sid in ids:
+        c.add(sid, ",".join(ids), *REPLICATION)
+    c.start_all()
+    formed(c, set(ids))
+    yield c
+    c.stop_all()
+
+
+def publish(address: str, stream: str, values: list[bytes], policy: int = api_pb2.ALL) -> list[int]:
+    with grpc.insecure_channel(address) as channel:
+        api = api_pb2_grpc.APIStub(channel)
+        return [
+            api.Publish(api_pb2.PublishRequest(stream=stream, value=v, ackPolicy=policy), timeout=10).ack.offset
+            for v in values
+        ]
+
+
+def read(address: str, stream: str, replica: bool = True) -> list[bytes]:
+    """Every committed message of partition 0, as this server's replica serves it."""
+    with grpc.insecure_channel(address) as channel:
+        api = api_pb2_grpc.APIStub(channel)
+        req = api_pb2.SubscribeRequest(
+            stream=stream, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST, readISRReplica=replica
+        )
+        return [m.value for m in api.Subscribe(req, timeout=10)][1:]
+
+
+def isr(c: Cluster, stream: str) -> tuple[str, ...]:
+    return tuple(agreed(c, stream)[stream][0][2])
+
+
+def test_every_replica_holds_what_was_acknowledged_with_ack_all(cluster: Cluster) -> None:
+    create(cluster.servers["a"].address, "orders", rf=3)
+    leader = agreed(cluster, "orders")["orders"][0][0]
+    values = [b"m%d" % i for i in range(50)]
+    assert publish(cluster.servers[leader].address, "orders", values) == list(range(50))
+    for proc in cluster.servers.values():
+        assert eventually(lambda p=proc: read(p.address, "orders") == values, 10, f"{proc.server_id}'s replica")
+
+
+def test_a_dead_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster: Cluster) -> None:
+    create(cluster.servers["a"].address, "events", rf=3)
+    leader = agreed(cluster, "events")["events"][0][0]
+    follower = next(s for s in "abc" if s != leader)
+    address = cluster.servers[leader].address
+    publish(address, "events", [b"before"])
+    cluster.servers[follower].kill()
+    # Acks ALL wait for the ISR: once the dead follower is dropped, they flow again.
+    eventually(lambda: follower not in isr(cluster, "events"), 15, f"{follower} dropped from the ISR")
+    publish(address, "events", [b"during-%d" % i for i in range(20)])
+    attention = status(address).attention
+    assert [(p.stream, len(p.isr), len(p.replicas)) for p in attention] == [("events", 2, 3)]
+
+    cluster.servers[follower].start()
+    eventually(lambda: follower in isr(cluster, "events"), 20, f"{follower} back in the ISR")
+    expected = [b"before"] + [b"during-%d" % i for i in range(20)]
+    assert eventually(lambda: read(cluster.servers[follower].address, "events") == expected, 10, "caught up")
+    assert status(address).attention == []  # type: ignore[comparison-overlap]
+
+
+def test_ack_all_is_refused_below_min_isr(cluster: Cluster) -> None:
+    rpc(
+        cluster.servers["a"].address,
+        "CreateStream",
+        api_pb2.CreateStreamRequest(
+            name="strict", subject="strict", replicationFactor=3, minIsr=api_pb2.NullableInt32(value=3)
+        ),
+    )
+    leader = agreed(cluster, "strict")["strict"][0][0]
+    address = cluster.servers[leader].address
+    publish(address, "strict", [b"ok"])
+    victim = next(s for s in "abc" if s != leader)
+    cluster.servers[victim].kill()
+    eventually(lambda: victim not in isr(cluster, "strict"), 15, f"{victim} dropped from the ISR")
+    with pytest.raises(grpc.RpcError) as refused:
+        publish(address, "strict", [b"too few copies"])
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "min.insync.replicas" in (refused.value.details() or "")
+    assert publish(address, "strict", [b"leader only"], policy=api_pb2.LEADER) == [1]
