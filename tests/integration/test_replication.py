@@ -102,3 +102,32 @@ def test_ack_all_is_refused_below_min_isr(cluster: Cluster) -> None:
     assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "min.insync.replicas" in (refused.value.details() or "")
     assert publish(address, "strict", [b"leader only"], policy=api_pb2.LEADER) == [1]
+
+
+def test_killing_a_partition_leader_elects_an_in_sync_follower_and_loses_nothing_acknowledged(
+    cluster: Cluster,
+) -> None:
+    create(cluster.servers["a"].address, "ha", rf=3)
+    old = agreed(cluster, "ha")["ha"][0][0]
+    acked = [b"v%d" % i for i in range(30)]
+    publish(cluster.servers[old].address, "ha", acked)
+    cluster.servers[old].kill()
+
+    def new_leader() -> str | None:
+        view = agreed(cluster, "ha")["ha"][0]
+        return view[0] if view[0] != old else None
+
+    new = eventually(new_leader, 20, "a new partition leader")
+    assert new != old and old not in isr(cluster, "ha")
+    survivor = cluster.servers[new].address
+    assert publish(survivor, "ha", [b"after"]) == [30]
+    assert read(survivor, "ha", replica=False) == [*acked, b"after"]
+
+    # The old leader comes back as a follower, truncates by epoch, catches up and rejoins the ISR;
+    # it never leads again by the stale metadata in its own log, not even briefly.
+    cluster.servers[old].start()
+    eventually(lambda: old in isr(cluster, "ha"), 20, f"{old} back in the ISR")
+    assert cluster.servers[old].log_path.read_text().count("ha/0 subject='ha'>: leading") == 1
+    assert eventually(
+        lambda: read(cluster.servers[old].address, "ha") == [*acked, b"after"], 10, "old leader caught up"
+    )

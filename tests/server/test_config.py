@@ -107,7 +107,7 @@ def test_clustering_settings_and_their_conflicts() -> None:
         env={},
     ).clustering
     assert c.raft_bootstrap_peers == ("a", "b", "c") and c.raft_election_timeout == 2000
-    assert (c.raft_heartbeat_interval, c.server_heartbeat_interval, c.server_liveness_timeout) == (100, 1000, 5000)
+    assert (c.raft_heartbeat_interval, c.server_heartbeat_interval, c.server_liveness_timeout) == (100, 1000, 3000)
     with pytest.raises(ConfigError, match=r"cannot be combined with clustering\.raft\.bootstrap\.seed"):
         load_config(None, {"clustering.raft.bootstrap.peers": "a", "clustering.raft.bootstrap.seed": True}, env={})
     with pytest.raises(ConfigError, match=r"at least twice clustering\.raft\.heartbeat\.interval"):

@@ -53,6 +53,7 @@ from liftlog.metadata.model import (
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
 
+from .failover import Failover
 from .metadata_raft import MetadataRaft, RaftSettings
 from .streams import StreamManager
 
@@ -123,6 +124,7 @@ class MetadataService:
         liveness_timeout: float = 5.0,
         clock: Callable[[], int] = time.time_ns,
         on_failure: Callable[[BaseException], None] | None = None,
+        unclean_leader_election: bool = False,
     ) -> None:
         self.server_id = server_id
         self.advertise = advertise
@@ -131,6 +133,8 @@ class MetadataService:
         self._clock = clock
         self._heartbeat_interval = heartbeat_interval
         self._liveness = LivenessTracker(int(liveness_timeout * 1e9))
+        self._unclean = unclean_leader_election
+        self._failover: Failover | None = None
         self.metadata = Metadata()
         streams.metadata = self.metadata
         self.raft = MetadataRaft(
@@ -157,6 +161,7 @@ class MetadataService:
         for subject, handler in (
             (f"{self._prefix}{self.server_id}.propose", self._on_propose),
             (f"{self._prefix}{self.server_id}.applied", self._on_applied),
+            (f"{self._prefix}{self.server_id}.leo", self._on_leo),
             (f"{self._prefix}heartbeat", self._on_heartbeat),
         ):
             self._subs.append(await nats.subscribe(subject, cb=handler))
@@ -227,10 +232,19 @@ class MetadataService:
         self._leader_changed = asyncio.Event()
         if role is Role.LEADER and self._leader_task is None:
             self._liveness.reset(self._clock())
+            self._failover = Failover(
+                metadata=lambda: self.metadata,
+                propose=self._propose_result,
+                nats=self._nats,
+                prefix=self._prefix,
+                clock=self._clock,
+                unclean=lambda stream: self._unclean,
+            )
             self._leader_task = asyncio.get_running_loop().create_task(self._lead_cluster(), name="controller")
         elif role is not Role.LEADER and self._leader_task is not None:
             self._leader_task.cancel()
             self._leader_task = None
+            self._failover = None
 
     # -- status ----------------------------------------------------------
 
@@ -372,6 +386,8 @@ class MetadataService:
 
     async def _lead(self, body: dict[str, Any]) -> int:
         """Plan, replicate and apply one change as the leader; wait for the affected servers."""
+        if body.get("kind") in ("report_leader", "confirm_leader"):
+            return await self._failover_request(body)
         op = self._plan(body)
         index, result = await self._propose(op)
         if isinstance(result, MetadataError):
@@ -383,6 +399,32 @@ class MetadataService:
 
     async def _propose(self, op: Operation) -> tuple[int, object]:
         return await self.raft.propose(encode_operation(op))
+
+    async def _propose_result(self, op: Operation) -> object:
+        return (await self._propose(op))[1]
+
+    async def _failover_request(self, body: dict[str, Any]) -> int:
+        """A follower's report of a silent leader, or a candidate's confirmation (no operation of their own)."""
+        failover = self._failover
+        if failover is None:
+            raise NotLeader(self.raft.leader_id, self.server_id)
+        if body["kind"] == "report_leader":
+            await failover.report(body)
+        else:
+            await failover.confirm(body)
+        node = self.raft.node
+        return node.applied_index if node is not None else 0
+
+    async def _on_leo(self, msg: Any) -> None:
+        """The controller asks how far this replica's log goes (to pick the least lagging candidate)."""
+        try:
+            body = json.loads(msg.data)
+            part = self._streams.partitions.get((str(body["name"]), int(body["partition"])))
+        except (ValueError, KeyError, TypeError):
+            return
+        leo = part.log.log_end_offset if part is not None and part.log is not None else -1
+        with contextlib.suppress(Exception):
+            await msg.respond(json.dumps({"leo": leo}).encode())
 
     async def _wait_applied(self, servers: set[str], index: int) -> None:
         async def one(server_id: str) -> None:
@@ -434,6 +476,11 @@ class MetadataService:
                         # Stepping down cancels this task; anything else is retried next round.
                         log.info("recording liveness of %s: %s", op.id, exc)
                         break
+                if self._failover is not None:
+                    try:
+                        await self._failover.tick()
+                    except (NotLeader, ProposalDropped, MetadataError) as exc:
+                        log.info("failover round: %s", exc)
         finally:
             if self._join_sub is not None:
                 with contextlib.suppress(Exception):

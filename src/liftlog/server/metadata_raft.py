@@ -106,6 +106,8 @@ class MetadataRaft:
         self._snapshot_index = 0
         self.failed: BaseException | None = None
         self._on_failure = on_failure
+        self._reads: dict[bytes, asyncio.Future[int]] = {}
+        self._read_seq = 0
 
     # -- lifecycle -------------------------------------------------------
 
@@ -204,6 +206,36 @@ class MetadataRaft:
         self._inbox.put_nowait(do)
         await future
 
+    async def read_barrier(self, timeout: float) -> int:
+        """Wait until this server has applied everything the group had committed when we asked (read index).
+
+        Raises NotLeader when no leader is known, TimeoutError when the leader did not answer in time.
+        """
+        loop = asyncio.get_running_loop()
+        self._read_seq += 1
+        context = f"{self.server_id}:{self._read_seq}".encode()
+        future: asyncio.Future[int] = loop.create_future()
+
+        def do(node: RaftNode) -> None:
+            try:
+                node.read_index(context)
+            except Exception as exc:
+                future.set_exception(exc)
+                return
+            self._reads[context] = future
+
+        self._inbox.put_nowait(do)
+        try:
+            index = await asyncio.wait_for(future, timeout)
+        finally:
+            self._reads.pop(context, None)
+        deadline = loop.time() + timeout
+        while self.node is not None and self.node.applied_index < index:
+            if loop.time() > deadline:
+                raise TimeoutError(f"applying the metadata log up to index {index} took more than {timeout} s")
+            await asyncio.sleep(0.01)
+        return index
+
     def transfer_leadership(self, to: str) -> None:
         self._inbox.put_nowait(lambda node: node.transfer_leadership(to))
 
@@ -283,6 +315,10 @@ class MetadataRaft:
                     self._resolve(entry.index, result, None)
                 else:
                     self._resolve(entry.index, None, ProposalDropped("a new leader overwrote the proposal; retry"))
+        for rs in rd.read_states:
+            waiter = self._reads.pop(rs.context, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(rs.index)
         node.advance(rd)
         applied = node.applied_index
         if applied - self._snapshot_index >= self._settings.snapshot_threshold:

@@ -312,6 +312,15 @@ class Replicator:
                 loop.wake.set()
 
     async def _fetch_loop(self, loop: _Loop) -> None:
+        try:
+            await self._fetch_rounds(loop)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.exception("the fetch loop from %s stopped", loop.leader)
+            raise
+
+    async def _fetch_rounds(self, loop: _Loop) -> None:
         clock = asyncio.get_running_loop().time
         while True:
             now = clock()
@@ -369,7 +378,7 @@ class Replicator:
         except Exception as exc:
             if part.follower is not core:
                 return
-            log.debug("%s: replication request to %s failed: %s", part, core.leader, exc)
+            log.debug("%s: replication request to %s failed: %r", part, core.leader, exc)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
 
     def _carry_out(self, member: _Following, actions: list[FollowerAction], delay: float = 0.0) -> None:

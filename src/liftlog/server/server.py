@@ -36,6 +36,7 @@ from liftlog.api import api_pb2_grpc, cluster_pb2_grpc
 from liftlog.metadata import CorruptMetadataError, MetadataFile
 from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.model import CreateStream, ServerMeta
+from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.storage import StorageError
 
@@ -104,6 +105,7 @@ class Server:
                 ack_sink=self._acks.deliver,
                 clock=self._clock,
             )
+            self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(self._nc)
             await self._start_replicator()
             self._create_metadata()
@@ -111,6 +113,7 @@ class Server:
             await self._start_metadata()
             await self._await_standalone_registration()
             await self._catch_up_locally()
+            await self._catch_up_with_cluster()
             assert self._grpc is not None
             await self._grpc.start()
             self._start_housekeeping()
@@ -244,6 +247,7 @@ class Server:
         await self.replicator.start(self._nc)
         self.streams.replicator = self.replicator
         self.streams.min_isr_default = c.min_insync_replicas
+        self.streams.confirm_candidate = self._confirm_candidate
 
     async def _propose_isr(self, part: Partition, isr: tuple[str, ...], reason: str) -> None:
         if self.cluster is None:
@@ -254,6 +258,15 @@ class Server:
             await self.cluster.request(body)
         except Exception as exc:  # a newer epoch, no controller: the leader proposes again later
             log.info("%s: ISR change to %s not applied: %s", part, ",".join(isr), exc)
+
+    async def _confirm_candidate(self, part: Partition) -> None:
+        if self.cluster is None:
+            return
+        body = {"kind": "confirm_leader", "name": part.stream, "partition": part.id, "replica": self.server_id}
+        try:
+            await self.cluster.request(body)
+        except Exception as exc:  # too late, or no controller: the election moves on without us
+            log.info("%s: confirming leadership failed: %s", part, exc)
 
     async def _report_leader(self, part: Partition, report: Any) -> None:
         if self.cluster is None:
@@ -298,6 +311,7 @@ class Server:
             liveness_timeout=c.server_liveness_timeout / 1000,
             clock=self._clock,
             on_failure=self._fail,
+            unclean_leader_election=bool(self.config.values["clustering.unclean.leader.election"]),
         )
         self.streams.request_pause = self.cluster.pause
 
@@ -351,8 +365,35 @@ class Server:
         """Serve only once the metadata this server had committed is replayed and its partitions reopened."""
         assert self.cluster is not None and self.streams is not None and self.cluster.raft.node is not None
         commit = self.cluster.raft.node.commit_index
-        if not await self.streams.wait_reconciled(commit, 60):
+        if not await self.streams.wait_reconciled(commit, 60, leading=False):
             raise ServerStartError(f"replaying the metadata log to index {commit} took more than 60 s")
+
+    async def _catch_up_with_cluster(self) -> None:
+        """Lead partitions only by current metadata: a restarted leader may have been replaced meanwhile.
+
+        A read-index barrier proves this server has applied everything the
+        group committed before it asked. Alone in the group that is immediate;
+        otherwise it is retried in the background until a leader answers.
+        """
+        cluster, streams = self.cluster, self.streams
+        assert cluster is not None and streams is not None
+
+        async def barrier() -> None:
+            while True:
+                try:
+                    index = await cluster.raft.read_barrier(timeout=5.0)
+                except (NotLeader, ProposalDropped, TimeoutError) as exc:
+                    log.debug("waiting for the metadata leader before leading partitions: %s", exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                log.info("metadata current at index %d: taking up partition leaderships", index)
+                streams.allow_leading()
+                return
+
+        if cluster.voters == (self.server_id,):
+            await barrier()
+        else:
+            self._tasks.append(asyncio.get_running_loop().create_task(barrier(), name="catch-up"))
 
     def _bind_grpc(self) -> None:
         assert self.streams is not None and self._acks is not None and self.cluster is not None
@@ -404,7 +445,7 @@ class Server:
         assert self.streams is not None
         streams = self.streams
         loop = asyncio.get_running_loop()
-        self._tasks = [
+        self._tasks += [
             loop.create_task(self._every(1.0, streams.auto_pause), name="auto-pause"),
             # Each partition has its own cleaner interval (streams.cleaner.interval or the stream's).
             loop.create_task(self._every(1.0, streams.clean), name="cleaner"),

@@ -33,6 +33,7 @@ from liftlog.metadata import (
     Metadata,
     NoSuchPartitionError,
     PartitionMeta,
+    PartitionState,
     StreamMeta,
     StreamSettings,
 )
@@ -61,6 +62,8 @@ class _Hosted:
     #: (leader, leader epoch) the replica was last set up for; None while closed.
     role: tuple[str, int] | None = None
     isr: tuple[str, ...] = ()
+    #: Partition epoch at which this replica last confirmed it was asked to take over.
+    confirmed_at: int = -1
 
 
 class StreamManager:
@@ -95,6 +98,13 @@ class StreamManager:
         self.request_pause: PauseRequest | None = None
         #: Replication of partitions with several replicas; None runs every partition unreplicated.
         self.replicator: Replicator | None = None
+        #: Tells the controller this replica is ready to lead (an election picked it).
+        self.confirm_candidate: Callable[[Partition], Awaitable[None]] | None = None
+        #: False until this server has caught up with the cluster's metadata: a restarted server must not
+        #: lead (take publishes, ack them) by metadata it replayed from its own log, which may be stale.
+        self.may_lead = True
+        self._leading_reconciled = False
+        self._confirmations: set[asyncio.Future[None]] = set()
 
     # -- lifecycle -------------------------------------------------------
 
@@ -120,16 +130,35 @@ class StreamManager:
 
     # -- following the metadata -----------------------------------------
 
+    def defer_leading(self) -> None:
+        """Take up no leadership until ``allow_leading``: the metadata may be stale (a restart)."""
+        self.may_lead = False
+        self._leading_reconciled = False
+
+    def allow_leading(self) -> None:
+        """The metadata is known to be current: take up the leaderships it gives us."""
+        if not self.may_lead:
+            self.may_lead = True
+            self._dirty.set()
+
     def metadata_changed(self, index: int) -> None:
         """The committed metadata now reflects ``index``; reconcile soon."""
         self._target_index = max(self._target_index, index)
         self._dirty.set()
 
-    async def wait_reconciled(self, index: int, timeout: float) -> bool:
-        """Wait until the hosted partitions reflect metadata ``index``; False on timeout."""
+    async def wait_reconciled(self, index: int, timeout: float, *, leading: bool = True) -> bool:
+        """Wait until the hosted partitions reflect metadata ``index``; False on timeout.
+
+        With ``leading`` this includes taking up the leaderships the metadata gives this server,
+        which a restarted server defers until it caught up with the cluster (see ``may_lead``).
+        """
+
+        def done() -> bool:
+            return self.reconciled_index >= index and (self._leading_reconciled or not leading)
+
         async with self._reconciled:
             try:
-                await asyncio.wait_for(self._reconciled.wait_for(lambda: self.reconciled_index >= index), timeout)
+                await asyncio.wait_for(self._reconciled.wait_for(done), timeout)
             except TimeoutError:
                 return False
         return True
@@ -139,6 +168,7 @@ class StreamManager:
             await self._dirty.wait()
             self._dirty.clear()
             target = self._target_index
+            leading = self.may_lead
             try:
                 await self.reconcile()
             except Exception:
@@ -148,6 +178,7 @@ class StreamManager:
                 continue
             async with self._reconciled:
                 self.reconciled_index = max(self.reconciled_index, target)
+                self._leading_reconciled = self._leading_reconciled or leading
                 self._reconciled.notify_all()
 
     async def reconcile(self) -> None:
@@ -219,6 +250,21 @@ class StreamManager:
         leader = meta.leader == self.server_id
         role = (meta.leader, meta.leader_epoch)
         replicator = self.replicator
+        if (
+            meta.state is PartitionState.CANDIDATE_FOUND
+            and meta.candidate == self.server_id
+            and hosted.confirmed_at != meta.epoch
+        ):
+            # Asked to take over: stop fetching from the old leader, and say we are ready.
+            hosted.confirmed_at = meta.epoch
+            if replicator is not None:
+                replicator.unfollow(part)
+            if self.confirm_candidate is not None:
+                task: asyncio.Future[None] = asyncio.ensure_future(self.confirm_candidate(part))
+                self._confirmations.add(task)
+                task.add_done_callback(self._confirmations.discard)
+        if leader and not self.may_lead:
+            return  # _set_role runs again once allowed
         if replicator is not None and role != hosted.role:
             if leader:
                 replicator.unfollow(part)
