@@ -131,3 +131,39 @@ def test_killing_a_partition_leader_elects_an_in_sync_follower_and_loses_nothing
     assert eventually(
         lambda: read(cluster.servers[old].address, "ha") == [*acked, b"after"], 10, "old leader caught up"
     )
+
+
+def test_a_follower_behind_the_leaders_retention_restarts_from_the_leaders_log_start(cluster: Cluster) -> None:
+    rpc(
+        cluster.servers["a"].address,
+        "CreateStream",
+        api_pb2.CreateStreamRequest(
+            name="short",
+            subject="short",
+            replicationFactor=3,
+            segmentMaxBytes=api_pb2.NullableInt64(value=1024),
+            retentionMaxMessages=api_pb2.NullableInt64(value=20),
+            cleanerInterval=api_pb2.NullableInt64(value=100),
+        ),
+    )
+    leader = agreed(cluster, "short")["short"][0][0]
+    follower = next(s for s in "abc" if s != leader)
+    address = cluster.servers[leader].address
+    publish(address, "short", [b"early"])
+    cluster.servers[follower].kill()
+    eventually(lambda: follower not in isr(cluster, "short"), 15, f"{follower} dropped from the ISR")
+    values = [b"x" * 100 + b"%d" % i for i in range(200)]
+    publish(address, "short", values)
+    start = eventually(
+        lambda: (
+            rpc(address, "FetchPartitionMetadata", api_pb2.FetchPartitionMetadataRequest(stream="short"))
+            and read(address, "short", replica=False)[0] != b"early"
+        ),
+        15,
+        "the leader's retention to drop the first segments",
+    )
+    assert start
+    kept = read(address, "short", replica=False)
+    cluster.servers[follower].start()
+    eventually(lambda: follower in isr(cluster, "short"), 20, f"{follower} back in the ISR")
+    assert eventually(lambda: read(cluster.servers[follower].address, "short") == kept, 10, "same log as the leader")

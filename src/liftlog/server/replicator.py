@@ -375,11 +375,34 @@ class Replicator:
                 self._carry_out(member, core.epoch_offset(resp.leader_epoch, resp.end_offset, local))
         except asyncio.CancelledError:
             raise
+        except _Refused as refused:
+            if part.follower is not core:
+                return
+            if refused.error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
+                self._out_of_range(part, core, refused.error)
+                return
+            log.debug("%s: %s refused a fetch: %s", part, core.leader, refused)
+            self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
         except Exception as exc:
             if part.follower is not core:
                 return
             log.debug("%s: replication request to %s failed: %r", part, core.leader, exc)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+
+    def _out_of_range(self, part: Partition, core: FollowerReplica, error: FetchError) -> None:
+        """The leader no longer has (or never had) what we asked for: start again from what it has."""
+        assert part.log is not None
+        if core.leo < error.log_start_offset:
+            # Retention removed what we lack: nothing below the leader's log start can be fetched.
+            log.warning(
+                "%s: the leader's log starts at %d, past our end %d: restarting the replica there",
+                part,
+                error.log_start_offset,
+                core.leo,
+            )
+            part.log.reset(error.log_start_offset)
+        # Otherwise we are past the leader's end: truncating by epoch (a restarted core) finds where we agree.
+        self.follow(part)
 
     def _carry_out(self, member: _Following, actions: list[FollowerAction], delay: float = 0.0) -> None:
         """Do the local actions; keep the next request (RequestEpochOffset/Fetch) for the loop."""
