@@ -3,7 +3,8 @@
 Every scenario (see :mod:`liftlog.cli.bench_scenarios`) runs on a fresh
 stream (deleted afterwards) with ``--size``-byte values. The table goes to
 stderr and exactly one JSON line to stdout, so ``liftlog bench --json-only >
-result.json`` and ``liftlog bench | jq`` work.
+result.json`` and ``liftlog bench | jq`` work. ``--start-cluster`` runs the
+replication and failover scenarios of :mod:`liftlog.cli.bench_cluster` instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 from rich.text import Text
 
@@ -35,6 +37,10 @@ from liftlog.cli.output import err_console, format_latency_us, format_rate, prin
 __all__ = ["bench"]
 
 _READY_TIMEOUT_S = 30.0
+#: The scenarios of --start-cluster (liftlog.cli.bench_cluster.CLUSTER_SCENARIOS, which imports this module).
+CLUSTER_SCENARIOS = ("single", "rf3-all", "rf3-leader", "failover")
+#: Options that mean nothing to --start-cluster's scenarios: given explicitly with it, they are an error.
+_NOT_FOR_CLUSTER = ("partitions", "ack_policy", "concurrency", "nats_url")
 
 
 def _scenario_errors() -> tuple[type[BaseException], ...]:
@@ -64,10 +70,9 @@ async def _run_all(
                 async with asyncio.timeout(limit):
                     await client.create_stream(subject, name, partitions=s.partitions)
                     results[scenario] = (await RUNNERS[scenario](client, s, name, subject, count)).to_json()
-            except TimeoutError:
-                results[scenario] = {"error": f"timed out after {limit:.0f} s"}
-            except errors as exc:
-                results[scenario] = {"error": str(exc) or type(exc).__name__}
+            except errors as exc:  # (TimeoutError is an OSError; the client's ack timeouts are LiftlogErrors)
+                plain_timeout = isinstance(exc, TimeoutError) and not str(exc)
+                results[scenario] = {"error": f"timed out after {limit:.0f} s" if plain_timeout else str(exc)}
             finally:
                 with contextlib.suppress(*errors):
                     await asyncio.wait_for(client.delete_stream(name), 10)
@@ -132,9 +137,9 @@ async def _spawned_server() -> AsyncIterator[tuple[str, str]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _table(results: dict[str, Any]) -> Table:
+def _table(results: dict[str, Any], title: str = "liftlog bench") -> Table:
     """One row per scenario, each followed by a dim row of Liftbridge's figures where we have them."""
-    table = Table("Scenario", "msgs/s", "p50", "p99", "p99.9", "Notes", title="liftlog bench")
+    table = Table("Scenario", "msgs/s", "p50", "p99", "p99.9", "Notes", title=title)
     quantiles = ("p50", "p99", "p99.9")
     for scenario, result in results.items():
         if "error" in result:
@@ -151,9 +156,129 @@ def _table(results: dict[str, Any]) -> Table:
     return table
 
 
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether option `name` was given on the command line (or, for --addr, on the root group's)."""
+    while ctx is not None:
+        with contextlib.suppress(KeyError):
+            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+                return True
+        if ctx.parent is None:
+            return False
+        ctx = ctx.parent
+    return False
+
+
+def choose_scenarios(scenarios: str | None, start_cluster: bool, servers: int) -> list[str]:
+    """The --scenarios list for the mode, checked; raises click.BadParameter."""
+    valid = CLUSTER_SCENARIOS if start_cluster else SCENARIOS
+    if scenarios is None:
+        return list(valid)
+    chosen = [name.strip().lower() for name in scenarios.split(",") if name.strip()]
+    chosen = list(dict.fromkeys(chosen))
+    unknown = [name for name in chosen if name not in valid]
+    if unknown or not chosen:
+        mode = "with --start-cluster" if start_cluster else "without --start-cluster"
+        hint = ""
+        if unknown and all(name in (SCENARIOS if start_cluster else CLUSTER_SCENARIOS) for name in unknown):
+            hint = " (those are the scenarios " + ("without" if start_cluster else "with") + " --start-cluster)"
+        raise click.BadParameter(
+            f"unknown scenario(s) {', '.join(unknown) or '(none given)'} {mode}{hint}; choose from {', '.join(valid)}",
+            param_hint="--scenarios",
+        )
+    if "failover" in chosen and servers < 3:
+        raise click.BadParameter(
+            f"failover needs --servers 3 or more (a metadata quorum must survive the kill), got {servers}",
+            param_hint="--scenarios",
+        )
+    return chosen
+
+
+def check_cluster_options(ctx: click.Context, start_cluster: bool, start_server: bool) -> None:
+    """Raise click.UsageError for options that contradict --start-cluster (or need it)."""
+    if not start_cluster:
+        for name in ("servers", "server_set"):
+            if _given(ctx, name):
+                raise click.UsageError(f"--{name.replace('_', '-')} needs --start-cluster")
+        return
+    if start_server:
+        raise click.UsageError("--start-cluster and --start-server exclude each other")
+    if _given(ctx, "addr"):
+        raise click.UsageError("--start-cluster measures its own servers: leave out --addr")
+    for name in _NOT_FOR_CLUSTER:
+        if _given(ctx, name):
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} does not apply to --start-cluster (its scenarios fix it)")
+
+
+def check_server_settings(settings: tuple[str, ...]) -> None:
+    """Each --server-set is KEY=VALUE (the servers check the key and value themselves)."""
+    for setting in settings:
+        key, eq, _ = setting.partition("=")
+        if not eq or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {setting!r}", param_hint="--server-set")
+
+
+def cluster_report(
+    servers: int, size: int, window: int, results: dict[str, Any], overrides: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The JSON line of a --start-cluster run."""
+    from liftlog.cli.bench_cluster import comparison
+
+    return {
+        "bench": "liftlog",
+        "size": size,
+        "partitions": 1,
+        "window": window,
+        "server": "started cluster",
+        "cluster": {
+            "servers": servers,
+            "replication_factor": servers,
+            "server_settings": list(overrides) or "defaults",
+        },
+        "scenarios": results,
+        "comparison": comparison(results),
+    }
+
+
+def _goal_lines(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    if "rf3_all_vs_single" in summary:
+        met = "met" if summary["rf3_all_vs_single_met"] else "NOT met"
+        lines.append(
+            f"rf3-all runs at {summary['rf3_all_vs_single']:.2f}x the single-node throughput "
+            f"(goal >= {summary['rf3_all_vs_single_goal']}: {met})"
+        )
+    if "failover_s" in summary:
+        met = "met" if summary["failover_met"] else "NOT met"
+        lines.append(
+            f"a new leader acked {summary['failover_s']:.2f} s after the old one was killed "
+            f"(goal < {summary['failover_goal_s']:g} s: {met})"
+        )
+    return lines
+
+
 @click.command()
 @addr_option
 @click.option("--start-server", is_flag=True, help="Start a throw-away server (embedded NATS, temp dir) to measure.")
+@click.option(
+    "--start-cluster",
+    is_flag=True,
+    help="Start a throw-away cluster (nats-server and --servers liftlog servers) for the cluster scenarios.",
+)
+@click.option(
+    "--servers",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Servers of --start-cluster; the stream is replicated to all of them.",
+)
+@click.option(
+    "--server-set",
+    "server_set",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A server setting for --start-cluster's servers (repeatable; default: none, the servers' defaults).",
+)
 @click.option("--size", type=click.IntRange(min=1), default=256, show_default=True, help="Bytes per message value.")
 @click.option(
     "--count", type=click.IntRange(min=1), help="Messages for every scenario (default: per scenario, see above)."
@@ -173,13 +298,19 @@ def _table(results: dict[str, Any]) -> Table:
 )
 @click.option(
     "--scenarios",
-    default=",".join(SCENARIOS),
-    show_default=True,
-    help="Comma-separated scenarios to run, in order.",
+    help=(
+        f"Comma-separated scenarios to run, in order [default: {','.join(SCENARIOS)}; "
+        f"with --start-cluster: {','.join(CLUSTER_SCENARIOS)}]."
+    ),
 )
 @click.option("--json-only", is_flag=True, help="Print only the JSON line.")
+@click.pass_context
 def bench(
+    ctx: click.Context,
     start_server: bool,
+    start_cluster: bool,
+    servers: int,
+    server_set: tuple[str, ...],
     size: int,
     count: int | None,
     partitions: int,
@@ -187,7 +318,7 @@ def bench(
     window: int,
     concurrency: int,
     nats_url: str | None,
-    scenarios: str,
+    scenarios: str | None,
     json_only: bool,
 ) -> None:
     """Measure publish and consume throughput and latency.
@@ -210,17 +341,25 @@ def bench(
     Liftbridge's figures on this machine class, goes to stderr; one JSON
     line goes to stdout.
 
+    --start-cluster starts a nats-server and --servers liftlog servers
+    (default settings, temp dirs) and runs, on one partition replicated to
+    every server:
+
+    \b
+      single      'async' with ack ALL on a standalone server, run first (20,000)
+      rf3-all     PublishAsync with --window in flight, ack ALL (20,000)
+      rf3-leader  the same with ack LEADER (20,000)
+      failover    sequential ack-ALL publishes; halfway, kill -9 the leader and
+                  time the first ack of a new leader (2,000 acks; runs last)
+
     \b
       liftlog bench --start-server
       liftlog bench -a 127.0.0.1:9292 --nats-url nats://127.0.0.1:4222 --scenarios sync,nats --count 10000
+      liftlog bench --start-cluster --servers 3 --scenarios rf3-all,failover
     """
-    chosen = [name.strip().lower() for name in scenarios.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(SCENARIOS))
-    if unknown or not chosen:
-        raise click.BadParameter(
-            f"unknown scenario(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCENARIOS)}",
-            param_hint="--scenarios",
-        )
+    check_cluster_options(ctx, start_cluster, start_server)
+    check_server_settings(server_set)
+    chosen = choose_scenarios(scenarios, start_cluster, servers)
     console = err_console()
     settings = Settings(
         size=size,
@@ -240,6 +379,26 @@ def bench(
             status.update(text)
         elif not json_only:
             print_note(text)
+
+    if start_cluster:
+        from liftlog.cli.bench_cluster import CLUSTER_DEFAULT_COUNTS, run_cluster_bench
+
+        settings.counts = {name: count or default for name, default in CLUSTER_DEFAULT_COUNTS.items()}
+
+        async def go_cluster() -> dict[str, Any]:
+            with status or contextlib.nullcontext():
+                return await run_cluster_bench(servers, settings, chosen, show, server_set)
+
+        results = run_loop(go_cluster())
+        report = cluster_report(servers, size, window, results, server_set)
+        if not json_only:
+            console.print(_table(results, f"liftlog bench: cluster of {servers}, replication factor {servers}"))
+            for line in _goal_lines(report["comparison"]):
+                print_note(line)
+        click.echo(json.dumps(report))
+        if any("error" in result for result in results.values()):
+            raise click.exceptions.Exit(1)
+        return
 
     async def go() -> tuple[str, dict[str, Any]]:
         with status or contextlib.nullcontext():

@@ -125,6 +125,7 @@ class MetadataService:
         clock: Callable[[], int] = time.time_ns,
         on_failure: Callable[[BaseException], None] | None = None,
         unclean_leader_election: bool = False,
+        rebalance_delay: float = 10.0,
     ) -> None:
         self.server_id = server_id
         self.advertise = advertise
@@ -134,6 +135,7 @@ class MetadataService:
         self._heartbeat_interval = heartbeat_interval
         self._liveness = LivenessTracker(int(liveness_timeout * 1e9))
         self._unclean = unclean_leader_election
+        self._rebalance_delay = rebalance_delay
         self._failover: Failover | None = None
         self.metadata = Metadata()
         streams.metadata = self.metadata
@@ -239,6 +241,7 @@ class MetadataService:
                 prefix=self._prefix,
                 clock=self._clock,
                 unclean=lambda stream: self._unclean,
+                rebalance_after_ns=int(self._rebalance_delay * 1e9),
             )
             self._leader_task = asyncio.get_running_loop().create_task(self._lead_cluster(), name="controller")
         elif role is not Role.LEADER and self._leader_task is not None:

@@ -247,6 +247,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("clustering.replication.max.bytes", parse_size, 1 << 20, "most bytes in one replication response"),
     _s("clustering.rack", _str, "", "rack of this server, for replica placement"),
     _s("clustering.unclean.leader.election", _bool, False, "let an out-of-sync replica lead (may lose data)"),
+    _s(
+        "clustering.leader.rebalance.delay",
+        parse_duration_ms,
+        10_000,
+        "give leadership back to a preferred replica in sync this long (0: never)",
+    ),
     _s("activity.stream.enabled", _bool, False, "publish cluster events to the activity stream"),
     _s("activity.stream.publish.timeout", parse_duration_ms, 5_000, "timeout of an activity publish"),
     _s("activity.stream.publish.ack.policy", _choice("leader", "all", "none"), "all", "ack policy of activity"),

@@ -56,6 +56,7 @@ class Failover:
         confirm_timeout_ns: int = 5_000_000_000,
         report_window_ns: int = 15_000_000_000,
         unclean: Callable[[str], bool] = lambda stream: False,
+        rebalance_after_ns: int = 10_000_000_000,
     ) -> None:
         self._metadata = metadata
         self._propose = propose
@@ -66,6 +67,9 @@ class Failover:
         self.reports = LeaderReports(report_window_ns)
         self.elections = Elections(confirm_timeout_ns)
         self._busy: set[PartitionKey] = set()
+        self._rebalance_after_ns = rebalance_after_ns
+        #: When each partition's preferred replica was first seen able to lead again.
+        self._eligible_since: dict[PartitionKey, int] = {}
 
     # -- triggers ---------------------------------------------------------
 
@@ -97,6 +101,51 @@ class Failover:
                     await self.elect(meta, "a replica of an offline partition is alive")
         for key, decision in self.elections.tick(self._clock()):
             await self._decided(key, decision)
+        if self._rebalance_after_ns:
+            await self._rebalance(metadata, alive)
+
+    async def _rebalance(self, metadata: Metadata, alive: set[str]) -> None:
+        """Give leadership back to preferred replicas (seed 004), one partition per round.
+
+        A preferred replica must have been alive and in sync for ``rebalance_after_ns`` first, so a
+        server that flaps does not drag leaderships back and forth.
+        """
+        now = self._clock()
+        eligible: dict[PartitionKey, int] = {}
+        chosen: PartitionMeta | None = None
+        for stream in metadata.streams.values():
+            for meta in stream.partitions.values():
+                key = (meta.stream, meta.id)
+                preferred = meta.replicas[0]
+                if (
+                    meta.state is not PartitionState.ONLINE
+                    or meta.paused
+                    or meta.leader == preferred
+                    or preferred not in alive
+                    or preferred not in meta.isr
+                    or key in self._busy
+                ):
+                    continue
+                since = eligible[key] = self._eligible_since.get(key, now)
+                if chosen is None and now - since >= self._rebalance_after_ns:
+                    chosen = meta
+        self._eligible_since = eligible
+        if chosen is None:
+            return
+        key = (chosen.stream, chosen.id)
+        self._eligible_since.pop(key, None)
+        previous = chosen.leader  # the operation changes ``chosen`` in place when it applies
+        result = await self._propose(
+            ChangeLeader(chosen.stream, chosen.id, chosen.replicas[0], tuple(chosen.isr), chosen.epoch)
+        )
+        if not isinstance(result, MetadataError):
+            log.info(
+                "partition %s/%d: leadership back to its preferred replica %s (from %s)",
+                chosen.stream,
+                chosen.id,
+                chosen.replicas[0],
+                previous,
+            )
 
     # -- the election -------------------------------------------------------
 
@@ -143,13 +192,17 @@ class Failover:
             return
         unclean = replica not in meta.isr
         isr = (replica,) if unclean else tuple(r for r in meta.isr if r != meta.leader)
-        await self._propose(ChangeLeader(name, pid, replica, isr, meta.epoch))
+        epoch = meta.leader_epoch + 1  # read before the operation changes ``meta`` in place
+        result = await self._propose(ChangeLeader(name, pid, replica, isr, meta.epoch))
+        if isinstance(result, MetadataError):
+            log.info("partition %s/%d: handing over to %s not applied: %s", name, pid, replica, result)
+            return
         log.warning(
             "partition %s/%d: %s leads from leader epoch %d%s",
             name,
             pid,
             replica,
-            meta.leader_epoch + 1,
+            epoch,
             " (unclean: it was not in sync)" if unclean else "",
         )
 

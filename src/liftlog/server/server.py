@@ -312,6 +312,7 @@ class Server:
             clock=self._clock,
             on_failure=self._fail,
             unclean_leader_election=bool(self.config.values["clustering.unclean.leader.election"]),
+            rebalance_delay=int(self.config.values["clustering.leader.rebalance.delay"]) / 1000,
         )
         self.streams.request_pause = self.cluster.pause
 
