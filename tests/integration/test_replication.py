@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.client import Client, StartPosition, StopPosition
 
 from .harness import NatsProcess
 from .test_cluster import Cluster, agreed, create, eventually, formed, rpc, status
@@ -182,3 +183,35 @@ def test_a_follower_behind_the_leaders_retention_restarts_from_the_leaders_log_s
         return len(mine) >= 20 and kept[-len(mine) :] == mine
 
     assert eventually(caught_up, 10, "the leader's newest messages on the follower")
+
+
+async def test_uncommitted_reads_are_opt_in_and_see_past_the_high_watermark(
+    tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    c = Cluster(tmp_path, nats_server.url)
+    try:
+        for sid in "ab":
+            c.add(sid, "a,b")  # default lag time (15 s): the silent follower stays in the ISR meanwhile
+        c.start_all()
+        formed(c, {"a", "b"})
+        create(c.servers["a"].address, "draft", rf=2)
+        leader = agreed(c, "draft")["draft"][0][0]
+        follower = next(s for s in "ab" if s != leader)
+        address = c.servers[leader].address
+        c.servers[follower].kill()
+        assert publish(address, "draft", [b"unconfirmed"], policy=api_pb2.LEADER) == [0]
+        async with Client(address) as client:
+            committed = client.subscribe(
+                "draft", start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
+            )
+            assert [m.value async for m in committed] == []
+            uncommitted = client.subscribe(
+                "draft",
+                start_position=StartPosition.EARLIEST,
+                stop_position=StopPosition.STOP_LATEST,
+                read_uncommitted=True,
+            )
+            assert [m.value async for m in uncommitted] == [b"unconfirmed"]
+        assert read(address, "draft", replica=False) == []  # Liftbridge's wire behaviour: committed only
+    finally:
+        c.stop_all()

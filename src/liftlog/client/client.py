@@ -411,6 +411,7 @@ class Client(Routing):
         stop_timestamp: int = 0,
         read_isr_replica: bool = False,
         resume: bool = False,
+        read_uncommitted: bool = False,
     ) -> Subscription:
         """Subscribe to a stream partition; see :class:`Subscription`.
 
@@ -418,6 +419,11 @@ class Client(Routing):
         `start_timestamp` in Unix ns, for OFFSET and TIMESTAMP) and
         `stop_position` where to end. With `read_isr_replica` any in-sync
         replica may serve it; `resume` resumes a paused partition.
+
+        `read_uncommitted` (liftlog servers only) also delivers messages the
+        in-sync replicas do not all have yet. This is unsafe: such a message
+        can vanish in a leader change, and its offset then holds another one.
+        Use it only where lower latency matters more than that.
         """
         self._check_open()
         req = api_pb2.SubscribeRequest(
@@ -432,7 +438,7 @@ class Client(Routing):
             readISRReplica=read_isr_replica,
             resume=resume,
         )
-        sub = Subscription(self, req)
+        sub = Subscription(self, req, read_uncommitted=read_uncommitted)
         self._subscriptions.add(sub)
         return sub
 

@@ -64,9 +64,11 @@ class Subscription:
     published inside it are seen even with ``StartPosition.NEW_ONLY``.
     """
 
-    def __init__(self, client: Client, request: api_pb2.SubscribeRequest) -> None:
+    def __init__(self, client: Client, request: api_pb2.SubscribeRequest, *, read_uncommitted: bool = False) -> None:
         self._client = client
         self._request = request
+        # liftlog's own request metadata; Liftbridge servers ignore it and serve committed messages.
+        self._metadata = (("liftlog-read-uncommitted", "true"),) if read_uncommitted else None
         self._call: Any = None
         self._lock = asyncio.Lock()
         self._done = False  # the call ended, failed or was closed
@@ -125,7 +127,7 @@ class Subscription:
         client._check_open()
 
         async def open_call(stub: Stub) -> Any:
-            call = stub.subscribe(request)
+            call = stub.subscribe(request, metadata=self._metadata)
             try:
                 async with asyncio.timeout(client.timeout):
                     first = await call.read()

@@ -94,6 +94,15 @@ async def _abort(ctx: grpc.aio.ServicerContext[Any, Any], failure: RpcFailure) -
     raise AssertionError("unreachable")  # pragma: no cover  (abort raises)
 
 
+#: Request metadata with which our client asks to read past the high watermark (not a Liftbridge feature).
+READ_UNCOMMITTED_KEY = "liftlog-read-uncommitted"
+
+
+def _wants_uncommitted(context: Any) -> bool:
+    metadata = context.invocation_metadata() or ()
+    return any(key == READ_UNCOMMITTED_KEY and value == "true" for key, value in metadata)
+
+
 def _nullable(msg: Any, name: str) -> Any:
     return getattr(msg, name).value if msg.HasField(name) else None
 
@@ -211,7 +220,7 @@ class ApiService(api_pb2_grpc.APIServicer):
         part.subscribers += 1
         try:
             yield api_pb2.Message()  # Liftbridge clients wait for this before they return the subscription
-            async for message in read_subscription(part, req):
+            async for message in read_subscription(part, req, uncommitted=_wants_uncommitted(context)):
                 yield message
         except PartitionGone as exc:
             await _abort(context, self._gone(req.stream, req.partition, str(exc)))

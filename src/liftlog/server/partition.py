@@ -123,6 +123,7 @@ class Partition:
         self.write_error: str | None = None
         self._commit_waiters: deque[api_pb2.Ack] = deque()
         self._data_waiter: asyncio.Future[None] | None = None
+        self._append_waiter: asyncio.Future[None] | None = None
         self._closed_reason: str | None = "not started"
         # What a closed (paused) partition reports in its metadata.
         self._closed_hw = -1
@@ -256,6 +257,7 @@ class Partition:
 
     def _log_grew(self, now: int) -> None:
         assert self.log is not None
+        self.appended()
         if self.leader is None:
             # Not replicated (no role yet, as in unit tests): written means committed.
             self.set_high_watermark(self.log.newest_offset)
@@ -411,6 +413,19 @@ class Partition:
         waiter, self._data_waiter = self._data_waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        self.appended()
+
+    def appended(self) -> None:
+        """Wake readers of uncommitted data: the log grew (or the partition changed state)."""
+        waiter, self._append_waiter = self._append_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def wait_for_append(self) -> Awaitable[None]:
+        """Like ``wait_for_data``, but completes when the log grows, committed or not."""
+        if self._append_waiter is None or self._append_waiter.done():
+            self._append_waiter = asyncio.get_running_loop().create_future()
+        return asyncio.shield(self._append_waiter)
 
     def wait_for_data(self) -> Awaitable[None]:
         """A future that completes at the next commit (or when the partition closes).

@@ -358,6 +358,7 @@ class Replicator:
                 if actions and isinstance(actions[0], Append):
                     assert part.log is not None
                     part.log.append_raw(reply.batches)
+                    part.appended()
                     actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())
                 self._carry_out(member, actions)
             elif isinstance(action, RequestEpochOffset):

@@ -3,6 +3,10 @@
 A subscriber reads committed records straight from the log at its own pace
 and, once caught up, awaits the partition's shared commit future, so an idle
 subscription costs nothing and a slow one holds back nobody else.
+
+Uncommitted reads (seed 002) go up to the log end instead of the high
+watermark. They are opt-in and unsafe: a message read that way may be
+truncated after a leader change and never be committed.
 """
 
 from __future__ import annotations
@@ -30,12 +34,12 @@ class EndOfReadonly(Exception):
     """The subscriber reached the end of a readonly partition: nothing more will come."""
 
 
-def start_offset(part: Partition, req: api_pb2.SubscribeRequest) -> int:
+def start_offset(part: Partition, req: api_pb2.SubscribeRequest, *, uncommitted: bool = False) -> int:
     """The first offset to deliver for ``req.startPosition``."""
     log = part.log
     if log is None:
         raise PartitionGone(part.closed_reason or "closed")
-    hw = part.high_watermark
+    hw = log.newest_offset if uncommitted else part.high_watermark
     first = log.log_start_offset
     pos = req.startPosition
     if pos == api_pb2.EARLIEST:
@@ -50,19 +54,22 @@ def start_offset(part: Partition, req: api_pb2.SubscribeRequest) -> int:
     return hw + 1  # NEW_ONLY
 
 
-async def read_subscription(part: Partition, req: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
+async def read_subscription(
+    part: Partition, req: api_pb2.SubscribeRequest, *, uncommitted: bool = False
+) -> AsyncIterator[api_pb2.Message]:
     """Messages from the start position until the stop position (or forever).
 
-    Raises PartitionGone when the partition closes and EndOfReadonly at the
-    end of a readonly partition that is being followed.
+    With ``uncommitted`` it reads past the high watermark up to the newest
+    message. Raises PartitionGone when the partition closes and EndOfReadonly
+    at the end of a readonly partition that is being followed.
     """
-    offset = start_offset(part, req)
+    offset = start_offset(part, req, uncommitted=uncommitted)
     stop_after: int | None = None  # last offset to deliver
     stop_ts: int | None = None
     if req.stopPosition == api_pb2.STOP_OFFSET:
         stop_after = req.stopOffset
     elif req.stopPosition == api_pb2.STOP_LATEST:
-        stop_after = part.high_watermark
+        stop_after = part.newest_offset if uncommitted else part.high_watermark
     elif req.stopPosition == api_pb2.STOP_TIMESTAMP:
         stop_ts = req.stopTimestamp
     stream, pid, subject = part.stream, part.id, part.subject
@@ -71,11 +78,11 @@ async def read_subscription(part: Partition, req: api_pb2.SubscribeRequest) -> A
         log = part.log
         if log is None or part.closed_reason is not None:
             raise PartitionGone(part.closed_reason or "closed")
-        hw = log.high_watermark
+        hw = log.newest_offset if uncommitted else log.high_watermark
         if offset > hw:
             if part.meta.readonly and not part.accepting:
                 raise EndOfReadonly(f"end of readonly partition {stream}/{pid}")
-            await part.wait_for_data()
+            await (part.wait_for_append() if uncommitted else part.wait_for_data())
             continue
         limit = hw + 1 if stop_after is None else min(hw, stop_after) + 1
         try:
