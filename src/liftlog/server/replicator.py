@@ -90,6 +90,8 @@ class _Following:
     #: The request to send next (RequestEpochOffset or Fetch), None while asleep or in flight.
     pending: FollowerAction | None = None
     sleeping: bool = False
+    #: A notification arrived while a request was in flight: do not sleep after its (empty) answer.
+    notified: bool = False
     due: float = 0.0
 
 
@@ -305,9 +307,15 @@ class Replicator:
             woke = False
             for key in pairs:
                 member = loop.members.get(key)
-                if member is not None and member.sleeping:
+                if member is None:
+                    continue
+                if member.sleeping:
                     member.due = 0.0
                     woke = True
+                else:
+                    # The leader notifies once per wait; an empty answer already on its way must not
+                    # put us to sleep past the data this notification announces.
+                    member.notified = True
             if woke:
                 loop.wake.set()
 
@@ -339,6 +347,7 @@ class Replicator:
 
     async def _request(self, member: _Following) -> None:
         action, member.pending = member.pending, None
+        member.notified = False  # this request sees whatever was announced before it
         part, core = member.part, member.core
         try:
             if isinstance(action, Fetch):
@@ -418,7 +427,8 @@ class Replicator:
                 part.set_high_watermark(action.hw)
             elif isinstance(action, Sleep):
                 member.sleeping = True
-                member.due = now + action.seconds
+                member.due = now if member.notified else now + action.seconds
+                member.notified = False
                 return
             elif isinstance(action, ReportLeader):
                 log.warning("%s: leader %s silent for %d ms", part, action.leader, action.silent_ns // 1_000_000)
