@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck unit run bench bench-log sim clean
+.PHONY: install test lint typecheck unit run bench bench-log sim chaos clean
 
 # (Re)install when pyproject.toml changes; a missing venv is created first.
 $(STAMP): pyproject.toml
@@ -39,6 +39,12 @@ bench: install
 SEEDS ?= 100000
 sim: install
 	LIFTLOG_SIM_SEEDS=$(SEEDS) $(BIN)/pytest tests/sim -q --timeout 0
+
+# Seeded random fault schedules against a 3-server cluster under load, then the checker: SEEDS=5 DURATION=30
+# by default (seconds of faults per seed); SEED=<n> replays one seed. Exits 1 if an invariant failed.
+chaos: install
+	$(BIN)/python -m tests.chaos.run --seeds $(if $(filter file,$(origin SEEDS)),5,$(SEEDS)) \
+		--duration $(or $(DURATION),30) $(if $(SEED),--seed $(SEED))
 
 bench-log: install
 	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)

@@ -143,8 +143,10 @@ class Partition:
         """Open (recover) the log; readers may use it from now on."""
         if self.log is None:
             self.log = CommitLog.open(self.directory, self.options.log_config, clock=self._clock)
-            # One replica: everything written is committed.
-            self.log.set_high_watermark(self.log.newest_offset)
+            if len(self.meta.replicas) == 1:
+                # One replica: everything written is committed. With more, the checkpointed HW stands
+                # until the leader learns better from its followers: the tail may never have been copied.
+                self.log.set_high_watermark(self.log.newest_offset)
         self._closed_reason = None
         self.last_activity = self._clock()
 

@@ -1,0 +1,313 @@
+"""Three ``liftlog server`` processes, each reaching the shared nats-server through its own ``TcpProxy``.
+
+A ``ChaosCluster`` can crash (kill -9), restart, freeze (SIGSTOP) and thaw any server, and cut, blackhole or
+slow one server's NATS link while its process keeps running. Every server is started with short replication
+timeouts so ISR changes and failovers happen within a few seconds. ``close()`` (or leaving the ``with`` block)
+resumes, kills and stops everything, whatever state a failed test left it in.
+
+Leaders and ISRs are read from the freshest metadata any reachable server has (the highest Raft applied
+index), so a server that is cut off and still believes in an old layout does not mislead the workload.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+import grpc
+
+from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+from tests.integration.harness import LiftlogProcess, NatsProcess
+
+from .faults import Fault, FaultEvent, kill9, pause, resume
+from .proxy import TcpProxy
+
+__all__ = ["IDS", "SETTINGS", "ChaosCluster", "PartitionView", "channel_options"]
+
+IDS = ("a", "b", "c")
+
+#: Short replication and liveness timeouts: ISR shrinks, failovers and rejoins happen within seconds.
+SETTINGS = (
+    "--set",
+    "clustering.replica.max.lag.time=2s",
+    "--set",
+    "clustering.replica.max.idle.wait=500ms",
+    "--set",
+    "clustering.server.liveness.timeout=2s",
+    "--set",
+    "clustering.replica.max.leader.timeout=3s",
+)
+
+T = TypeVar("T")
+
+_namespaces = itertools.count()
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """gRPC channel options for servers that die and come back on the same port: reconnect within ~0.5 s."""
+    return [
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 500),
+    ]
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    """One partition as one server's metadata has it, with that server's own replica offsets."""
+
+    leader: str
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+    high_watermark: int
+    newest_offset: int
+
+
+class ChaosCluster:
+    """Servers ``a``, ``b`` and ``c`` founded together (``--raft-bootstrap-peers a,b,c``), one proxy each."""
+
+    def __init__(self, root: Path, nats: NatsProcess, *extra: str, ids: tuple[str, ...] = IDS) -> None:
+        self.root = root
+        self.nats = nats
+        self.ids = ids
+        self.namespace = f"chaos-{next(_namespaces)}-{int(time.time() * 1000) % 1_000_000}"
+        self.proxies: dict[str, TcpProxy] = {}
+        self.servers: dict[str, LiftlogProcess] = {}
+        self.paused: set[str] = set()
+        self.faulted: set[str] = set()  # cut, blackholed or delayed links
+        self._channels: dict[str, grpc.Channel] = {}
+        for sid in ids:
+            proxy = TcpProxy("127.0.0.1", nats.port).start()
+            self.proxies[sid] = proxy
+            self.servers[sid] = LiftlogProcess(
+                root / sid,
+                "--namespace",
+                self.namespace,
+                *SETTINGS,
+                *extra,
+                nats_url=proxy.url,
+                server_id=sid,
+                bootstrap=",".join(ids),
+            )
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> ChaosCluster:
+        """Start every server and wait until all are alive voters with one controller."""
+        for proc in self.servers.values():
+            proc.start()
+        self.wait_formed(timeout)
+        return self
+
+    def close(self) -> None:
+        """Resume, kill and reap every server, stop every proxy and close channels; safe to call twice."""
+        for sid, proc in self.servers.items():
+            if proc.proc is not None:
+                resume(proc.proc)
+                kill9(proc.proc)
+            self.paused.discard(sid)
+        for proxy in self.proxies.values():
+            proxy.stop()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def __enter__(self) -> ChaosCluster:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def address(self, sid: str) -> str:
+        return self.servers[sid].address
+
+    def running(self, sid: str) -> bool:
+        proc = self.servers[sid].proc
+        return proc is not None and proc.poll() is None
+
+    def reachable(self) -> list[str]:
+        """Servers whose process runs and is not frozen (a cut server still answers gRPC)."""
+        return [sid for sid in self.ids if self.running(sid) and sid not in self.paused]
+
+    # -- faults ---------------------------------------------------------------------------------------------
+
+    def kill(self, sid: str) -> None:
+        """kill -9: no flush, no goodbye (works on a paused server too)."""
+        proc = self.servers[sid].proc
+        if proc is not None:
+            kill9(proc)
+        self.paused.discard(sid)
+
+    def restart(self, sid: str, timeout: float = 30.0) -> None:
+        """Start a killed server again with the same data directory, port and proxy."""
+        if self.running(sid):
+            raise RuntimeError(f"{sid} is still running")
+        self.servers[sid].start(timeout)
+
+    def pause(self, sid: str) -> None:
+        proc = self.servers[sid].proc
+        assert proc is not None
+        pause(proc)
+        self.paused.add(sid)
+
+    def resume(self, sid: str) -> None:
+        proc = self.servers[sid].proc
+        assert proc is not None
+        resume(proc)
+        self.paused.discard(sid)
+
+    def cut(self, sid: str) -> None:
+        self.proxies[sid].cut()
+        self.faulted.add(sid)
+
+    def blackhole(self, sid: str) -> None:
+        self.proxies[sid].blackhole()
+        self.faulted.add(sid)
+
+    def delay(self, sid: str, seconds: float) -> None:
+        self.proxies[sid].delay(seconds)
+        self.faulted.add(sid)
+
+    def heal(self, sid: str) -> None:
+        self.proxies[sid].heal()
+        self.faulted.discard(sid)
+
+    def apply(self, event: FaultEvent) -> None:
+        """Start a scheduled fault."""
+        sid = event.target
+        if event.action is Fault.KILL:
+            self.kill(sid)
+        elif event.action is Fault.PAUSE:
+            self.pause(sid)
+        elif event.action is Fault.CUT:
+            self.cut(sid)
+        elif event.action is Fault.BLACKHOLE:
+            self.blackhole(sid)
+        elif event.action is Fault.DELAY:
+            self.delay(sid, event.latency)
+
+    def undo(self, event: FaultEvent) -> None:
+        """End a scheduled fault: restart, resume or heal."""
+        sid = event.target
+        if event.action is Fault.KILL:
+            self.restart(sid)
+        elif event.action is Fault.PAUSE:
+            self.resume(sid)
+        else:
+            self.heal(sid)
+
+    def heal_all(self) -> None:
+        """Undo every fault: heal links, resume frozen servers, restart dead ones."""
+        for sid in self.ids:
+            self.heal(sid)
+            if sid in self.paused:
+                self.resume(sid)
+        for sid in self.ids:
+            if not self.running(sid):
+                self.restart(sid)
+
+    # -- looking at the cluster -----------------------------------------------------------------------------
+
+    def channel(self, sid: str) -> grpc.Channel:
+        ch = self._channels.get(sid)
+        if ch is None:
+            ch = grpc.insecure_channel(self.address(sid), options=channel_options())
+            self._channels[sid] = ch
+        return ch
+
+    def api(self, sid: str) -> api_pb2_grpc.APIStub:
+        return api_pb2_grpc.APIStub(self.channel(sid))
+
+    def status(self, sid: str, timeout: float = 2.0) -> cluster_pb2.ClusterStatusResponse:
+        return cluster_pb2_grpc.ClusterStub(self.channel(sid)).Status(
+            cluster_pb2.ClusterStatusRequest(), timeout=timeout
+        )
+
+    def partitions(self, sid: str, stream: str, timeout: float = 2.0) -> dict[int, PartitionView] | None:
+        """``sid``'s view of ``stream`` (None when it does not know the stream)."""
+        meta = self.api(sid).FetchMetadata(api_pb2.FetchMetadataRequest(streams=[stream]), timeout=timeout)
+        sm = meta.streamMetadata[0]
+        if sm.error == api_pb2.StreamMetadata.UNKNOWN_STREAM:
+            return None
+        return {
+            pid: PartitionView(p.leader, tuple(p.replicas), tuple(p.isr), p.highWatermark, p.newestOffset)
+            for pid, p in sm.partitions.items()
+        }
+
+    def freshest(self, stream: str, timeout: float = 1.0) -> dict[int, PartitionView] | None:
+        """The view of ``stream`` held by the reachable server with the highest applied metadata index."""
+        best: tuple[int, dict[int, PartitionView]] | None = None
+        for sid in self.reachable():
+            try:
+                applied = self.status(sid, timeout).appliedIndex
+                view = self.partitions(sid, stream, timeout)
+            except grpc.RpcError:
+                continue
+            if view is not None and (best is None or applied > best[0]):
+                best = (applied, view)
+        return None if best is None else best[1]
+
+    def leader(self, stream: str, partition: int = 0) -> str | None:
+        view = self.freshest(stream)
+        return view[partition].leader or None if view and partition in view else None
+
+    def isr(self, stream: str, partition: int = 0) -> tuple[str, ...]:
+        view = self.freshest(stream)
+        return view[partition].isr if view and partition in view else ()
+
+    def wait_formed(self, timeout: float = 30.0) -> str:
+        """Wait until every reachable server sees all servers alive as voters and one controller; return it."""
+
+        def check() -> str | None:
+            seen: set[str] = set()
+            for sid in self.reachable():
+                st = self.status(sid)
+                if {s.id for s in st.servers if s.alive and s.voter} != set(self.ids) or not st.controller:
+                    return None
+                seen.add(st.controller)
+            return seen.pop() if len(seen) == 1 else None
+
+        return self.eventually(check, timeout, f"a cluster of {', '.join(self.ids)}")
+
+    def create_stream(self, name: str, partitions: int = 1, rf: int = 3) -> dict[int, PartitionView]:
+        """Create ``name`` and wait until every server agrees on its layout, with full ISRs."""
+        sid = self.reachable()[0]
+        req = api_pb2.CreateStreamRequest(name=name, subject=name, partitions=partitions, replicationFactor=rf)
+        self.api(sid).CreateStream(req, timeout=10)
+
+        def agreed() -> dict[int, PartitionView] | None:
+            views = [self.partitions(s, name) for s in self.reachable()]
+            first = views[0]
+            if first is None or any(v is None for v in views):
+                return None
+            layouts = [{p: (v.leader, v.replicas, v.isr) for p, v in view.items()} for view in views if view]
+            if any(layout != layouts[0] for layout in layouts):
+                return None
+            return first if all(len(v.isr) == rf and v.leader for v in first.values()) else None
+
+        return self.eventually(agreed, 20, f"agreement on stream {name}")
+
+    def logs(self) -> dict[str, str]:
+        """The tail of every server's log, for failure messages."""
+        return {sid: proc.output() for sid, proc in self.servers.items()}
+
+    @staticmethod
+    def eventually(check: Callable[[], T | None], timeout: float, what: str) -> T:
+        deadline = time.monotonic() + timeout
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            try:
+                result = check()
+                if result:
+                    return result
+            except grpc.RpcError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise AssertionError(f"{what} not reached within {timeout}s (last error: {last})")
