@@ -215,3 +215,34 @@ async def test_uncommitted_reads_are_opt_in_and_see_past_the_high_watermark(
         assert read(address, "draft", replica=False) == []  # Liftbridge's wire behaviour: committed only
     finally:
         c.stop_all()
+
+
+def test_a_partition_whose_replicas_all_died_goes_offline_and_comes_back_with_them(
+    tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    c = Cluster(tmp_path, nats_server.url)
+    ids = ["a", "b", "c", "d", "e"]  # five voters: the metadata group survives two deaths
+    try:
+        for sid in ids:
+            c.add(sid, ",".join(ids), *REPLICATION)
+        c.start_all()
+        formed(c, set(ids))
+        create(c.servers["a"].address, "pair", rf=2)
+        leader, replicas, _ = agreed(c, "pair")["pair"][0]
+        other = next(r for r in replicas if r != leader)
+        watcher = c.servers[next(s for s in ids if s not in replicas)].address
+        publish(c.servers[leader].address, "pair", [b"kept"])
+        c.servers[other].kill()
+        eventually(lambda: isr(c, "pair") == (leader,), 15, f"{other} dropped from the ISR")
+        c.servers[leader].kill()
+
+        def offline() -> bool:
+            return [(p.stream, p.state) for p in status(watcher).attention] == [("pair", "offline")]
+
+        eventually(offline, 20, "the partition reported offline")
+        c.servers[leader].start()  # the last in-sync replica returns: it leads again
+        eventually(lambda: all(p.state == "online" for p in status(watcher).attention), 20, "online again")
+        eventually(lambda: agreed(c, "pair")["pair"][0][0] == leader, 20, f"{leader} leading again")
+        assert read(c.servers[leader].address, "pair", replica=False) == [b"kept"]
+    finally:
+        c.stop_all()

@@ -76,3 +76,9 @@ def test_a_confirmation_from_the_current_candidate_ends_the_election() -> None:
     elections.begin(key, [Candidate("b")], 0)
     elections.abandon(key)
     assert elections.tick(10 * S) == []
+
+
+def test_an_offline_partitions_last_leader_may_lead_again_when_it_returns() -> None:
+    p = partition(isr=["a"])  # a was the last in-sync replica, and the leader
+    assert rank_candidates(p, {"a", "b"}, {}) == []
+    assert rank_candidates(p, {"a", "b"}, {}, leader_may_return=True) == [Candidate("a")]

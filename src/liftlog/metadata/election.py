@@ -47,16 +47,25 @@ Decision = Candidate | NoCandidate
 
 
 def rank_candidates(
-    meta: PartitionMeta, alive: Iterable[str], leos: Mapping[str, int], *, unclean: bool = False
+    meta: PartitionMeta,
+    alive: Iterable[str],
+    leos: Mapping[str, int],
+    *,
+    unclean: bool = False,
+    leader_may_return: bool = False,
 ) -> list[Candidate]:
-    """Who may lead ``meta`` next, best first. ``leos`` holds the log end offsets the controller learned."""
+    """Who may lead ``meta`` next, best first. ``leos`` holds the log end offsets the controller learned.
+
+    The old leader is a candidate only with ``leader_may_return`` (an offline partition whose last
+    leader came back: it has everything that was committed).
+    """
     live = set(alive)
     order = {r: i for i, r in enumerate(meta.replicas)}
 
     def best_first(pool: list[str]) -> list[str]:
         return sorted(pool, key=lambda r: (-leos.get(r, -1), order[r]))
 
-    clean = best_first([r for r in meta.isr if r != meta.leader and r in live])
+    clean = best_first([r for r in meta.isr if (leader_may_return or r != meta.leader) and r in live])
     if clean or not unclean:
         return [Candidate(r) for r in clean]
     return [Candidate(r, unclean=True) for r in best_first([r for r in meta.replicas if r in live])]

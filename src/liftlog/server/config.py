@@ -240,6 +240,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("clustering.server.heartbeat.interval", parse_duration_ms, 1000, "servers tell the controller they are alive"),
     _s("clustering.server.liveness.timeout", parse_duration_ms, 3000, "a silent server counts as dead after this"),
     _s("clustering.replica.max.lag.time", parse_duration_ms, 15_000, "drop a follower from the ISR after this"),
+    _s("clustering.replica.max.lag.messages", _int(0), 0, "also drop a follower this many messages behind (0: off)"),
     _s("clustering.replica.max.leader.timeout", parse_duration_ms, 15_000, "report a silent leader after this"),
     _s("clustering.replica.max.idle.wait", parse_duration_ms, 10_000, "a caught-up follower's sleep"),
     _s("clustering.replica.fetch.timeout", parse_duration_ms, 3_000, "timeout of one replication fetch"),
@@ -332,6 +333,7 @@ class ClusteringConfig:
     server_heartbeat_interval: int
     server_liveness_timeout: int
     replica_max_lag_time: int
+    replica_max_lag_messages: int
     replica_max_leader_timeout: int
     replica_max_idle_wait: int
     replica_fetch_timeout: int

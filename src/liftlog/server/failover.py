@@ -97,8 +97,10 @@ class Failover:
                     await self.elect(meta, f"leader {meta.leader} is not alive")
                 elif meta.state in (PartitionState.ELECTION, PartitionState.CANDIDATE_FOUND):
                     await self.elect(meta, "resuming an election a previous controller started")
-                elif meta.state is PartitionState.OFFLINE and any(r in alive for r in meta.replicas):
-                    await self.elect(meta, "a replica of an offline partition is alive")
+                elif meta.state is PartitionState.OFFLINE and rank_candidates(
+                    meta, alive, {}, unclean=self._unclean(meta.stream), leader_may_return=True
+                ):
+                    await self.elect(meta, "a replica that may lead the offline partition is alive")
         for key, decision in self.elections.tick(self._clock()):
             await self._decided(key, decision)
         if self._rebalance_after_ns:
@@ -151,6 +153,8 @@ class Failover:
 
     async def elect(self, meta: PartitionMeta, why: str) -> None:
         key = (meta.stream, meta.id)
+        # An offline partition's last leader has everything committed: it may lead again if it returns.
+        leader_may_return = meta.state is PartitionState.OFFLINE
         if key in self._busy:
             return
         self._busy.add(key)
@@ -162,7 +166,9 @@ class Failover:
             meta = self._metadata().partition(meta.stream, meta.id)
             alive = {s.id for s in self._metadata().servers.values() if s.alive}
             leos = await self._log_end_offsets(meta, alive)
-            ranked = rank_candidates(meta, alive, leos, unclean=self._unclean(meta.stream))
+            ranked = rank_candidates(
+                meta, alive, leos, unclean=self._unclean(meta.stream), leader_may_return=leader_may_return
+            )
             if ranked and ranked[0].unclean:
                 behind = {c.replica: leos.get(c.replica, -1) for c in ranked}
                 log.error(
@@ -233,6 +239,6 @@ class Failover:
             except Exception:
                 return None
 
-        asked = [r for r in meta.replicas if r in alive and r != meta.leader]
+        asked = [r for r in meta.replicas if r in alive]
         answers = await asyncio.gather(*(ask(r) for r in asked))
         return dict(a for a in answers if a is not None)

@@ -235,6 +235,7 @@ class Server:
             namespace=c.namespace,
             settings=ReplicatorSettings(
                 max_lag_ns=c.replica_max_lag_time * 1_000_000,
+                max_lag_messages=c.replica_max_lag_messages,
                 idle_wait_s=c.replica_max_idle_wait / 1000,
                 fetch_timeout_s=c.replica_fetch_timeout / 1000,
                 leader_timeout_ns=c.replica_max_leader_timeout * 1_000_000,

@@ -59,8 +59,8 @@ class _Hosted:
     created: int
     paused: bool
     readonly: bool
-    #: (leader, leader epoch) the replica was last set up for; None while closed.
-    role: tuple[str, int] | None = None
+    #: (leader, leader epoch, leading) the replica was last set up for; None while closed.
+    role: tuple[str, int, bool] | None = None
     isr: tuple[str, ...] = ()
     #: Partition epoch at which this replica last confirmed it was asked to take over.
     confirmed_at: int = -1
@@ -247,8 +247,10 @@ class StreamManager:
     async def _set_role(self, hosted: _Hosted, meta: PartitionMeta) -> None:
         """Lead or follow as the metadata says; only a leader that is not readonly listens on its subject."""
         part = hosted.part
-        leader = meta.leader == self.server_id
-        role = (meta.leader, meta.leader_epoch)
+        # Mid-election or offline, the named leader is the old one: nobody leads until ChangeLeader.
+        named = meta.leader == self.server_id
+        leader = named and meta.state is PartitionState.ONLINE
+        role = (meta.leader, meta.leader_epoch, leader)
         replicator = self.replicator
         if (
             meta.state is PartitionState.CANDIDATE_FOUND
@@ -280,8 +282,13 @@ class StreamManager:
                 await replicator.stop_leading(part)
                 if part.leader is not None:
                     part.become_follower()
-                replicator.follow(part)
-                log.info("%s: following %s in leader epoch %d", part, meta.leader, meta.leader_epoch)
+                if named:
+                    # Still named leader while an election runs (or the partition is offline): wait, idle.
+                    replicator.unfollow(part)
+                    log.info("%s: not leading while the partition is %s", part, meta.state.value)
+                else:
+                    replicator.follow(part)
+                    log.info("%s: following %s in leader epoch %d", part, meta.leader, meta.leader_epoch)
             hosted.role = role
             hosted.isr = tuple(meta.isr)
         elif tuple(meta.isr) != hosted.isr:
