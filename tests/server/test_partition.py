@@ -67,3 +67,22 @@ def test_a_full_disk_fails_the_batch_with_a_reason(
     monkeypatch.undo()
     partition.append([incoming(b"after", "3")])
     assert acks[-1].offset == 1 and partition.write_error is None
+
+
+def test_a_replicated_partition_keeps_its_checkpointed_hw_across_a_crash(tmp_path: Path) -> None:
+    meta = PartitionMeta("orders", 0, "orders", "s1", ["s1", "s2"], ["s1", "s2"])
+    part = Partition(
+        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+    )
+    part.open_log()
+    assert part.log is not None
+    part.log.append([NewRecord(b"%d" % i) for i in range(5)])
+    part.set_high_watermark(2)
+    part.checkpoint_high_watermark()
+    part.set_high_watermark(3)  # not checkpointed: a crash now forgets it
+    # A crash (no close) and a restart: the HW comes from the checkpoint, not from the log end.
+    again = Partition(
+        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+    )
+    again.open_log()
+    assert again.high_watermark == 2 and again.newest_offset == 4

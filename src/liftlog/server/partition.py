@@ -131,6 +131,7 @@ class Partition:
         #: Replication state of this replica's role: at most one is set.
         self.leader: LeaderReplica | None = None
         self.follower: FollowerReplica | None = None
+        self._checkpointed_hw: int | None = None
         self.leader_actions: LeaderActionSink | None = None
 
     # -- lifecycle -------------------------------------------------------
@@ -382,6 +383,12 @@ class Partition:
             ackPolicy=item.ack_policy,  # type: ignore[arg-type]
             receptionTimestamp=now,
         )
+
+    def checkpoint_high_watermark(self) -> None:
+        """Write the HW to the log's checkpoint if it moved since the last time (a restart resumes from it)."""
+        if self.log is not None and self.log.high_watermark != self._checkpointed_hw:
+            self.log.checkpoint_high_watermark()
+            self._checkpointed_hw = self.log.high_watermark
 
     def set_high_watermark(self, offset: int) -> None:
         """Commit up to ``offset``: send ALL acks it covers and wake readers."""

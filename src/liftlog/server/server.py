@@ -459,6 +459,12 @@ class Server:
                 replicator.tick()
 
             self._tasks.append(loop.create_task(self._every(1.0, judge_followers), name="isr"))
+
+        async def checkpoint() -> None:
+            streams.checkpoint_high_watermarks()
+
+        # A restart after a crash resumes from this, not from -1 (seed 000: followers checkpoint the HW).
+        self._tasks.append(loop.create_task(self._every(5.0, checkpoint), name="hw-checkpoint"))
         if self.config.streams.fsync_policy == "interval":
             interval = max(self.config.streams.fsync_interval / 1000, 0.01)
 

@@ -386,6 +386,11 @@ class StreamManager:
             except Exception:
                 log.exception("cleaning %s", part)
 
+    def checkpoint_high_watermarks(self) -> None:
+        """Write each open partition's HW to its checkpoint when it moved (a restart resumes from it)."""
+        for part in self.partitions.values():
+            part.checkpoint_high_watermark()
+
     def flush_due(self) -> None:
         for part in self.partitions.values():
             if part.log is not None:
