@@ -245,7 +245,10 @@ class ApiService(api_pb2_grpc.APIServicer):
         """
         meta = self._streams.metadata.partition(stream, partition)
         part = self._streams.partitions.get((stream, partition))
-        if part is None or not (meta.leader == self.server_id or (allow_replica and self.server_id in meta.isr)):
+        # Named leader is not enough: right after a restart or mid-election this server has not taken up
+        # the leadership, and its HW may be behind what the partition committed.
+        leading = self._streams.is_leading(stream, partition)
+        if part is None or not (leading or (allow_replica and self.server_id in meta.isr)):
             raise RpcFailure(Code.FAILED_PRECONDITION, Reason.NOT_LEADER, NOT_LEADER_MESSAGE)
         return part
 

@@ -333,6 +333,15 @@ class StreamManager:
             raise NoSuchPartitionError(name, partition)
         return part
 
+    def is_leading(self, name: str, partition: int) -> bool:
+        """Whether this server has taken up leadership of the partition (not only been named leader)."""
+        hosted = self._hosted.get((name, partition))
+        if hosted is None:
+            return False
+        if self.replicator is None or hosted.paused:  # unreplicated (tests), or paused: named is leading
+            return hosted.part.meta.leader == self.server_id
+        return hosted.role is not None and hosted.role[2]
+
     def occ_enabled(self, name: str) -> bool:
         """Whether publishes to the stream check expectedOffset (its setting, else the server's)."""
         occ = self.metadata.stream(name).settings.optimistic_concurrency_control
