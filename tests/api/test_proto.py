@@ -84,6 +84,7 @@ MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "minIsr": (16, NI32),
         "optimisticConcurrencyControl": (17, NB),
         "encryption": (18, NB),
+        "uncleanLeaderElection": (1000, NB),  # liftlog's extension, far from Liftbridge's numbers
     },
     "CreateStreamResponse": {},
     "DeleteStreamRequest": {"name": (1, "string")},

@@ -203,13 +203,16 @@ class Client(Routing):
         min_isr: int | None = None,
         optimistic_concurrency_control: bool | None = None,
         encryption: bool | None = None,
+        unclean_leader_election: bool | None = None,
         exist_ok: bool = False,
     ) -> None:
         """Create stream `name` recording NATS `subject` (wildcards allowed).
 
         `group` spreads the subject over the streams of a queue group;
         `replication_factor` -1 means every server. The per-stream settings
-        left None take the server's defaults. Raises
+        left None take the server's defaults. `unclean_leader_election`
+        (liftlog servers only) lets a replica that is not in sync lead when no
+        in-sync one is left, which loses what it lacks. Raises
         :class:`StreamExistsError` when the name is taken, unless `exist_ok`.
         """
         req = api_pb2.CreateStreamRequest(
@@ -235,6 +238,7 @@ class Client(Routing):
             (req.autoPauseDisableIfSubscribers, auto_pause_disable_if_subscribers),
             (req.optimisticConcurrencyControl, optimistic_concurrency_control),
             (req.encryption, encryption),
+            (req.uncleanLeaderElection, unclean_leader_election),
         )
         for field_b, value_b in bools:
             if value_b is not None:

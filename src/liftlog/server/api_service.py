@@ -176,6 +176,7 @@ class ApiService(api_pb2_grpc.APIServicer):
             min_isr=_nullable(req, "minIsr"),
             optimistic_concurrency_control=_nullable(req, "optimisticConcurrencyControl"),
             encryption=_nullable(req, "encryption"),
+            unclean_leader_election=_nullable(req, "uncleanLeaderElection"),
         )
         for name, value in settings.to_dict().items():
             if not isinstance(value, bool) and value < 0:

@@ -240,7 +240,7 @@ class MetadataService:
                 nats=self._nats,
                 prefix=self._prefix,
                 clock=self._clock,
-                unclean=lambda stream: self._unclean,
+                unclean_default=self._unclean,
                 rebalance_after_ns=int(self._rebalance_delay * 1e9),
             )
             self._leader_task = asyncio.get_running_loop().create_task(self._lead_cluster(), name="controller")

@@ -55,7 +55,7 @@ class Failover:
         clock: Callable[[], int],
         confirm_timeout_ns: int = 5_000_000_000,
         report_window_ns: int = 15_000_000_000,
-        unclean: Callable[[str], bool] = lambda stream: False,
+        unclean_default: bool = False,
         rebalance_after_ns: int = 10_000_000_000,
     ) -> None:
         self._metadata = metadata
@@ -63,13 +63,19 @@ class Failover:
         self._nats = nats
         self._prefix = prefix
         self._clock = clock
-        self._unclean = unclean
+        self._unclean_default = unclean_default
         self.reports = LeaderReports(report_window_ns)
         self.elections = Elections(confirm_timeout_ns)
         self._busy: set[PartitionKey] = set()
         self._rebalance_after_ns = rebalance_after_ns
         #: When each partition's preferred replica was first seen able to lead again.
         self._eligible_since: dict[PartitionKey, int] = {}
+
+    def _unclean(self, stream: str) -> bool:
+        """The stream's unclean leader election setting, else the server's (clustering.unclean.leader.election)."""
+        known = self._metadata().streams.get(stream)
+        own = known.settings.unclean_leader_election if known is not None else None
+        return self._unclean_default if own is None else own
 
     # -- triggers ---------------------------------------------------------
 
