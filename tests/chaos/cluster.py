@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
 
 import grpc
 
 from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
-from tests.integration.harness import LiftlogProcess, NatsProcess
+from tests.integration.harness import LiftlogProcess, NatsProcess, eventually
 
 from .faults import Fault, FaultEvent, kill9, pause, resume
 from .proxy import TcpProxy
@@ -43,7 +41,6 @@ SETTINGS = (
     "clustering.replica.max.leader.timeout=3s",
 )
 
-T = TypeVar("T")
 
 _namespaces = itertools.count()
 
@@ -298,16 +295,5 @@ class ChaosCluster:
         """The tail of every server's log, for failure messages."""
         return {sid: proc.output() for sid, proc in self.servers.items()}
 
-    @staticmethod
-    def eventually(check: Callable[[], T | None], timeout: float, what: str) -> T:
-        deadline = time.monotonic() + timeout
-        last: BaseException | None = None
-        while time.monotonic() < deadline:
-            try:
-                result = check()
-                if result:
-                    return result
-            except grpc.RpcError as exc:
-                last = exc
-            time.sleep(0.1)
-        raise AssertionError(f"{what} not reached within {timeout}s (last error: {last})")
+    #: Poll until true (gRPC errors count as not yet); one helper for every cluster test.
+    eventually = staticmethod(eventually)

@@ -31,13 +31,6 @@ PARTITIONS = 2
 ENOUGH = 30
 
 
-@pytest.fixture(scope="module")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsProcess]:
-    proc = NatsProcess(tmp_path_factory.mktemp("nats") / "nats.log")
-    yield proc
-    proc.stop()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, nats_server: NatsProcess) -> Iterator[ChaosCluster]:
     with ChaosCluster(tmp_path, nats_server) as c:

@@ -23,13 +23,6 @@ from .proxy import TcpProxy
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
-@pytest.fixture(scope="module")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsProcess]:
-    proc = NatsProcess(tmp_path_factory.mktemp("nats") / "nats.log")
-    yield proc
-    proc.stop()
-
-
 @pytest.fixture
 def proxy(nats_server: NatsProcess) -> Iterator[Callable[[], TcpProxy]]:
     """Started proxies to the nats-server, all stopped (threads joined) at teardown even if the test failed."""

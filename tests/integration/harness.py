@@ -8,12 +8,31 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.server.embedded_nats import find_nats_server_binary
+
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T | None], timeout: float = 20.0, what: str = "condition") -> T:
+    """Poll ``check`` every 0.1 s until it returns something true; gRPC errors meanwhile count as not yet."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except grpc.RpcError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout}s (last error: {last})")
 
 
 def free_port() -> int:

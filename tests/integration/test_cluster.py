@@ -7,9 +7,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -17,11 +17,10 @@ import pytest
 from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
 from liftlog.client import Client, StartPosition, StopPosition
 
-from .harness import LiftlogProcess, NatsProcess
+from .harness import LiftlogProcess, NatsProcess, eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-T = TypeVar("T")
 _namespaces = itertools.count()
 
 #: Fast elections and frequent snapshots, so failover and snapshot catch-up happen within the test.
@@ -81,20 +80,6 @@ def rpc(address: str, method: str, request: Any, timeout: float = 10.0) -> Any:
 def status(address: str) -> cluster_pb2.ClusterStatusResponse:
     with grpc.insecure_channel(address) as channel:
         return cluster_pb2_grpc.ClusterStub(channel).Status(cluster_pb2.ClusterStatusRequest(), timeout=5)
-
-
-def eventually(check: Callable[[], T | None], timeout: float = 20.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except grpc.RpcError as exc:
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout}s (last error: {last})")
 
 
 def formed(c: Cluster, ids: set[str]) -> str:
