@@ -72,7 +72,7 @@ class RaftSettings:
 @dataclass(slots=True)
 class _Pending:
     term: int
-    future: asyncio.Future[object]
+    future: asyncio.Future[tuple[int, object]]
 
 
 class MetadataRaft:
@@ -168,43 +168,29 @@ class MetadataRaft:
 
         Raises NotLeader when this server is not the leader, ProposalDropped when the entry was lost.
         """
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
-
-        def do(node: RaftNode) -> None:
-            try:
-                at = node.propose(data)
-            except Exception as exc:
-                future.set_exception(exc)
-                return
-            self._pending[at] = _Pending(node.term, future)
-
-        self._inbox.put_nowait(do)
-        outcome = await future
-        assert isinstance(outcome, tuple)
-        return int(outcome[0]), outcome[1]
+        return await self._submit(lambda node: node.propose(data))
 
     async def add_voter(self, server_id: str) -> None:
         """Propose ``ADD server_id``; returns once committed and applied here."""
-        await self._conf_change(ConfChange(ConfChangeOp.ADD, server_id))
+        await self._submit(lambda node: node.propose_conf_change(ConfChange(ConfChangeOp.ADD, server_id)))
 
     async def remove_voter(self, server_id: str) -> None:
-        await self._conf_change(ConfChange(ConfChangeOp.REMOVE, server_id))
+        await self._submit(lambda node: node.propose_conf_change(ConfChange(ConfChangeOp.REMOVE, server_id)))
 
-    async def _conf_change(self, change: ConfChange) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
+    async def _submit(self, append: Callable[[RaftNode], int]) -> tuple[int, object]:
+        """Run ``append`` (a proposal returning its index) in the loop; resolve when that index applies."""
+        future: asyncio.Future[tuple[int, object]] = asyncio.get_running_loop().create_future()
 
         def do(node: RaftNode) -> None:
             try:
-                index = node.propose_conf_change(change)
+                index = append(node)
             except Exception as exc:
                 future.set_exception(exc)
                 return
             self._pending[index] = _Pending(node.term, future)
 
         self._inbox.put_nowait(do)
-        await future
+        return await future
 
     async def read_barrier(self, timeout: float) -> int:
         """Wait until this server has applied everything the group had committed when we asked (read index).
