@@ -53,7 +53,15 @@ from liftlog.client.publish_async import PublishBatch, publish_async_attempt
 from liftlog.client.routing import Routing
 from liftlog.client.stubs import Stub
 from liftlog.client.subscription import Subscription
-from liftlog.client.types import Ack, AckPolicy, Metadata, PartitionInfo, StartPosition, StopPosition
+from liftlog.client.types import (
+    Ack,
+    AckPolicy,
+    Metadata,
+    OutgoingMessage,
+    PartitionInfo,
+    StartPosition,
+    StopPosition,
+)
 
 __all__ = ["Client", "Subscription"]
 
@@ -352,7 +360,7 @@ class Client(Routing):
     async def publish_many(
         self,
         stream: str,
-        values: Iterable[bytes | str] | AsyncIterable[bytes | str],
+        values: Iterable[bytes | str | OutgoingMessage] | AsyncIterable[bytes | str | OutgoingMessage],
         *,
         partition: int = 0,
         key: bytes | str | None = None,
@@ -367,7 +375,8 @@ class Client(Routing):
         acks in input order (an empty list with ``AckPolicy.NONE``, which gets
         no acks). `timeout` (default: the client's) is the longest wait for
         progress, not for the whole batch: :class:`AckTimeoutError` when no ack
-        arrives for that long while some are owed.
+        arrives for that long while some are owed. An :class:`OutgoingMessage`
+        in `values` carries its own key and headers.
 
         A refused message raises the :class:`PublishAsyncFailed` of the first
         refusal (also the specific class, e.g. :class:`ReadonlyError`), with

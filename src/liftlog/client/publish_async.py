@@ -34,7 +34,7 @@ from liftlog.client.errors import (
 )
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.stubs import EOF, Stub, being_cancelled
-from liftlog.client.types import Ack, AckPolicy
+from liftlog.client.types import Ack, AckPolicy, OutgoingMessage
 
 __all__ = ["PublishBatch", "publish_async_attempt", "request_writer"]
 
@@ -93,7 +93,7 @@ class PublishBatch:
 
     def __init__(
         self,
-        values: Iterable[bytes | str] | AsyncIterable[bytes | str],
+        values: Iterable[bytes | str | OutgoingMessage] | AsyncIterable[bytes | str | OutgoingMessage],
         *,
         stream: str,
         partition: int,
@@ -107,8 +107,8 @@ class PublishBatch:
             self.template["key"] = to_bytes(key)
         if headers:
             self.template["headers"] = to_headers(headers)
-        self.sync_values: Iterator[bytes | str] | None = None
-        self.async_values: AsyncIterator[bytes | str] | None = None
+        self.sync_values: Iterator[bytes | str | OutgoingMessage] | None = None
+        self.async_values: AsyncIterator[bytes | str | OutgoingMessage] | None = None
         if isinstance(values, AsyncIterable):
             self.async_values = aiter(values)
         else:
@@ -184,10 +184,18 @@ async def publish_async_attempt(stub: Stub, batch: PublishBatch, window_size: in
                     break
                 index = batch.count
                 batch.count = index + 1
-                if isinstance(value, str):
-                    value = value.encode()
                 corr = prefix + str(index)
-                req = make_request(value=value, correlationId=corr, **template)
+                if isinstance(value, OutgoingMessage):
+                    req = make_request(value=to_bytes(value.value), correlationId=corr, **template)
+                    if value.key is not None:
+                        req.key = to_bytes(value.key)
+                    if value.headers:
+                        req.headers.clear()
+                        req.headers.update(value.headers)
+                else:
+                    if isinstance(value, str):
+                        value = value.encode()
+                    req = make_request(value=value, correlationId=corr, **template)
                 if pending is not None:
                     acks.append(None)
                     pending[corr] = (index, req)

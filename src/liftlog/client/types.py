@@ -23,6 +23,7 @@ __all__ = [
     "EventTimestamps",
     "Message",
     "Metadata",
+    "OutgoingMessage",
     "PartitionInfo",
     "StartPosition",
     "StopPosition",
@@ -71,6 +72,19 @@ class AckError(enum.IntEnum):
 # not know (a newer server) maps to the default member rather than failing.
 _ACK_POLICIES: Final[dict[int, AckPolicy]] = {p.value: p for p in AckPolicy}
 _ACK_ERRORS: Final[dict[int, AckError]] = {e.value: e for e in AckError}
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message for :meth:`Client.publish_many <liftlog.client.Client.publish_many>` with its own key and headers.
+
+    Its ``key`` and ``headers`` replace the ones given to ``publish_many`` for
+    this message only; routing is still by ``publish_many``'s partition.
+    """
+
+    value: bytes | str
+    key: bytes | str | None = None
+    headers: dict[str, bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,21 @@
 """liftlog streams as a Spark data source (format ``liftlog``): batch and Structured Streaming, read and write.
 
-Issue 6, in progress. ``options`` (the source and sink options, checked at
-planning) and ``offsets`` (offset ranges, their JSON form, admission control)
-are plain Python and import without pyspark; the data source itself needs the
-``spark`` extra.
+``liftlog.spark.register(spark)`` makes ``spark.read.format("liftlog")`` (and
+``readStream``, ``write``, ``writeStream``) available. The source itself
+(:mod:`.source`) needs the ``spark`` extra; ``options`` (checked at planning)
+and ``offsets`` (offset ranges, their JSON form, admission control) are plain
+Python, and importing this package does not import pyspark.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``liftlog`` data source with a SparkSession (needs ``pip install 'liftlog[spark]'``)."""
+    from .source import register as _register
+
+    _register(spark)

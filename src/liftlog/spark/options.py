@@ -74,6 +74,8 @@ class ReadOptions:
     max_trigger_delay_ms: int = 15 * 60 * 1000
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    #: Split reads into at least this many tasks (None: the driver's core count).
+    min_partitions: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ _READ = {
     "maxtriggerdelay",
     "failondataloss",
     "includeheaders",
+    "minpartitions",
 }
 _WRITE = {"servers", "stream"}
 #: Options Spark itself reads (and passes on to every source); not ours to judge.
@@ -116,6 +119,7 @@ _SPELLING = {
         "maxTriggerDelay",
         "failOnDataLoss",
         "includeHeaders",
+        "minPartitions",
     )
 }
 _STREAMING_ONLY = ("maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay")
@@ -282,6 +286,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         max_trigger_delay_ms=_duration_ms(opts, "maxtriggerdelay", 15 * 60 * 1000),
         fail_on_data_loss=_bool(opts, "failondataloss", True),
         include_headers=_bool(opts, "includeheaders", False),
+        min_partitions=_int(opts, "minpartitions"),
     )
 
 

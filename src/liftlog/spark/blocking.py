@@ -1,0 +1,83 @@
+"""A blocking face on the asyncio client, for Spark's synchronous callbacks.
+
+Spark calls a data source from plain Python code (planning on the driver,
+``read``/``write`` in worker processes), so each caller that talks to liftlog
+owns one :class:`BlockingClient`: a :class:`~liftlog.client.Client` on
+the process's private event loop. It is not thread-safe and not
+picklable: create it where it is used, never in ``__init__`` of an object
+Spark ships to executors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from liftlog.client import Client, LiftlogError, NoSuchPartitionError, NoSuchStreamError, UnavailableError
+
+__all__ = ["BlockingClient", "LiftlogSparkError"]
+
+T = TypeVar("T")
+
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _process_loop() -> asyncio.AbstractEventLoop:
+    """One event loop per process, never closed.
+
+    Spark reuses its Python workers across tasks, and grpc.aio's completion
+    queue poller stays bound to the loop it first ran on: a loop per task,
+    closed at its end, leaves the poller calling into a closed loop.
+    """
+    global _loop
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    return _loop
+
+
+class LiftlogSparkError(RuntimeError):
+    """A liftlog read or write in Spark failed; the message names the stream, partition and offsets involved."""
+
+
+class BlockingClient:
+    """A :class:`Client` on the process's event loop; :meth:`run` awaits a coroutine function of it."""
+
+    def __init__(self, servers: Sequence[str], *, timeout: float = 10.0, retries: int = 3) -> None:
+        self.servers = tuple(servers)
+        self._loop = _process_loop()
+        self._client = Client(list(self.servers), timeout=timeout, retries=retries, max_backoff=1.0)
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def run(self, work: Callable[[Client], Awaitable[T]]) -> T:
+        """Run ``work(client)`` to completion, turning the client's errors into clear ones."""
+        return self._loop.run_until_complete(self._guard(work))
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on this client's loop (for iterating subscriptions step by step)."""
+        return self._loop.run_until_complete(coro)
+
+    async def _guard(self, work: Callable[[Client], Awaitable[T]]) -> T:
+        try:
+            return await work(self._client)
+        except UnavailableError as exc:
+            raise LiftlogSparkError(f"no liftlog server answered at {', '.join(self.servers)}: {exc.message}") from exc
+        except (NoSuchStreamError, NoSuchPartitionError) as exc:
+            raise LiftlogSparkError(f"{exc.message} (servers {', '.join(self.servers)})") from exc
+
+    def close(self) -> None:
+        if self._client.closed:
+            return
+        try:
+            self._loop.run_until_complete(self._client.close())
+        except LiftlogError:
+            pass
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

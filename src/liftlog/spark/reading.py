@@ -1,0 +1,307 @@
+"""Finding what to read (driver side) and reading one offset range (task side).
+
+Planning turns the subscription options into stream partitions and their
+offset bounds: ``earliest`` is the first retained message, ``end`` is the high
+watermark + 1, so only committed messages are ever read. A read task
+subscribes from its range's start with a stop at its last offset, so the
+server ends the call there and compaction gaps cost nothing; it hands Spark
+Arrow record batches, one per :data:`BATCH_ROWS` messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from liftlog.client import Client, NoSuchStreamError, StartPosition, StopPosition
+
+from .blocking import BlockingClient, LiftlogSparkError
+from .offsets import EARLIEST, LATEST, OffsetRange, PartitionOffsets
+from .options import Assign, OffsetSpec, StreamList, StreamPattern, Subscription
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+__all__ = [
+    "BATCH_ROWS",
+    "Bounds",
+    "RangeReader",
+    "discover_partitions",
+    "fetch_bounds",
+    "resolve_offsets",
+]
+
+log = logging.getLogger("liftlog.spark")
+
+#: Messages per Arrow record batch handed to Spark.
+BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The readable offsets of one partition: ``earliest`` to ``end`` (exclusive, high watermark + 1)."""
+
+    earliest: int
+    end: int
+
+
+async def discover_partitions(client: Client, subscription: Subscription) -> dict[str, list[int]]:
+    """Stream -> sorted partition ids for the subscription; raises LiftlogSparkError for unknown ones."""
+    if isinstance(subscription, StreamPattern):
+        meta = await client.fetch_metadata()
+        found = {
+            name: sorted(info.partitions) for name, info in meta.streams.items() if subscription.pattern.fullmatch(name)
+        }
+        return dict(sorted(found.items()))
+    names = subscription.streams if isinstance(subscription, StreamList) else tuple(subscription.partitions)
+    meta = await client.fetch_metadata(*names)
+    result: dict[str, list[int]] = {}
+    for name in names:
+        info = meta.streams.get(name)
+        if info is None:
+            raise LiftlogSparkError(f"no such stream {name!r} on liftlog servers {', '.join(client.addresses)}")
+        result[name] = sorted(info.partitions)
+    if isinstance(subscription, Assign):
+        for name, wanted in subscription.partitions.items():
+            missing = sorted(set(wanted) - set(result[name]))
+            if missing:
+                raise LiftlogSparkError(
+                    f"stream {name!r} has no partition {', '.join(map(str, missing))} "
+                    f"(it has {len(result[name])}: {', '.join(map(str, result[name]))})"
+                )
+            result[name] = list(wanted)
+    return result
+
+
+async def _first_offset(client: Client, stream: str, partition: int, timestamp_ns: int | None, end: int) -> int:
+    """The first offset at (or, with a timestamp, received at or after) the start of the partition; ``end`` if none."""
+    if end == 0:
+        return 0
+    sub = client.subscribe(
+        stream,
+        partition=partition,
+        start_position=StartPosition.EARLIEST if timestamp_ns is None else StartPosition.TIMESTAMP,
+        start_timestamp=timestamp_ns or 0,
+        stop_position=StopPosition.STOP_OFFSET,
+        stop_offset=end - 1,
+    )
+    async with sub:
+        async for msg in sub:
+            return msg.offset
+    return end
+
+
+async def fetch_bounds(
+    client: Client, partitions: dict[str, list[int]], *, earliest: bool = True, timestamp_ms: int | None = None
+) -> dict[tuple[str, int], Bounds]:
+    """Bounds of every partition, asked of the partition leaders concurrently.
+
+    Without ``earliest`` the earliest offset is not looked up (reported as 0),
+    saving a subscription per partition. With ``timestamp_ms`` ``earliest`` is
+    the first offset received at or after that time instead.
+    """
+
+    async def one(stream: str, partition: int) -> Bounds:
+        info = await client.fetch_partition_metadata(stream, partition)
+        end = info.high_watermark + 1
+        if not earliest and timestamp_ms is None:
+            return Bounds(0, end)
+        ts = None if timestamp_ms is None else timestamp_ms * 1_000_000
+        return Bounds(await _first_offset(client, stream, partition, ts, end), end)
+
+    keys = [(s, p) for s, ids in partitions.items() for p in ids]
+    try:
+        found = await asyncio.gather(*(one(s, p) for s, p in keys))
+    except NoSuchStreamError as exc:
+        raise LiftlogSparkError(f"{exc.message}: it was deleted while the query was planned") from exc
+    return dict(zip(keys, found, strict=True))
+
+
+def resolve_offsets(
+    spec: OffsetSpec, bounds: dict[tuple[str, int], Bounds], *, name: str, default_missing: int | None = None
+) -> PartitionOffsets:
+    """Concrete offsets for ``spec`` ('earliest', 'latest' or JSON) over the partitions in ``bounds``.
+
+    JSON must name every partition unless ``default_missing`` (EARLIEST or
+    LATEST) is given; a partition or stream it names that is not read is an
+    error, as is an offset beyond the partition's end.
+    """
+    resolved: dict[str, dict[int, int]] = {}
+    if isinstance(spec, dict):
+        known_streams = {s for s, _ in bounds}
+        for stream, parts in spec.items():
+            if stream not in known_streams:
+                raise LiftlogSparkError(f"{name}: stream {stream!r} is not among the streams read")
+            for pid in parts:
+                if (stream, pid) not in bounds:
+                    raise LiftlogSparkError(f"{name}: stream {stream!r} has no partition {pid} among those read")
+    for (stream, pid), b in bounds.items():
+        if spec == "earliest":
+            wanted = EARLIEST
+        elif spec == "latest":
+            wanted = LATEST
+        else:
+            got = spec.get(stream, {}).get(pid)
+            if got is None:
+                if default_missing is None:
+                    raise LiftlogSparkError(
+                        f"{name} gives offsets for stream {stream!r} but not for its partition {pid}: "
+                        "name every partition read (-2 for earliest, -1 for latest)"
+                    )
+                got = default_missing
+            wanted = got
+        if wanted == EARLIEST:
+            offset = b.earliest
+        elif wanted == LATEST:
+            offset = b.end
+        else:
+            if wanted > b.end:
+                raise LiftlogSparkError(
+                    f"{name}: offset {wanted} of stream {stream!r} partition {pid} is out of range: "
+                    f"the partition's committed messages end at {b.end - 1} (earliest {b.earliest})"
+                )
+            offset = wanted
+        resolved.setdefault(stream, {})[pid] = offset
+    return PartitionOffsets(resolved)
+
+
+# -- the read task ----------------------------------------------------------------
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    import pyarrow as pa
+
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("stream", pa.string()),
+        pa.field("subject", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+    if include_headers:
+        header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+        fields.append(pa.field("headers", pa.list_(header)))
+    return pa.schema(fields)
+
+
+class RangeReader:
+    """Reads the messages of one :class:`OffsetRange` as Arrow record batches.
+
+    Checks before reading that the range is still there: its end must not be
+    past the high watermark (else the offsets are out of range), and its start
+    not before the earliest retained offset (else data was lost to
+    retention). With ``fail_on_data_loss`` a loss raises LiftlogSparkError
+    naming the stream, partition and the offsets lost; without it the loss is
+    logged and the rest is read.
+    """
+
+    def __init__(
+        self, servers: tuple[str, ...], rng: OffsetRange, *, include_headers: bool, fail_on_data_loss: bool
+    ) -> None:
+        self.servers = servers
+        self.range = rng
+        self.include_headers = include_headers
+        self.fail_on_data_loss = fail_on_data_loss
+
+    def _lost(self, first: int, upto: int, why: str) -> None:
+        r = self.range
+        text = (
+            f"data loss in stream {r.stream!r} partition {r.partition}: offsets {first} to {upto - 1} "
+            f"are no longer in the log ({why}); this read needed offsets {r.start} to {r.end - 1}"
+        )
+        if self.fail_on_data_loss:
+            raise LiftlogSparkError(text + ". Set failOnDataLoss=false to skip lost data, or start from newer offsets.")
+        log.warning("%s; skipping them (failOnDataLoss=false)", text)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        r = self.range
+        if r.size <= 0:
+            return
+        schema = arrow_schema(self.include_headers)
+        with BlockingClient(self.servers) as bc:
+            (bounds,) = bc.run(lambda c: fetch_bounds(c, {r.stream: [r.partition]})).values()
+            end = r.end
+            if end > bounds.end:
+                if self.fail_on_data_loss:
+                    raise LiftlogSparkError(
+                        f"offsets out of range in stream {r.stream!r} partition {r.partition}: this read needs "
+                        f"offsets {r.start} to {r.end - 1} but the partition's committed messages end at "
+                        f"{bounds.end - 1} (was it truncated or recreated?)"
+                    )
+                self._lost(bounds.end, end, "the partition ends earlier than planned")
+                end = bounds.end
+            start = r.start
+            if start < bounds.earliest:
+                self._lost(start, min(bounds.earliest, end), "removed by retention")
+                start = bounds.earliest
+            if start >= end:
+                return
+            sub = bc.client.subscribe(
+                r.stream,
+                partition=r.partition,
+                start_position=StartPosition.OFFSET,
+                start_offset=start,
+                stop_position=StopPosition.STOP_OFFSET,
+                stop_offset=end - 1,
+            )
+            expected = start
+            checked_gap = False
+            try:
+                while True:
+                    chunk = bc.run_coroutine(_take(sub, BATCH_ROWS, self.include_headers))
+                    if chunk is None:
+                        break
+                    keys, values, subjects, offsets, stamps, headers = chunk
+                    if offsets[0] > expected and not checked_gap:
+                        # A gap: compaction, or retention racing this read. Only the latter moves the start.
+                        checked_gap = True
+                        earliest = bc.run(lambda c: fetch_bounds(c, {r.stream: [r.partition]}))
+                        now = next(iter(earliest.values())).earliest
+                        if now > expected:
+                            self._lost(expected, min(now, offsets[0]), "removed by retention during the read")
+                    expected = offsets[-1] + 1
+                    n = len(offsets)
+                    columns: list[Any] = [
+                        pa.array(keys, pa.binary()),
+                        pa.array(values, pa.binary()),
+                        pa.array([r.stream] * n, pa.string()),
+                        pa.array(subjects, pa.string()),
+                        pa.array([r.partition] * n, pa.int32()),
+                        pa.array(offsets, pa.int64()),
+                        pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                    ]
+                    if self.include_headers:
+                        columns.append(pa.array(headers, schema.field("headers").type))
+                    yield pa.RecordBatch.from_arrays(columns, schema=schema)
+            finally:
+                bc.run_coroutine(sub.close())
+
+
+async def _take(sub: Any, limit: int, include_headers: bool) -> tuple[list[Any], ...] | None:
+    """Up to ``limit`` messages from the subscription as column lists; None at its end."""
+    keys: list[bytes | None] = []
+    values: list[bytes] = []
+    subjects: list[str] = []
+    offsets: list[int] = []
+    stamps: list[int] = []
+    headers: list[list[dict[str, Any]]] = []
+    async for msg in sub:
+        keys.append(msg.key)
+        values.append(msg.value)
+        subjects.append(msg.subject)
+        offsets.append(msg.offset)
+        stamps.append(msg.timestamp // 1000)
+        if include_headers:
+            headers.append([{"key": k, "value": v} for k, v in msg.headers.items()])
+        if len(offsets) >= limit:
+            break
+    if not offsets:
+        return None
+    return keys, values, subjects, offsets, stamps, headers

@@ -1,0 +1,327 @@
+"""The ``liftlog`` Python Data Source: Spark's classes, wired to :mod:`.reading` and :mod:`.writing`.
+
+This module imports pyspark (the ``spark`` extra); the rest of liftlog never
+imports it. Register the source with :func:`register` (or
+``spark.dataSource.register(LiftlogDataSource)``), then use
+``spark.read.format("liftlog")`` and friends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from .blocking import BlockingClient, LiftlogSparkError
+from .offsets import EARLIEST, OffsetRange, PartitionOffsets, admit, split_ranges
+from .options import OptionError, ReadOptions, WriteOptions, parse_read_options, parse_write_options
+from .reading import Bounds, RangeReader, discover_partitions, fetch_bounds, resolve_offsets
+from .writing import Txn, write_batches
+
+__all__ = ["LiftlogDataSource", "register"]
+
+log = logging.getLogger("liftlog.spark")
+
+SCHEMA = "key binary, value binary, stream string, subject string, partition int, offset long, timestamp timestamp"
+HEADERS = "headers array<struct<key:string,value:binary>>"
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("liftlog")`` available in this Spark session."""
+    spark.dataSource.register(LiftlogDataSource)
+
+
+class RangePartition(InputPartition):
+    """One read task: an :class:`OffsetRange`."""
+
+    def __init__(self, rng: OffsetRange) -> None:
+        super().__init__(rng)
+        self.range = rng
+
+
+class LiftlogDataSource(DataSource):
+    """liftlog streams as rows ``key, value, stream, subject, partition, offset, timestamp[, headers]``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "liftlog"
+
+    def _read_options(self, streaming: bool) -> ReadOptions:
+        try:
+            return parse_read_options(dict(self.options), streaming=streaming)
+        except OptionError as exc:
+            raise LiftlogSparkError(str(exc)) from None
+
+    def _write_options(self) -> WriteOptions:
+        try:
+            return parse_write_options(dict(self.options))
+        except OptionError as exc:
+            raise LiftlogSparkError(str(exc)) from None
+
+    def schema(self) -> str:
+        headers = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
+        return f"{SCHEMA}, {HEADERS}" if headers else SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _BatchReader(self._read_options(streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _StreamReader(self._read_options(streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        return _BatchWriter(self._write_options())
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return _StreamWriter(self._write_options())
+
+
+def _min_tasks(opts: ReadOptions) -> int:
+    return opts.min_partitions or os.cpu_count() or 1
+
+
+def _plan(opts: ReadOptions, start: PartitionOffsets, end: PartitionOffsets) -> list[RangePartition]:
+    try:
+        ranges = split_ranges(start, end, min_partitions=_min_tasks(opts))
+    except ValueError as exc:
+        raise LiftlogSparkError(str(exc)) from None
+    return [RangePartition(r) for r in ranges]
+
+
+def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if not isinstance(partition, RangePartition):
+        raise LiftlogSparkError(f"not a liftlog read task: {partition!r}")
+    reader = RangeReader(
+        opts.servers, partition.range, include_headers=opts.include_headers, fail_on_data_loss=opts.fail_on_data_loss
+    )
+    return reader.batches()
+
+
+class _BatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self.opts
+        assert opts.ending_offsets is not None
+        with BlockingClient(opts.servers) as bc:
+            parts = bc.run(lambda c: discover_partitions(c, opts.subscription))
+            bounds = bc.run(lambda c: fetch_bounds(c, parts, timestamp_ms=opts.starting_timestamp))
+        name = "startingTimestamp" if opts.starting_timestamp is not None else "startingOffsets"
+        start = resolve_offsets(opts.starting_offsets, bounds, name=name)
+        end = resolve_offsets(opts.ending_offsets, bounds, name="endingOffsets")
+        return _plan(opts, start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+
+class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are the next offset to read per stream partition: ``{"stream": {"0": 6}}``.
+
+    Keeps nothing that matters between calls: a restart resumes from the
+    offsets in the checkpoint, and commit()/stop() need not be called.
+    """
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._bc: BlockingClient | None = None
+        self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: read up to here, no further
+        self._latest: PartitionOffsets | None = None
+        self._last_batch = time.monotonic()  # for maxTriggerDelay
+
+    def _client(self) -> BlockingClient:
+        if self._bc is None:
+            self._bc = BlockingClient(self.opts.servers)
+        return self._bc
+
+    def _bounds(self, earliest: bool, timestamp_ms: int | None = None) -> dict[tuple[str, int], Bounds]:
+        bc = self._client()
+        parts = bc.run(lambda c: discover_partitions(c, self.opts.subscription))
+        return bc.run(lambda c: fetch_bounds(c, parts, earliest=earliest, timestamp_ms=timestamp_ms))
+
+    def _earliest(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        if not keys:
+            return {}
+        parts: dict[str, list[int]] = {}
+        for s, p in keys:
+            parts.setdefault(s, []).append(p)
+        bounds = self._client().run(lambda c: fetch_bounds(c, parts))
+        return {k: b.earliest for k, b in bounds.items()}
+
+    def initialOffset(self) -> dict[str, Any]:
+        opts = self.opts
+        needs_earliest = opts.starting_offsets == "earliest" or (
+            isinstance(opts.starting_offsets, dict)
+            and any(o == EARLIEST for parts in opts.starting_offsets.values() for o in parts.values())
+        )
+        bounds = self._bounds(needs_earliest or opts.starting_timestamp is not None, opts.starting_timestamp)
+        name = "startingTimestamp" if opts.starting_timestamp is not None else "startingOffsets"
+        return _as_dict(resolve_offsets(opts.starting_offsets, bounds, name=name))
+
+    def _with_new_partitions(self, start: PartitionOffsets, latest: PartitionOffsets) -> PartitionOffsets:
+        """``start`` plus the partitions that appeared since, at their earliest offset; vanished ones checked."""
+        merged = start.to_dict()
+        for stream, pid, _ in start:
+            if latest.get(stream, pid) is None:
+                text = f"stream {stream!r} partition {pid} was being read but no longer exists"
+                if self.opts.fail_on_data_loss:
+                    raise LiftlogSparkError(text + " (set failOnDataLoss=false to go on without it)")
+                log.warning("%s; no longer reading it", text)
+                del merged[stream][pid]
+        new = [(s, p) for s, p, _ in latest if start.get(s, p) is None]
+        for (s, p), first in self._earliest(new).items():
+            log.info("stream %r partition %d is new: reading it from offset %d", s, p, first)
+            merged.setdefault(s, {})[p] = first
+        return PartitionOffsets(merged)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = _from_dict(start)
+        bounds = self._bounds(earliest=False)
+        latest = PartitionOffsets({}) if not bounds else _offsets({k: b.end for k, b in bounds.items()})
+        self._latest = latest
+        if self._target is not None:
+            capped = {(s, p): min(o, self._target.get(s, p) or 0) for s, p, o in latest}
+            latest = _offsets(capped)
+        full = self._with_new_partitions(begin, latest)
+        backlog = sum(max(0, o - (full.get(s, p) or 0)) for s, p, o in latest)
+        opts = self.opts
+        if isinstance(limit, ReadAllAvailable):
+            end = admit(full, latest, None)
+        else:
+            wanted = opts.min_offsets_per_trigger if isinstance(limit, (ReadMinRows, ReadMaxRows)) else None
+            waited_ms = (time.monotonic() - self._last_batch) * 1000
+            if wanted and backlog < wanted and self._target is None and waited_ms < opts.max_trigger_delay_ms:
+                return start  # too little new data and not waited long enough: no batch yet
+            cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            end = admit(full, latest, cap)
+        if end != begin:
+            self._last_batch = time.monotonic()
+        return _as_dict(end)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        if self.opts.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.opts.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return None if self._latest is None else _as_dict(self._latest)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        bounds = self._bounds(earliest=False)
+        self._target = _offsets({k: b.end for k, b in bounds.items()})
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, stop = _from_dict(start), _from_dict(end)
+        new = [(s, p) for s, p, _ in stop if begin.get(s, p) is None]
+        if new:
+            merged = begin.to_dict()
+            for (s, p), first in self._earliest(new).items():
+                merged.setdefault(s, {})[p] = min(first, stop.get(s, p) or 0)
+            begin = PartitionOffsets(merged)
+        return _plan(self.opts, begin, stop)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # nothing to release: liftlog keeps no consumer state for us
+
+    def stop(self) -> None:
+        if self._bc is not None:
+            self._bc.close()
+            self._bc = None
+
+
+def _offsets(flat: dict[tuple[str, int], int]) -> PartitionOffsets:
+    nested: dict[str, dict[int, int]] = {}
+    for (s, p), o in flat.items():
+        nested.setdefault(s, {})[p] = o
+    return PartitionOffsets(nested)
+
+
+def _as_dict(offsets: PartitionOffsets) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(offsets.to_json())
+    return result
+
+
+def _from_dict(doc: dict[str, Any]) -> PartitionOffsets:
+    try:
+        return PartitionOffsets.from_json(json.dumps(doc))
+    except ValueError as exc:
+        raise LiftlogSparkError(f"bad liftlog offsets in the checkpoint: {exc}") from None
+
+
+# -- writing ----------------------------------------------------------------------
+
+
+class LiftlogCommitMessage(WriterCommitMessage):
+    def __init__(self, written: dict[str, int], skipped: int) -> None:
+        self.written = written
+        self.skipped = skipped
+
+
+class _BatchWriter(DataSourceArrowWriter):
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> LiftlogCommitMessage:
+        ctx = TaskContext.get()
+        task = ctx.partitionId() if ctx is not None else 0
+        result = write_batches(self.opts.servers, iterator, default_stream=self.opts.stream, txn=None, task=task)
+        return LiftlogCommitMessage(result.written, result.skipped)
+
+
+class _StreamWriter(DataSourceStreamArrowWriter):
+    """Exactly once per micro-batch: see :mod:`liftlog.spark.writing`."""
+
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> LiftlogCommitMessage:
+        ctx = TaskContext.get()
+        txn = None
+        task = 0
+        if ctx is not None:
+            task = ctx.partitionId()
+            query = ctx.getLocalProperty("sql.streaming.queryId")
+            batch = ctx.getLocalProperty("streaming.sql.batchId")
+            if query and batch is not None:
+                txn = Txn(query, int(batch), task)
+        result = write_batches(self.opts.servers, iterator, default_stream=self.opts.stream, txn=txn, task=task)
+        if result.skipped:
+            log.warning(
+                "%s: skipped %d rows written by an earlier attempt", txn.tag.decode() if txn else "", result.skipped
+            )
+        return LiftlogCommitMessage(result.written, result.skipped)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass

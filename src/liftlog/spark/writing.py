@@ -1,0 +1,293 @@
+"""Writing rows to liftlog streams from a Spark task, at least once or exactly once.
+
+A task gets Arrow record batches with a ``value`` column and optionally
+``key``, ``headers``, ``partition`` and ``stream`` (other columns are
+ignored, so a DataFrame read from liftlog can be written back). Rows are
+grouped by target partition and published with PublishAsync, ack ALL, one
+call per partition at a time, so each partition receives a task's rows in
+order. Any refusal or timeout fails the task.
+
+Exactly once, for streaming writes (:class:`Txn`): Spark re-runs a failed
+micro-batch task with the same input, so a task's output is the same multiset
+of rows each time, though perhaps in another order (shuffles). Each message
+carries the task's identity, ``<query id>/<batch id>/<task partition>``, in
+header :data:`TXN_HEADER`, and a row id (a digest of the row plus its
+occurrence number) in :data:`ROW_HEADER`. Before its first write to a
+partition, a task reads that partition backwards from its end, collecting the
+row ids of earlier attempts of the same task, until it meets a message of the
+same query from an earlier batch (micro-batches run one after another, so
+nothing of this batch lies before it) or the start of the log; rows already
+there are skipped. Keyless rows without a partition go to a partition chosen
+from their digest, not round robin, so a re-run sends them to the same place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import itertools
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from liftlog.client import AckPolicy, Client, LiftlogError, OutgoingMessage, StartPosition, StopPosition
+
+from .blocking import BlockingClient, LiftlogSparkError
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+__all__ = ["ROW_HEADER", "TXN_HEADER", "Txn", "WriteResult", "existing_rows", "write_batches"]
+
+TXN_HEADER = "liftlog-spark-txn"
+ROW_HEADER = "liftlog-spark-row"
+_COLUMNS = ("value", "key", "headers", "partition", "stream")
+#: Unacknowledged messages per partition in flight.
+WINDOW = 1024
+#: First backward read of the exactly-once scan; each next one is 4x longer.
+SCAN_WINDOW = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """The identity of one streaming write task: which query, micro-batch and task partition."""
+
+    query: str
+    batch: int
+    task: int
+
+    @property
+    def tag(self) -> bytes:
+        return f"{self.query}/{self.batch}/{self.task}".encode()
+
+    @staticmethod
+    def parse(tag: bytes) -> tuple[str, int, int] | None:
+        try:
+            query, batch, task = tag.decode().rsplit("/", 2)
+            return query, int(batch), int(task)
+        except ValueError:
+            return None
+
+
+@dataclass(slots=True)
+class WriteResult:
+    """What a task wrote: messages per ``stream/partition`` and rows skipped as already written."""
+
+    written: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.written.values())
+
+
+@dataclass(slots=True)
+class _Row:
+    stream: str
+    partition: int
+    message: OutgoingMessage
+
+
+def _as_bytes(value: Any, column: str, row: int) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise LiftlogSparkError(f"column {column!r} must be binary or string; row {row} has {type(value).__name__}")
+
+
+def _headers(value: Any, row: int) -> dict[str, bytes]:
+    """A headers cell: a list of {key, value} structs or a map (a list of (key, value) pairs in Arrow)."""
+    out: dict[str, bytes] = {}
+    if value is None:
+        return out
+    for item in value:
+        k, v = (item["key"], item["value"]) if isinstance(item, dict) else item
+        if not isinstance(k, str) or not k:
+            raise LiftlogSparkError(f"row {row}: a header key must be a non-empty string, got {k!r}")
+        if k in (TXN_HEADER, ROW_HEADER):
+            raise LiftlogSparkError(f"row {row}: header {k!r} is reserved for liftlog's exactly-once writes")
+        out[k] = _as_bytes(v, "headers", row) or b""
+    return out
+
+
+def check_columns(names: Iterable[str], default_stream: str | None) -> None:
+    """Fail at the first batch (not deep in a publish) when the columns cannot make messages."""
+    names = set(names)
+    if "value" not in names:
+        raise LiftlogSparkError(
+            f"the DataFrame written to liftlog needs a 'value' column (binary or string); it has {sorted(names)}"
+        )
+    if default_stream is None and "stream" not in names:
+        raise LiftlogSparkError("say which stream to write to: option 'stream' or a 'stream' column")
+
+
+class _Router:
+    """Target partition of each row: its partition column, else its key's hash, else round robin (or digest)."""
+
+    def __init__(self, bc: BlockingClient, start: int) -> None:
+        self._bc = bc
+        self._counts: dict[str, int] = {}
+        self._next = itertools.count(start)
+
+    def partitions(self, stream: str) -> int:
+        n = self._counts.get(stream)
+        if n is None:
+
+            async def count(c: Client) -> int:
+                meta = await c.fetch_metadata(stream)
+                info = meta.streams.get(stream)
+                if info is None:
+                    raise LiftlogSparkError(f"cannot write to stream {stream!r}: no such stream")
+                return len(info.partitions)
+
+            n = self._counts[stream] = self._bc.run(count)
+        return n
+
+    def route(self, stream: str, partition: int | None, key: bytes | None, digest: bytes | None, row: int) -> int:
+        n = self.partitions(stream)
+        if partition is not None:
+            if not 0 <= partition < n:
+                raise LiftlogSparkError(
+                    f"row {row}: stream {stream!r} has no partition {partition} (it has {n}: 0 to {n - 1})"
+                )
+            return partition
+        if key:
+            return zlib.crc32(key) % n
+        if digest is not None:
+            return int.from_bytes(digest[:4], "big") % n
+        return next(self._next) % n
+
+
+def _rows(batch: pa.RecordBatch, default_stream: str | None, first_row: int) -> Iterator[tuple[Any, ...]]:
+    """(row number, stream, partition, key, value, headers) of each row of an Arrow batch."""
+    n = batch.num_rows
+    cols = {name: batch.column(name).to_pylist() for name in _COLUMNS if name in batch.schema.names}
+    none = [None] * n
+    values = cols["value"]
+    keys = cols.get("key", none)
+    headers = cols.get("headers", none)
+    parts = cols.get("partition", none)
+    streams = [default_stream] * n if default_stream is not None else cols["stream"]
+    for i in range(n):
+        yield first_row + i, streams[i], parts[i], keys[i], values[i], headers[i]
+
+
+def _digest(stream: str, key: bytes | None, value: bytes, headers: dict[str, bytes], partition: int | None) -> bytes:
+    h = hashlib.blake2b(digest_size=12)
+    for part in (stream.encode(), b"-" if key is None else b"+" + key, value, str(partition).encode()):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    for k, v in sorted(headers.items()):
+        h.update(len(k).to_bytes(8, "big") + k.encode() + len(v).to_bytes(8, "big") + v)
+    return h.digest()
+
+
+async def existing_rows(client: Client, stream: str, partition: int, txn: Txn) -> set[bytes]:
+    """Row ids already written to a partition by earlier attempts of ``txn``'s task (see the module doc)."""
+    info = await client.fetch_partition_metadata(stream, partition)
+    hi = info.high_watermark + 1
+    found: set[bytes] = set()
+    window = SCAN_WINDOW
+    while hi > 0:
+        lo = max(0, hi - window)
+        done = lo == 0
+        first: int | None = None
+        sub = client.subscribe(
+            stream,
+            partition=partition,
+            start_position=StartPosition.OFFSET,
+            start_offset=lo,
+            stop_position=StopPosition.STOP_OFFSET,
+            stop_offset=hi - 1,
+        )
+        async with sub:
+            async for msg in sub:
+                if first is None:
+                    first = msg.offset
+                tag = msg.headers.get(TXN_HEADER)
+                if tag is None:
+                    continue
+                parsed = Txn.parse(tag)
+                if parsed is None or parsed[0] != txn.query:
+                    continue
+                if parsed[1] < txn.batch:
+                    done = True  # an earlier micro-batch: this batch's messages all come after it
+                elif parsed[1] == txn.batch and parsed[2] == txn.task:
+                    found.add(msg.headers.get(ROW_HEADER, b""))
+        if first is None or first > lo:
+            done = True  # the log starts inside this window (retention): nothing older to read
+        if done:
+            break
+        hi = lo
+        window *= 4
+    return found
+
+
+def write_batches(
+    servers: tuple[str, ...],
+    batches: Iterator[pa.RecordBatch],
+    *,
+    default_stream: str | None,
+    txn: Txn | None,
+    task: int = 0,
+) -> WriteResult:
+    """Publish every row of ``batches`` with ack ALL; raises LiftlogSparkError on the first failure."""
+    result = WriteResult()
+    with BlockingClient(servers, timeout=30.0) as bc:
+        router = _Router(bc, start=task)
+        seen: dict[tuple[str, int], set[bytes]] = {}  # exactly once: row ids already in each partition
+        occurrences: Counter[bytes] = Counter()
+        row_number = 0
+        for batch in batches:
+            if row_number == 0:
+                check_columns(batch.schema.names, default_stream)
+            groups: dict[tuple[str, int], list[OutgoingMessage]] = {}
+            for row, stream, partition, key_cell, value_cell, header_cell in _rows(batch, default_stream, row_number):
+                if not stream:
+                    raise LiftlogSparkError(f"row {row} has no stream: its 'stream' column is null or empty")
+                value = _as_bytes(value_cell, "value", row)
+                if value is None:
+                    raise LiftlogSparkError(f"row {row} of the write to stream {stream!r} has a null value")
+                key = _as_bytes(key_cell, "key", row)
+                headers = _headers(header_cell, row)
+                digest = None
+                if txn is not None:
+                    digest = _digest(stream, key, value, headers, partition)
+                    occurrences[digest] += 1
+                target = router.route(stream, partition, key, digest, row)
+                if digest is not None and txn is not None:
+                    row_id = digest.hex().encode() + b"." + str(occurrences[digest]).encode()
+                    place = (stream, target)
+                    if place not in seen:
+                        seen[place] = bc.run(functools.partial(existing_rows, stream=stream, partition=target, txn=txn))
+                    if row_id in seen[place]:
+                        result.skipped += 1
+                        continue
+                    headers[TXN_HEADER] = txn.tag
+                    headers[ROW_HEADER] = row_id
+                groups.setdefault((stream, target), []).append(OutgoingMessage(value, key, headers or None))
+            row_number += batch.num_rows
+            if groups:
+                bc.run(functools.partial(_publish, groups=groups))
+                for (stream, partition), msgs in groups.items():
+                    name = f"{stream}/{partition}"
+                    result.written[name] = result.written.get(name, 0) + len(msgs)
+    return result
+
+
+async def _publish(client: Client, *, groups: dict[tuple[str, int], list[OutgoingMessage]]) -> None:
+    async def one(stream: str, partition: int, msgs: list[OutgoingMessage]) -> None:
+        try:
+            await client.publish_many(stream, msgs, partition=partition, ack_policy=AckPolicy.ALL, window=WINDOW)
+        except LiftlogError as exc:
+            raise LiftlogSparkError(
+                f"writing {len(msgs)} messages to stream {stream!r} partition {partition} failed: {exc.message}"
+            ) from exc
+
+    await asyncio.gather(*(one(s, p, m) for (s, p), m in groups.items()))
