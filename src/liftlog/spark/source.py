@@ -111,6 +111,23 @@ def _plan(opts: ReadOptions, start: PartitionOffsets, end: PartitionOffsets) -> 
     return [RangePartition(r) for r in ranges]
 
 
+def _check_loss(start: PartitionOffsets, bounds: dict[tuple[str, int], Bounds], fail: bool) -> PartitionOffsets:
+    """``start`` with offsets before the earliest retained one moved up to it, or an error naming them."""
+    moved = start.to_dict()
+    for stream, pid, offset in start:
+        earliest = bounds[stream, pid].earliest
+        if offset < earliest:
+            text = (
+                f"data loss in stream {stream!r} partition {pid}: offsets {offset} to {earliest - 1} "
+                "are no longer in the log (removed by retention)"
+            )
+            if fail:
+                raise LiftlogSparkError(text + "; set failOnDataLoss=false to skip them, or start from newer offsets")
+            log.warning("%s; skipping them (failOnDataLoss=false)", text)
+            moved[stream][pid] = earliest
+    return PartitionOffsets(moved)
+
+
 def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, RangePartition):
         raise LiftlogSparkError(f"not a liftlog read task: {partition!r}")
@@ -133,6 +150,8 @@ class _BatchReader(DataSourceReader):
         name = "startingTimestamp" if opts.starting_timestamp is not None else "startingOffsets"
         start = resolve_offsets(opts.starting_offsets, bounds, name=name)
         end = resolve_offsets(opts.ending_offsets, bounds, name="endingOffsets")
+        if opts.starting_timestamp is None:
+            start = _check_loss(start, bounds, opts.fail_on_data_loss)
         return _plan(opts, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,126 @@
+"""Fixtures for the Spark tests: one local[2] SparkSession and one liftlog server (on its own NATS) per session.
+
+pyspark is imported inside the fixtures, so the plain-Python tests of this
+folder (options, offsets) run without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from liftlog.client import Client
+from tests.integration.harness import LiftlogProcess, NatsProcess
+
+T = TypeVar("T")
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A small local Spark: 2 cores, no UI, 2 shuffle partitions, workers on this venv's Python."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only, whatever the host's name resolves to
+    from pyspark.sql import SparkSession
+
+    import liftlog.spark
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("liftlog-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.schemaInference", "false")
+        .config("spark.driver.memory", "1g")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    liftlog.spark.register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsProcess]:
+    proc = NatsProcess(tmp_path_factory.mktemp("spark-nats") / "nats.log")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def liftlog_server(tmp_path_factory: pytest.TempPathFactory, spark_nats: NatsProcess) -> Iterator[LiftlogProcess]:
+    """One liftlog server for all Spark tests (each test uses streams of its own)."""
+    data = tmp_path_factory.mktemp("spark-liftlog") / "data"
+    proc = LiftlogProcess(data, nats_url=spark_nats.url).start()
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture
+def stream_name(request: pytest.FixtureRequest) -> str:
+    """A stream name (and NATS subject) no other test uses."""
+    base = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:50]
+    return f"{base}-{next(_names)}"
+
+
+def run(address: str, work: Callable[[Client], Awaitable[T]]) -> T:
+    """Run ``work(client)`` on a fresh client and event loop (tests are synchronous: Spark is)."""
+
+    async def main() -> T:
+        async with Client(address) as client:
+            return await work(client)
+
+    return asyncio.run(main())
+
+
+def make_stream(address: str, name: str, partitions: int = 1, **kwargs: Any) -> None:
+    run(address, lambda c: c.create_stream(name, name, partitions=partitions, **kwargs))
+
+
+def fill(address: str, name: str, per_partition: dict[int, list[bytes]], **kwargs: Any) -> None:
+    """Publish the given values to each partition (ack ALL, so they are committed)."""
+    from liftlog.client import AckPolicy
+
+    async def work(c: Client) -> None:
+        for partition, values in per_partition.items():
+            await c.publish_many(name, values, partition=partition, ack_policy=AckPolicy.ALL, **kwargs)
+
+    run(address, work)
+
+
+def read_all(address: str, name: str, partition: int = 0) -> list[Any]:
+    """Every committed message of a partition, via the client."""
+    from liftlog.client import StartPosition, StopPosition
+
+    async def work(c: Client) -> list[Any]:
+        info = await c.fetch_partition_metadata(name, partition)
+        if info.high_watermark < 0:
+            return []
+        sub = c.subscribe(
+            name,
+            partition=partition,
+            start_position=StartPosition.EARLIEST,
+            stop_position=StopPosition.STOP_OFFSET,
+            stop_offset=info.high_watermark,
+        )
+        async with sub:
+            return [m async for m in sub]
+
+    return run(address, work)
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> str:
+    return str(tmp_path / "checkpoint")
