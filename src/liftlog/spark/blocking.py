@@ -11,6 +11,7 @@ Spark ships to executors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -71,10 +72,8 @@ class BlockingClient:
     def close(self) -> None:
         if self._client.closed:
             return
-        try:
+        with contextlib.suppress(LiftlogError):
             self._loop.run_until_complete(self._client.close())
-        except LiftlogError:
-            pass
 
     def __enter__(self) -> BlockingClient:
         return self
