@@ -1,0 +1,88 @@
+"""The sink's write task without Spark: Arrow batches in, messages out, and the exactly-once re-run scan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from liftlog.spark.blocking import LiftlogSparkError
+from liftlog.spark.writing import ROW_HEADER, TXN_HEADER, Txn, write_batches
+
+from .conftest import make_stream, read_all
+
+
+def batch(values: list[bytes], keys: list[bytes | None] | None = None) -> pa.RecordBatch:
+    columns = {"value": pa.array(values, pa.binary())}
+    if keys is not None:
+        columns["key"] = pa.array(keys, pa.binary())
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def test_txn_tag_round_trip() -> None:
+    txn = Txn("7f1c-query", 12, 3)
+    assert Txn.parse(txn.tag) == ("7f1c-query", 12, 3)
+    assert Txn.parse(b"not a tag") is None
+
+
+def test_a_rerun_writes_only_what_the_failed_attempt_did_not(liftlog_server: Any, stream_name: str) -> None:
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name, partitions=2)
+    rows = [b"r%02d" % i for i in range(40)] + [b"dup", b"dup"]  # identical rows count as two
+    keys: list[bytes | None] = [None if i % 3 else b"k%d" % i for i in range(len(rows))]
+    txn = Txn("query-a", 5, 0)
+
+    # Attempt 1 dies after writing its first 25 rows.
+    first = write_batches(addr, iter([batch(rows[:25], keys[:25])]), default_stream=stream_name, txn=txn)
+    assert first.total == 25 and first.skipped == 0
+    # Attempt 2 gets the same rows in another order (a shuffle may reorder them) and writes the rest.
+    order = list(reversed(range(len(rows))))
+    second = write_batches(
+        addr,
+        iter([batch([rows[i] for i in order], [keys[i] for i in order])]),
+        default_stream=stream_name,
+        txn=txn,
+    )
+    assert second.skipped == 25 and second.total == len(rows) - 25
+    messages = [m for p in range(2) for m in read_all(liftlog_server.address, stream_name, p)]
+    assert sorted(m.value for m in messages) == sorted(rows)  # each row once, both 'dup's kept
+    assert {m.headers[TXN_HEADER] for m in messages} == {b"query-a/5/0"}
+    assert len({(m.headers[ROW_HEADER]) for m in messages}) == len(rows)
+
+    # The next micro-batch writes everything: the scan stops at batch 5's messages.
+    again = write_batches(addr, iter([batch(rows)]), default_stream=stream_name, txn=Txn("query-a", 6, 0))
+    assert again.skipped == 0 and again.total == len(rows)
+    # Another task of the same batch, or another query, is not confused with this one.
+    other = write_batches(addr, iter([batch(rows[:3])]), default_stream=stream_name, txn=Txn("query-b", 5, 0))
+    assert other.skipped == 0
+
+
+def test_without_txn_rows_are_written_again(liftlog_server: Any, stream_name: str) -> None:
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name)
+    for _ in range(2):
+        write_batches(addr, iter([batch([b"a", b"b"])]), default_stream=stream_name, txn=None)
+    assert [m.value for m in read_all(liftlog_server.address, stream_name)] == [b"a", b"b", b"a", b"b"]
+    assert all(TXN_HEADER not in m.headers for m in read_all(liftlog_server.address, stream_name))
+
+
+def test_bad_rows_fail_with_their_row_number(liftlog_server: Any, stream_name: str) -> None:
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name)
+    nulls = pa.RecordBatch.from_pydict({"value": pa.array([b"ok", None], pa.binary())})
+    with pytest.raises(LiftlogSparkError, match=f"row 1 of the write to stream '{stream_name}' has a null value"):
+        write_batches(addr, iter([nulls]), default_stream=stream_name, txn=None)
+    reserved = pa.RecordBatch.from_pydict(
+        {
+            "value": pa.array([b"x"], pa.binary()),
+            "headers": pa.array(
+                [[{"key": TXN_HEADER, "value": b"forged"}]],
+                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+            ),
+        }
+    )
+    with pytest.raises(LiftlogSparkError, match="reserved for liftlog's exactly-once writes"):
+        write_batches(addr, iter([reserved]), default_stream=stream_name, txn=None)
+    with pytest.raises(LiftlogSparkError, match="say which stream to write to"):
+        write_batches(addr, iter([batch([b"x"])]), default_stream=None, txn=None)
