@@ -203,6 +203,7 @@ MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "messagesReceivedTimestamps": (9, TS),
         "pauseTimestamps": (10, TS),
         "readonlyTimestamps": (11, TS),
+        "logStartOffset": (1000, NI64),  # liftlog extension: where retention starts the log
     },
     "FetchPartitionMetadataRequest": {"stream": (1, "string"), "partition": (2, "int32")},
     "FetchPartitionMetadataResponse": {"metadata": (1, "proto.PartitionMetadata")},

@@ -393,3 +393,20 @@ def test_a_write_cut_short_by_a_full_disk_leaves_no_torn_batch(
     log.close()
     reopened = open_log()
     assert [r.value for r in reopened.read(0)] == [b"first", b"after"]
+
+
+def test_compaction_emptying_a_segment_does_not_move_the_log_start(open_log: OpenLog, clock: FakeClock) -> None:
+    """Age retention judges an emptied segment by when compaction rewrote it, not as infinitely old."""
+    import time
+
+    clock.now = time.time_ns()
+    log = open_log(LogConfig(segment_max_bytes=512, retention_max_age_ms=60_000))
+    fill(log, 60, key=lambda i: b"k")
+    log.set_high_watermark(log.newest_offset)
+    log.compact()
+    assert log.segments[0].max_timestamp < 0  # emptied: only the newest "k" is left, in a later segment
+    assert log.enforce_retention() == 0
+    assert log.log_start_offset == 0
+    clock.advance_ms(61_000)  # past the age limit of its rewrite: now retention may drop it
+    assert log.enforce_retention() > 0
+    assert log.log_start_offset > 0

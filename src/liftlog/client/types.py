@@ -251,6 +251,8 @@ class PartitionInfo:
     messages_received: EventTimestamps | None = None
     pause_timestamps: EventTimestamps | None = None
     readonly_timestamps: EventTimestamps | None = None
+    #: The first offset retention kept (liftlog servers only; None from Liftbridge).
+    log_start_offset: int | None = None
 
     @property
     def pause(self) -> EventTimestamps | None:
@@ -272,6 +274,7 @@ class PartitionInfo:
             _event_timestamps(p, "messagesReceivedTimestamps"),
             _event_timestamps(p, "pauseTimestamps"),
             _event_timestamps(p, "readonlyTimestamps"),
+            p.logStartOffset.value if p.HasField("logStartOffset") else None,
         )
 
 

@@ -299,6 +299,7 @@ class ApiService(api_pb2_grpc.APIServicer):
     def _partition_metadata(meta: PartitionMeta, part: Partition | None) -> api_pb2.PartitionMetadata:
         """Committed metadata, with offsets when this server holds a replica (-1 otherwise)."""
         received = part.messages_received if part is not None else EventTimestamps()
+        log = part.log if part is not None else None
         return api_pb2.PartitionMetadata(
             id=meta.id,
             leader=meta.leader,
@@ -317,6 +318,7 @@ class ApiService(api_pb2_grpc.APIServicer):
             readonlyTimestamps=api_pb2.PartitionEventTimestamps(
                 firstTimestamp=meta.readonly_timestamps.first, latestTimestamp=meta.readonly_timestamps.latest
             ),
+            logStartOffset=api_pb2.NullableInt64(value=log.log_start_offset) if log is not None else None,
         )
 
     async def FetchPartitionMetadata(self, request: Any, context: Any) -> api_pb2.FetchPartitionMetadataResponse:

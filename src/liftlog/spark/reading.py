@@ -77,7 +77,7 @@ async def discover_partitions(client: Client, subscription: Subscription) -> dic
 
 
 async def _first_offset(client: Client, stream: str, partition: int, timestamp_ns: int | None, end: int) -> int:
-    """The first offset at (or, with a timestamp, received at or after) the start of the partition; ``end`` if none."""
+    """The offset of the first message (received at or after ``timestamp_ns``); ``end`` if there is none."""
     if end == 0:
         return 0
     sub = client.subscribe(
@@ -99,18 +99,25 @@ async def fetch_bounds(
 ) -> dict[tuple[str, int], Bounds]:
     """Bounds of every partition, asked of the partition leaders concurrently.
 
-    Without ``earliest`` the earliest offset is not looked up (reported as 0),
-    saving a subscription per partition. With ``timestamp_ms`` ``earliest`` is
-    the first offset received at or after that time instead.
+    ``earliest`` is the log start offset: the first offset retention kept
+    (compaction leaves gaps after it but never moves it). A Liftbridge server
+    does not report it; then, only when ``earliest`` is asked for, it is the
+    first message's offset (one subscription per partition), else 0. With
+    ``timestamp_ms`` ``earliest`` is the first offset received at or after
+    that time instead.
     """
 
     async def one(stream: str, partition: int) -> Bounds:
         info = await client.fetch_partition_metadata(stream, partition)
         end = info.high_watermark + 1
-        if not earliest and timestamp_ms is None:
+        if timestamp_ms is not None:
+            return Bounds(await _first_offset(client, stream, partition, timestamp_ms * 1_000_000, end), end)
+        if info.log_start_offset is not None:
+            return Bounds(min(info.log_start_offset, end), end)
+        if not earliest:
             return Bounds(0, end)
-        ts = None if timestamp_ms is None else timestamp_ms * 1_000_000
-        return Bounds(await _first_offset(client, stream, partition, ts, end), end)
+        # A Liftbridge server does not report its log start: take the first message's offset.
+        return Bounds(await _first_offset(client, stream, partition, None, end), end)
 
     keys = [(s, p) for s, ids in partitions.items() for p in ids]
     try:

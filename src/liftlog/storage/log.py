@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -521,7 +522,10 @@ class CommitLog:
         deleted: list[Segment] = []
         for seg in self._segments[:-1]:
             nxt = self._segments[len(deleted) + 1].base_offset
-            too_old = cfg.retention_max_age_ms and seg.max_timestamp < now - cfg.retention_max_age_ms * 1_000_000
+            # A segment compaction emptied has no timestamps: it ages from when it was rewritten, so
+            # compaction alone never moves the log start (readers would take that for lost data).
+            stamp = seg.max_timestamp if seg.max_timestamp >= 0 else os.stat(seg.log_path).st_mtime_ns
+            too_old = cfg.retention_max_age_ms and stamp < now - cfg.retention_max_age_ms * 1_000_000
             too_big = cfg.retention_max_bytes and total_bytes - seg.size >= cfg.retention_max_bytes
             too_many = cfg.retention_max_messages and self.log_end_offset - nxt >= cfg.retention_max_messages
             if not (too_old or too_big or too_many):
