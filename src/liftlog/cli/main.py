@@ -14,6 +14,7 @@ from liftlog.cli.cluster import cluster
 from liftlog.cli.common import ADDR_ENV, fail, reporting_errors, root_addr_option
 from liftlog.cli.messages import publish, subscribe
 from liftlog.cli.streams import stream
+from liftlog.pipeline.cli import pipeline  # imports neither pyspark nor gRPC until a command runs
 
 __all__ = ["main"]
 
@@ -42,6 +43,7 @@ def main() -> None:
       echo '{"id": 1}' | liftlog publish orders
       liftlog subscribe orders --from earliest --follow
       liftlog cluster status
+      liftlog pipeline run --events 10000
 
     Commands that talk to a server take --addr/-a here or after the command.
     """
@@ -169,6 +171,7 @@ main.add_command(publish)
 main.add_command(subscribe)
 main.add_command(bench)
 main.add_command(cluster)
+main.add_command(pipeline)
 
 
 if __name__ == "__main__":  # `python -m liftlog.cli.main`, as `liftlog bench --start-server` runs it
