@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck unit run bench bench-log sim chaos clean
+.PHONY: install test lint typecheck unit run bench bench-log bench-spark sim chaos clean
 
 # (Re)install when pyproject.toml changes; a missing venv is created first.
 $(STAMP): pyproject.toml
@@ -48,6 +48,11 @@ chaos: install
 
 bench-log: install
 	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)
+
+# Spark reads (batch count and AvailableNow stream) of 1,000,000 256-byte messages vs our client's raw rate.
+# Starts its own server unless BENCH_ARGS has --addr; one JSON line on stdout.
+bench-spark: install
+	$(BIN)/python bench/spark_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis src/*.egg-info

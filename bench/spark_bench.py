@@ -1,0 +1,389 @@
+"""Spark read benchmark: prints one JSON line.
+
+    python bench/spark_bench.py [--messages N] [--size B] [--partitions P] [--runs N] [--addr HOST:PORT]
+
+Publishes --messages values of --size bytes over --partitions partitions of
+a new stream (PublishAsync per partition, all partitions at once, ack ALL so
+every message is committed before the reads), then times reading all of it
+back:
+
+  raw_1proc     our asyncio Client, one process, every partition subscribed at once
+  raw_2proc     the same split over 2 processes (Spark's local[2] gets 2 cores too)
+  spark_batch   spark.read.format("liftlog")...load().count() in local[2]
+  spark_stream  readStream ... writeStream.format("noop"), Trigger.AvailableNow
+
+Each read goes from offset 0 to the end (subscriptions stop at the last
+offset). Spark's session start and a warm-up read of a tiny stream are not
+timed. With --runs N every read runs N times and the best counts. Unless
+--addr is given, a server with embedded NATS is started in a temporary
+directory on free loopback ports. Progress goes to stderr; so does anything
+Spark prints, and stdout carries only the JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import platform
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from liftlog.client import AckPolicy, Client, LiftlogError, StartPosition, StopPosition
+
+GOAL = 0.8  # Spark should read at >= 80% of the raw client's best rate
+WARM_MESSAGES = 400  # the warm-up stream, spread over the same partitions
+console = Console(stderr=True, highlight=False)
+
+
+def note(text: str) -> None:
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
+
+
+# -- the server -------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _answers(address: str) -> bool:
+    try:
+        async with Client([address], timeout=1.0, retries=0) as probe:
+            await probe.fetch_metadata()
+        return True
+    except LiftlogError:
+        return False
+
+
+@contextlib.contextmanager
+def started_server(root: Path) -> Iterator[str]:
+    """`liftlog server` with embedded NATS on free loopback ports, data in `root`: yields its address."""
+    port, nats_port = _free_port(), _free_port()
+    address = f"127.0.0.1:{port}"
+    command = [sys.executable, "-m", "liftlog.cli.main", "server", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--embedded-nats", "--embedded-nats-port", str(nats_port), "--data-dir", str(root / "data")]
+    command += ["--log-level", "warn"]
+    log_path = root / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not asyncio.run(_answers(address)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the server did not start: {log_path.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.2)
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- publishing and the raw client --------------------------------------------------
+
+
+async def publish(address: str, stream: str, messages: int, size: int, partitions: int, window: int) -> float:
+    """Create `stream` and fill it: each partition gets its share through PublishAsync, all at once."""
+    value = os.urandom(size)
+    async with Client([address], timeout=30.0) as client:
+        await client.create_stream(stream, stream, partitions=partitions)
+        shares = [messages // partitions + (1 if p < messages % partitions else 0) for p in range(partitions)]
+
+        async def fill(partition: int, n: int) -> None:
+            for begin in range(0, n, 50_000):  # bounded calls keep the acks in memory small
+                k = min(50_000, n - begin)
+                batch = [value] * k
+                await client.publish_many(stream, batch, partition=partition, ack_policy=AckPolicy.ALL, window=window)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(fill(p, n) for p, n in enumerate(shares)))
+        return time.perf_counter() - started
+
+
+async def partition_ends(address: str, stream: str) -> dict[int, int]:
+    """Partition -> high watermark + 1 (the number of committed messages, logs starting at 0)."""
+    async with Client([address]) as client:
+        meta = await client.fetch_metadata(stream)
+        info = meta.streams.get(stream)
+        if info is None:
+            raise SystemExit(f"no stream {stream!r} at {address}")
+        ends = {}
+        for p in sorted(info.partitions):
+            ends[p] = (await client.fetch_partition_metadata(stream, p)).high_watermark + 1
+        return ends
+
+
+async def _raw_read(address: str, stream: str, ends: dict[int, int], barrier: Any) -> tuple[int, int, float, float]:
+    """Read `ends`' partitions from 0 to their end concurrently: (messages, value bytes, start, end)."""
+    async with Client([address], timeout=30.0) as client:
+        await client.fetch_metadata(stream)  # channel up and leaders known before the clock starts
+        await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
+        started = time.monotonic()
+
+        async def one(partition: int, end: int) -> tuple[int, int]:
+            n = size = 0
+            sub = client.subscribe(
+                stream,
+                partition=partition,
+                start_position=StartPosition.OFFSET,
+                start_offset=0,
+                stop_position=StopPosition.STOP_OFFSET,
+                stop_offset=end - 1,
+            )
+            async with sub:
+                async for msg in sub:
+                    n += 1
+                    size += len(msg.value)
+            return n, size
+
+        counts = await asyncio.gather(*(one(p, e) for p, e in ends.items() if e > 0))
+        return sum(n for n, _ in counts), sum(b for _, b in counts), started, time.monotonic()
+
+
+def _raw_worker(address: str, stream: str, ends: dict[int, int], barrier: Any, results: Any) -> None:
+    results.put(asyncio.run(_raw_read(address, stream, ends, barrier)))
+
+
+def raw_read(address: str, stream: str, ends: dict[int, int], processes: int) -> tuple[int, float]:
+    """Read everything with `processes` processes, partitions dealt round robin: (messages, seconds).
+
+    The clock runs from when every process is connected to when the last one is done.
+    """
+    ctx = multiprocessing.get_context("spawn")  # no fork: grpc does not survive it
+    shares = [{p: e for i, (p, e) in enumerate(ends.items()) if i % processes == k} for k in range(processes)]
+    shares = [s for s in shares if s]
+    barrier = ctx.Barrier(len(shares))
+    results = ctx.Queue()
+    workers = [ctx.Process(target=_raw_worker, args=(address, stream, s, barrier, results)) for s in shares]
+    for w in workers:
+        w.start()
+    got = []
+    while len(got) < len(workers):
+        try:
+            got.append(results.get(timeout=1))
+        except queue.Empty:
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed:
+                raise SystemExit(f"a raw reader process failed (exit code {failed[0]})") from None
+    for w in workers:
+        w.join()
+    return sum(g[0] for g in got), max(g[3] for g in got) - min(g[2] for g in got)
+
+
+# -- Spark --------------------------------------------------------------------------
+
+
+def spark_session() -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
+    from pyspark.sql import SparkSession
+
+    import liftlog.spark
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("liftlog-bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    liftlog.spark.register(spark)
+    return spark
+
+
+def spark_batch(spark: Any, address: str, stream: str, options: dict[str, str]) -> tuple[int, float]:
+    started = time.perf_counter()
+    reader = spark.read.format("liftlog").option("servers", address).option("stream", stream)
+    rows = reader.option("startingOffsets", "earliest").options(**options).load().count()
+    return int(rows), time.perf_counter() - started
+
+
+def spark_stream(spark: Any, address: str, stream: str, options: dict[str, str], checkpoint: str) -> tuple[int, float]:
+    started = time.perf_counter()
+    reader = spark.readStream.format("liftlog").option("servers", address).option("stream", stream)
+    df = reader.option("startingOffsets", "earliest").options(**options).load()
+    query = df.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    if query.exception() is not None:
+        raise SystemExit(f"the streaming query failed: {query.exception()}")
+    rows = 0
+    for progress in query.recentProgress:
+        rows += progress.numInputRows if hasattr(progress, "numInputRows") else progress["numInputRows"]
+    return rows, elapsed
+
+
+# -- the run ------------------------------------------------------------------------
+
+
+def best(name: str, runs: list[tuple[int, float]], expected: int) -> dict[str, Any]:
+    """The fastest run's figures; every run must have read `expected` rows."""
+    for rows, _ in runs:
+        if rows != expected:
+            raise SystemExit(f"{name} read {rows} rows, expected {expected}")
+    seconds = min(s for _, s in runs)
+    return {
+        "rows_per_s": round(expected / seconds),
+        "seconds": round(seconds, 3),
+        "runs_s": [round(s, 3) for _, s in runs],
+    }
+
+
+def run(args: argparse.Namespace, address: str, tmp: Path) -> dict[str, Any]:
+    report: dict[str, Any] = {"server": "started" if args.addr is None else address}
+    options = {} if args.min_partitions is None else {"minPartitions": str(args.min_partitions)}
+    run_id = uuid.uuid4().hex[:8]
+    stream = args.stream or f"bench-spark-{run_id}"
+    warm = f"bench-spark-warm-{run_id}"
+    try:
+        if args.skip_publish:
+            note(f"reading the existing stream {stream!r}")
+        else:
+            where = f"{args.partitions} partitions of {stream!r}"
+            note(f"publishing {args.messages:,} messages of {args.size} B to {where}")
+            publish_s = asyncio.run(publish(address, stream, args.messages, args.size, args.partitions, args.window))
+            report["publish"] = {
+                "ack_policy": "all",
+                "window": args.window,
+                "seconds": round(publish_s, 3),
+                "msgs_per_s": round(args.messages / publish_s),
+            }
+            note(f"published in {publish_s:.1f} s ({args.messages / publish_s:,.0f} msgs/s)")
+        ends = asyncio.run(partition_ends(address, stream))
+        total = sum(ends.values())
+        report.update(messages=total, size=args.size, partitions=len(ends))
+        asyncio.run(publish(address, warm, WARM_MESSAGES, args.size, len(ends), args.window))
+        warm_ends = asyncio.run(partition_ends(address, warm))
+
+        raw: dict[str, list[tuple[int, float]]] = {"raw_1proc": [], "raw_2proc": []}
+        for i in range(args.runs):
+            for name, procs in (("raw_1proc", 1), ("raw_2proc", 2)):
+                if i == 0:
+                    raw_read(address, warm, warm_ends, procs)
+                rows, seconds = raw_read(address, stream, ends, procs)
+                raw[name].append((rows, seconds))
+                note(f"{name}: {rows:,} messages in {seconds:.2f} s ({rows / seconds:,.0f}/s)")
+        for name, runs in raw.items():
+            report[name] = best(name, runs, total)
+
+        note("starting Spark (local[2])")
+        started = time.perf_counter()
+        spark = spark_session()
+        report["spark_startup_s"] = round(time.perf_counter() - started, 3)
+        try:
+            started = time.perf_counter()
+            spark_batch(spark, address, warm, options)
+            spark_stream(spark, address, warm, options, str(tmp / "checkpoint-warm"))
+            report["spark_warmup_s"] = round(time.perf_counter() - started, 3)
+            batch: list[tuple[int, float]] = []
+            streaming: list[tuple[int, float]] = []
+            for i in range(args.runs):
+                rows, seconds = spark_batch(spark, address, stream, options)
+                batch.append((rows, seconds))
+                note(f"spark_batch: {rows:,} rows in {seconds:.2f} s ({rows / seconds:,.0f}/s)")
+                rows, seconds = spark_stream(spark, address, stream, options, str(tmp / f"checkpoint-{i}"))
+                streaming.append((rows, seconds))
+                note(f"spark_stream: {rows:,} rows in {seconds:.2f} s ({rows / seconds:,.0f}/s)")
+            report["spark_batch"] = best("spark_batch", batch, total)
+            report["spark_stream"] = best("spark_stream", streaming, total)
+        finally:
+            spark.stop()
+    finally:
+        if args.addr is not None:  # a started server's data goes with its directory; a named stream stays
+            with contextlib.suppress(LiftlogError):
+                asyncio.run(_delete(address, [warm] if args.stream else [warm, stream]))
+
+    raw_best = max(report["raw_1proc"]["rows_per_s"], report["raw_2proc"]["rows_per_s"])
+    ratios = {}
+    for spark_name in ("spark_batch", "spark_stream"):
+        for raw_name in ("raw_1proc", "raw_2proc"):
+            ratio = report[spark_name]["rows_per_s"] / report[raw_name]["rows_per_s"]
+            ratios[f"{spark_name}/{raw_name}"] = round(ratio, 3)
+    report["ratios"] = ratios
+    report["goal"] = {
+        "min_ratio": GOAL,
+        "vs": "best raw rate",
+        "spark_batch_met": report["spark_batch"]["rows_per_s"] >= GOAL * raw_best,
+        "spark_stream_met": report["spark_stream"]["rows_per_s"] >= GOAL * raw_best,
+    }
+    return report
+
+
+async def _delete(address: str, streams: list[str]) -> None:
+    async with Client([address]) as client:
+        for name in streams:
+            with contextlib.suppress(LiftlogError):
+                await client.delete_stream(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages to publish (default 1,000,000)")
+    parser.add_argument("--size", type=int, default=256, help="bytes per message value")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--window", type=int, default=2000, help="unacknowledged messages per partition (publish)")
+    parser.add_argument("--runs", type=int, default=1, help="times to run each read; the best counts")
+    parser.add_argument("--min-partitions", type=int, default=None, help="the source's minPartitions option")
+    parser.add_argument("--addr", default=None, help="use this server (host:port) instead of starting one")
+    parser.add_argument("--stream", default=None, help="stream name (default: a new one, deleted after)")
+    parser.add_argument("--skip-publish", action="store_true", help="read --stream as it is (needs --stream)")
+    args = parser.parse_args()
+    if args.skip_publish and not (args.stream and args.addr):
+        parser.error("--skip-publish needs --addr and --stream")
+    if min(args.messages, args.size, args.partitions, args.window, args.runs) < 1:
+        parser.error("--messages, --size, --partitions, --window and --runs must be >= 1")
+
+    # Spark's JVM and Python workers inherit our stdout: point it at stderr and keep the real one for the JSON line.
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    tmp = Path(tempfile.mkdtemp(prefix="liftlog-bench-spark-"))
+    try:
+        if args.addr is not None:
+            report = run(args, args.addr, tmp)
+        else:
+            note("starting a liftlog server (embedded NATS)")
+            with started_server(tmp) as address:
+                report = run(args, address, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {
+        "bench": "spark",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "spark_master": "local[2]",
+        **report,
+    }
+    with os.fdopen(real_stdout, "w") as out:
+        out.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
