@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ log = logging.getLogger("liftlog.spark")
 
 #: Messages per Arrow record batch handed to Spark.
 BATCH_ROWS = 8192
+#: How long a read task waits for a partition's high watermark to reach its range's end.
+HW_WAIT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +228,20 @@ class RangeReader:
             raise LiftlogSparkError(text + ". Set failOnDataLoss=false to skip lost data, or start from newer offsets.")
         log.warning("%s; skipping them (failOnDataLoss=false)", text)
 
+    def _bounds(self, bc: BlockingClient) -> Bounds:
+        """The partition's bounds, waiting a little for its end to reach the range's.
+
+        Right after a leader change the new leader's high watermark can lag
+        the one the range was planned with, for a moment.
+        """
+        r = self.range
+        deadline = time.monotonic() + HW_WAIT_S
+        while True:
+            (bounds,) = bc.run(lambda c: fetch_bounds(c, {r.stream: [r.partition]})).values()
+            if bounds.end >= r.end or time.monotonic() >= deadline:
+                return bounds
+            time.sleep(0.2)
+
     def batches(self) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
@@ -233,7 +250,7 @@ class RangeReader:
             return
         schema = arrow_schema(self.include_headers)
         with BlockingClient(self.servers) as bc:
-            (bounds,) = bc.run(lambda c: fetch_bounds(c, {r.stream: [r.partition]})).values()
+            bounds = self._bounds(bc)
             end = r.end
             if end > bounds.end:
                 if self.fail_on_data_loss:

@@ -1,0 +1,45 @@
+"""The source's read task without Spark: exact ranges, Arrow columns, and ranges the partition no longer has."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from liftlog.spark import reading
+from liftlog.spark.blocking import LiftlogSparkError
+from liftlog.spark.offsets import OffsetRange
+from liftlog.spark.reading import RangeReader
+
+from .conftest import fill, make_stream
+
+
+def rows(reader: RangeReader) -> list[dict[str, Any]]:
+    return [row for batch in reader.batches() for row in batch.to_pylist()]
+
+
+def test_a_range_reads_exactly_its_offsets(liftlog_server: Any, stream_name: str) -> None:
+    make_stream(liftlog_server.address, stream_name)
+    fill(liftlog_server.address, stream_name, {0: [b"m%d" % i for i in range(30)]})
+    reader = RangeReader(
+        (liftlog_server.address,), OffsetRange(stream_name, 0, 7, 19), include_headers=True, fail_on_data_loss=True
+    )
+    got = rows(reader)
+    assert [r["offset"] for r in got] == list(range(7, 19))
+    assert [r["value"] for r in got] == [b"m%d" % i for i in range(7, 19)]
+    assert {r["stream"] for r in got} == {stream_name} and {r["partition"] for r in got} == {0}
+    assert all(r["headers"] == [] and r["key"] is None for r in got)
+
+
+def test_a_range_past_the_high_watermark(
+    liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reading, "HW_WAIT_S", 0.3)
+    make_stream(liftlog_server.address, stream_name)
+    fill(liftlog_server.address, stream_name, {0: [b"x"] * 5})
+    beyond = OffsetRange(stream_name, 0, 2, 9)
+    strict = RangeReader((liftlog_server.address,), beyond, include_headers=False, fail_on_data_loss=True)
+    with pytest.raises(LiftlogSparkError, match=r"offsets out of range .* needs offsets 2 to 8 .* end at 4"):
+        rows(strict)
+    lenient = RangeReader((liftlog_server.address,), beyond, include_headers=False, fail_on_data_loss=False)
+    assert [r["offset"] for r in rows(lenient)] == [2, 3, 4]
