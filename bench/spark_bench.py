@@ -31,8 +31,6 @@ import os
 import platform
 import queue
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +41,7 @@ from typing import Any
 
 from rich.console import Console
 
+from liftlog.cli.bench import spawned_server
 from liftlog.client import AckPolicy, Client, LiftlogError, StartPosition, StopPosition
 
 GOAL = 0.8  # Spark should read at >= 80% of the raw client's best rate
@@ -57,46 +56,19 @@ def note(text: str) -> None:
 # -- the server -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _answers(address: str) -> bool:
-    try:
-        async with Client([address], timeout=1.0, retries=0) as probe:
-            await probe.fetch_metadata()
-        return True
-    except LiftlogError:
-        return False
-
-
 @contextlib.contextmanager
-def started_server(root: Path) -> Iterator[str]:
-    """`liftlog server` with embedded NATS on free loopback ports, data in `root`: yields its address."""
-    port, nats_port = _free_port(), _free_port()
-    address = f"127.0.0.1:{port}"
-    command = [sys.executable, "-m", "liftlog.cli.main", "server", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--embedded-nats", "--embedded-nats-port", str(nats_port), "--data-dir", str(root / "data")]
-    command += ["--log-level", "warn"]
-    log_path = root / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+def started_server() -> Iterator[str]:
+    """`liftlog server` with embedded NATS on free loopback ports, as `liftlog bench` starts it: yields its address."""
+    loop = asyncio.new_event_loop()
+    server = spawned_server()
     try:
-        deadline = time.monotonic() + 30
-        while not asyncio.run(_answers(address)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start: {log_path.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.2)
-        yield address
-    finally:
-        proc.terminate()
+        address, _ = loop.run_until_complete(server.__aenter__())
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            yield address
+        finally:
+            loop.run_until_complete(server.__aexit__(None, None, None))
+    finally:
+        loop.close()
 
 
 # -- publishing and the raw client --------------------------------------------------
@@ -370,7 +342,7 @@ def main() -> None:
             report = run(args, args.addr, tmp)
         else:
             note("starting a liftlog server (embedded NATS)")
-            with started_server(tmp) as address:
+            with started_server() as address:
                 report = run(args, address, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -95,7 +95,7 @@ def _log_tail(path: Path, lines: int = 5) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _spawned_server() -> AsyncIterator[tuple[str, str]]:
+async def spawned_server() -> AsyncIterator[tuple[str, str]]:
     """A server with embedded NATS on free ports in a temporary directory: yields (address, NATS URL)."""
     from liftlog.client import Client, LiftlogError
 
@@ -405,7 +405,7 @@ def bench(
             if not start_server:
                 return ", ".join(addresses()), await _run_all(list(addresses()), settings, chosen, show)
             show("starting a server")
-            async with _spawned_server() as (address, url):
+            async with spawned_server() as (address, url):
                 settings.nats_url = nats_url or url
                 return "started", await _run_all([address], settings, chosen, show)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from liftlog.cli.bench import _free_port, _log_tail, _run_all, _spawned_server
+from liftlog.cli.bench import _free_port, _log_tail, _run_all, spawned_server
 from liftlog.cli.bench_scenarios import RUNNERS, Result, Settings
 from liftlog.cli.common import CommandError
 
@@ -421,7 +421,7 @@ async def _single(s: Settings, count: int, status: Callable[[str], None]) -> dic
     """The async scenario, ack ALL, on a standalone server of its own."""
     status("single: starting a standalone server")
     single = replace(s, ack_policy="all", partitions=1, counts={"async": count})
-    async with _spawned_server() as (address, _url):
+    async with spawned_server() as (address, _url):
         result: dict[str, Any] = (await _run_all([address], single, ["async"], status))["async"]
     if "notes" in result:
         result["notes"] = f"standalone server, ack ALL; {result['notes']}"
