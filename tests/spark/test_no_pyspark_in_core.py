@@ -1,4 +1,4 @@
-"""The core package, its CLI and liftlog.spark's planning modules never import pyspark (only the spark extra needs it)."""
+"""The core, its CLI and liftlog.spark's planning modules never import pyspark: only the spark extra needs it."""
 
 from __future__ import annotations
 
