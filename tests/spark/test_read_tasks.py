@@ -43,3 +43,34 @@ def test_a_range_past_the_high_watermark(
         rows(strict)
     lenient = RangeReader((liftlog_server.address,), beyond, include_headers=False, fail_on_data_loss=False)
     assert [r["offset"] for r in rows(lenient)] == [2, 3, 4]
+
+
+def test_a_read_that_loses_its_server_resubscribes_from_the_next_offset(
+    liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader going away mid-read (as _take reports it) costs a new subscription, not the task."""
+    from liftlog.client import UnavailableError
+
+    make_stream(liftlog_server.address, stream_name)
+    fill(liftlog_server.address, stream_name, {0: [b"m%d" % i for i in range(50)]})
+    real_take = reading._take
+    calls = {"n": 0}
+
+    async def flaky_take(sub: Any, limit: int, include_headers: bool) -> Any:
+        calls["n"] += 1
+        if calls["n"] <= 2:  # twice: 7 messages, then the connection drops
+            chunk, _ = await real_take(sub, 7, include_headers)
+            return chunk, UnavailableError("connection to the leader lost")
+        return await real_take(sub, limit, include_headers)
+
+    monkeypatch.setattr(reading, "_take", flaky_take)
+    reader = RangeReader(
+        (liftlog_server.address,), OffsetRange(stream_name, 0, 3, 40), include_headers=False, fail_on_data_loss=True
+    )
+    assert [r["offset"] for r in rows(reader)] == list(range(3, 40))  # no gap, no repeat
+    assert calls["n"] >= 3
+
+    monkeypatch.setattr(reading, "RESUBSCRIBES", 1)
+    calls["n"] = 0
+    with pytest.raises(LiftlogSparkError, match=r"failed 2 times, last at offset 17: connection to the leader lost"):
+        rows(reader)

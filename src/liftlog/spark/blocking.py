@@ -23,6 +23,11 @@ T = TypeVar("T")
 
 _loop: asyncio.AbstractEventLoop | None = None
 
+#: Retries of the first request: is any server there at all?
+CONNECT_RETRIES = 2
+#: Retries afterwards, with backoff doubling from 50 ms to 2 s: about 15 s, longer than a leader failover.
+RETRIES = 12
+
 
 def _process_loop() -> asyncio.AbstractEventLoop:
     """One event loop per process, never closed.
@@ -44,10 +49,13 @@ class LiftlogSparkError(RuntimeError):
 class BlockingClient:
     """A :class:`Client` on the process's event loop; :meth:`run` awaits a coroutine function of it."""
 
-    def __init__(self, servers: Sequence[str], *, timeout: float = 10.0, retries: int = 3) -> None:
+    def __init__(self, servers: Sequence[str], *, timeout: float = 10.0) -> None:
         self.servers = tuple(servers)
         self._loop = _process_loop()
-        self._client = Client(list(self.servers), timeout=timeout, retries=retries, max_backoff=1.0)
+        # Quick to say that no server answers at all; then patient (about 15 s of retries) while a
+        # partition's leader moves to another server.
+        self._client = Client(list(self.servers), timeout=timeout, retries=CONNECT_RETRIES, max_backoff=2.0)
+        self._connected = False
 
     @property
     def client(self) -> Client:
@@ -63,6 +71,10 @@ class BlockingClient:
 
     async def _guard(self, work: Callable[[Client], Awaitable[T]]) -> T:
         try:
+            if not self._connected:
+                await self._client.connect()
+                self._connected = True
+                self._client.retries = RETRIES
             return await work(self._client)
         except UnavailableError as exc:
             raise LiftlogSparkError(f"no liftlog server answered at {', '.join(self.servers)}: {exc.message}") from exc

@@ -17,7 +17,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from liftlog.client import Client, NoSuchStreamError, StartPosition, StopPosition
+from liftlog.client import (
+    Client,
+    DeadlineExceededError,
+    LiftlogError,
+    NoSuchStreamError,
+    NotLeaderError,
+    StartPosition,
+    StopPosition,
+    UnavailableError,
+)
 
 from .blocking import BlockingClient, LiftlogSparkError
 from .offsets import EARLIEST, LATEST, OffsetRange, PartitionOffsets
@@ -39,6 +48,8 @@ log = logging.getLogger("liftlog.spark")
 
 #: Messages per Arrow record batch handed to Spark.
 BATCH_ROWS = 8192
+#: How often a read task subscribes again after its partition's leader went away, before it fails.
+RESUBSCRIBES = 5
 #: How long a read task waits for a partition's high watermark to reach its range's end.
 HW_WAIT_S = 10.0
 
@@ -228,7 +239,7 @@ class RangeReader:
             raise LiftlogSparkError(text + ". Set failOnDataLoss=false to skip lost data, or start from newer offsets.")
         log.warning("%s; skipping them (failOnDataLoss=false)", text)
 
-    def _bounds(self, bc: BlockingClient) -> Bounds:
+    def _bounds(self, bc: BlockingClient, *, wait: bool = True) -> Bounds:
         """The partition's bounds, waiting a little for its end to reach the range's.
 
         Right after a leader change the new leader's high watermark can lag
@@ -238,13 +249,11 @@ class RangeReader:
         deadline = time.monotonic() + HW_WAIT_S
         while True:
             (bounds,) = bc.run(lambda c: fetch_bounds(c, {r.stream: [r.partition]})).values()
-            if bounds.end >= r.end or time.monotonic() >= deadline:
+            if not wait or bounds.end >= r.end or time.monotonic() >= deadline:
                 return bounds
             time.sleep(0.2)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
         r = self.range
         if r.size <= 0:
             return
@@ -267,65 +276,94 @@ class RangeReader:
                 start = bounds.earliest
             if start >= end:
                 return
-            sub = bc.client.subscribe(
-                r.stream,
-                partition=r.partition,
-                start_position=StartPosition.OFFSET,
-                start_offset=start,
-                stop_position=StopPosition.STOP_OFFSET,
-                stop_offset=end - 1,
-            )
             expected = start
             checked_gap = False
-            try:
-                while True:
-                    chunk = bc.run_coroutine(_take(sub, BATCH_ROWS, self.include_headers))
-                    if chunk is None:
-                        break
-                    keys, values, subjects, offsets, stamps, headers = chunk
-                    if offsets[0] > expected and not checked_gap:
-                        # A gap: compaction, or retention racing this read. Only the latter moves the start.
-                        checked_gap = True
-                        earliest = bc.run(lambda c: fetch_bounds(c, {r.stream: [r.partition]}))
-                        now = next(iter(earliest.values())).earliest
-                        if now > expected:
-                            self._lost(expected, min(now, offsets[0]), "removed by retention during the read")
-                    expected = offsets[-1] + 1
-                    n = len(offsets)
-                    columns: list[Any] = [
-                        pa.array(keys, pa.binary()),
-                        pa.array(values, pa.binary()),
-                        pa.array([r.stream] * n, pa.string()),
-                        pa.array(subjects, pa.string()),
-                        pa.array([r.partition] * n, pa.int32()),
-                        pa.array(offsets, pa.int64()),
-                        pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                    ]
-                    if self.include_headers:
-                        columns.append(pa.array(headers, schema.field("headers").type))
-                    yield pa.RecordBatch.from_arrays(columns, schema=schema)
-            finally:
-                bc.run_coroutine(sub.close())
+            failures = 0
+            while expected < end:
+                sub = bc.client.subscribe(
+                    r.stream,
+                    partition=r.partition,
+                    start_position=StartPosition.OFFSET,
+                    start_offset=expected,
+                    stop_position=StopPosition.STOP_OFFSET,
+                    stop_offset=end - 1,
+                )
+                try:
+                    while True:
+                        chunk, failure = bc.run_coroutine(_take(sub, BATCH_ROWS, self.include_headers))
+                        if chunk is not None:
+                            offsets = chunk[3]
+                            if offsets[0] > expected and not checked_gap:
+                                # A gap: compaction, or retention racing this read. Only retention moves the start.
+                                checked_gap = True
+                                now = self._bounds(bc, wait=False).earliest
+                                if now > expected:
+                                    self._lost(expected, min(now, offsets[0]), "removed by retention during the read")
+                            expected = offsets[-1] + 1
+                            yield _record_batch(schema, r, chunk, self.include_headers)
+                        if failure is not None:
+                            # The leader went away mid-read: subscribe again, from the next offset, wherever it is now.
+                            failures += 1
+                            if failures > RESUBSCRIBES:
+                                raise LiftlogSparkError(
+                                    f"reading stream {r.stream!r} partition {r.partition} failed {failures} times, "
+                                    f"last at offset {expected}: {failure.message}"
+                                ) from failure
+                            log.warning("stream %r partition %d: %s; resubscribing", r.stream, r.partition, failure)
+                            break
+                        if chunk is None:
+                            return  # the server ended the subscription at the range's last offset
+                finally:
+                    bc.run_coroutine(sub.close())
 
 
-async def _take(sub: Any, limit: int, include_headers: bool) -> tuple[list[Any], ...] | None:
-    """Up to ``limit`` messages from the subscription as column lists; None at its end."""
+def _record_batch(schema: pa.Schema, r: OffsetRange, chunk: tuple[list[Any], ...], include_headers: bool) -> Any:
+    import pyarrow as pa
+
+    keys, values, subjects, offsets, stamps, headers = chunk
+    n = len(offsets)
+    columns: list[Any] = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array([r.stream] * n, pa.string()),
+        pa.array(subjects, pa.string()),
+        pa.array([r.partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+    ]
+    if include_headers:
+        columns.append(pa.array(headers, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+async def _take(
+    sub: Any, limit: int, include_headers: bool
+) -> tuple[tuple[list[Any], ...] | None, LiftlogError | None]:
+    """Up to ``limit`` messages from the subscription as column lists (None if none), and why it broke off.
+
+    A failure that moving to another server can cure (the leader went away or
+    changed) is returned with the messages read before it; others raise.
+    """
     keys: list[bytes | None] = []
     values: list[bytes] = []
     subjects: list[str] = []
     offsets: list[int] = []
     stamps: list[int] = []
     headers: list[list[dict[str, Any]]] = []
-    async for msg in sub:
-        keys.append(msg.key)
-        values.append(msg.value)
-        subjects.append(msg.subject)
-        offsets.append(msg.offset)
-        stamps.append(msg.timestamp // 1000)
-        if include_headers:
-            headers.append([{"key": k, "value": v} for k, v in msg.headers.items()])
-        if len(offsets) >= limit:
-            break
+    failure: LiftlogError | None = None
+    try:
+        async for msg in sub:
+            keys.append(msg.key)
+            values.append(msg.value)
+            subjects.append(msg.subject)
+            offsets.append(msg.offset)
+            stamps.append(msg.timestamp // 1000)
+            if include_headers:
+                headers.append([{"key": k, "value": v} for k, v in msg.headers.items()])
+            if len(offsets) >= limit:
+                break
+    except (UnavailableError, NotLeaderError, DeadlineExceededError) as exc:
+        failure = exc
     if not offsets:
-        return None
-    return keys, values, subjects, offsets, stamps, headers
+        return None, failure
+    return (keys, values, subjects, offsets, stamps, headers), failure
