@@ -86,3 +86,31 @@ def test_bad_rows_fail_with_their_row_number(liftlog_server: Any, stream_name: s
         write_batches(addr, iter([reserved]), default_stream=stream_name, txn=None)
     with pytest.raises(LiftlogSparkError, match="say which stream to write to"):
         write_batches(addr, iter([batch([b"x"])]), default_stream=None, txn=None)
+
+
+def test_exactly_once_after_a_leader_change_mid_write(
+    liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write cut off after some messages (as by a leader change) is resumed from the log, not resent blindly."""
+    from liftlog.client import Client, UnavailableError
+    from liftlog.spark import writing
+
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name)
+    real = Client.publish_many
+    cuts = {"n": 0}
+
+    async def cut_after_ten(self: Client, stream: str, values: Any, **kwargs: Any) -> Any:
+        if cuts["n"] == 0:
+            cuts["n"] += 1
+            assert kwargs["resend_unacked"] is False  # exactly once: no blind resend by the client
+            await real(self, stream, list(values)[:10], **kwargs)
+            raise UnavailableError("the leader went away")
+        return await real(self, stream, values, **kwargs)
+
+    monkeypatch.setattr(Client, "publish_many", cut_after_ten)
+    monkeypatch.setattr(writing.time, "sleep", lambda s: None)
+    rows = [b"r%02d" % i for i in range(30)]
+    result = write_batches(addr, iter([batch(rows)]), default_stream=stream_name, txn=Txn("q", 0, 0))
+    assert result.total == 30 and cuts["n"] == 1
+    assert sorted(m.value for m in read_all(liftlog_server.address, stream_name)) == rows  # each once

@@ -368,6 +368,7 @@ class Client(Routing):
         ack_policy: AckPolicy = AckPolicy.LEADER,
         window: int = 100,
         timeout: float | None = None,
+        resend_unacked: bool = True,
     ) -> list[Ack]:
         """Publish many messages to one partition over a single ``PublishAsync`` call.
 
@@ -383,8 +384,9 @@ class Client(Routing):
         ``correlation_id`` and ``acks``, the acks received so far. When the
         call fails with :class:`NotLeaderError` or :class:`UnavailableError`,
         it is retried on the (new) leader, resending the unacknowledged
-        messages: delivery is at least once. With ``AckPolicy.NONE`` it is
-        retried only if nothing was sent yet.
+        messages: delivery is at least once. With ``AckPolicy.NONE``, or with
+        `resend_unacked` False (for a caller that checks the log itself
+        before sending again), it is retried only if nothing was sent yet.
         """
         self._check_open()
         if window < 1:
@@ -396,7 +398,7 @@ class Client(Routing):
         deadline = self.timeout if timeout is None else timeout
 
         def retryable() -> bool:
-            return want_acks or batch.count == 0
+            return (want_acks and resend_unacked) or batch.count == 0
 
         async def attempt(stub: Stub) -> None:
             await publish_async_attempt(stub, batch, window, deadline)

@@ -19,6 +19,10 @@ same query from an earlier batch (micro-batches run one after another, so
 nothing of this batch lies before it) or the start of the log; rows already
 there are skipped. Keyless rows without a partition go to a partition chosen
 from their digest, not round robin, so a re-run sends them to the same place.
+The scan first waits for the partition's commits to reach its log end, so a
+message an earlier attempt sent without seeing its ack is not missed. The
+same check replaces the client's blind resend when a partition's leader goes
+away mid-write: the task reads what got in and sends only the rest.
 """
 
 from __future__ import annotations
@@ -27,18 +31,33 @@ import asyncio
 import functools
 import hashlib
 import itertools
+import logging
+import time
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from liftlog.client import AckPolicy, Client, LiftlogError, OutgoingMessage, StartPosition, StopPosition
+from liftlog.client import (
+    AckPolicy,
+    AckTimeoutError,
+    Client,
+    LiftlogError,
+    NotLeaderError,
+    OutgoingMessage,
+    PublishAsyncFailed,
+    StartPosition,
+    StopPosition,
+    UnavailableError,
+)
 
 from .blocking import BlockingClient, LiftlogSparkError
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
+
+log = logging.getLogger("liftlog.spark")
 
 __all__ = ["ROW_HEADER", "TXN_HEADER", "Txn", "WriteResult", "existing_rows", "write_batches"]
 
@@ -49,6 +68,10 @@ _COLUMNS = ("value", "key", "headers", "partition", "stream")
 WINDOW = 1024
 #: First backward read of the exactly-once scan; each next one is 4x longer.
 SCAN_WINDOW = 1024
+#: Longest wait for a partition's committed messages to reach its log end before an exactly-once scan.
+SETTLE_S = 10.0
+#: Exactly once: how often a partition's writes are checked and resumed after its leader went away.
+REWRITES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +211,30 @@ def _digest(stream: str, key: bytes | None, value: bytes, headers: dict[str, byt
     return h.digest()
 
 
+async def _settled(client: Client, stream: str, partition: int) -> int:
+    """The partition's high watermark once it covers what the leader's log held when asked (waits up to 10 s).
+
+    A message an earlier attempt sent but never saw acknowledged can still be
+    committed after that attempt died; a scan of the committed messages that
+    ran before would miss it, and the row would be written twice.
+    """
+    info = await client.fetch_partition_metadata(stream, partition)
+    target = info.newest_offset
+    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    while info.high_watermark < min(target, info.newest_offset):
+        if asyncio.get_running_loop().time() > deadline:
+            raise LiftlogSparkError(
+                f"stream {stream!r} partition {partition}: the high watermark stays at {info.high_watermark}, "
+                f"below the log end {info.newest_offset}; cannot tell which rows an earlier attempt wrote"
+            )
+        await asyncio.sleep(0.05)
+        info = await client.fetch_partition_metadata(stream, partition)
+    return info.high_watermark
+
+
 async def existing_rows(client: Client, stream: str, partition: int, txn: Txn) -> set[bytes]:
     """Row ids already written to a partition by earlier attempts of ``txn``'s task (see the module doc)."""
-    info = await client.fetch_partition_metadata(stream, partition)
-    hi = info.high_watermark + 1
+    hi = await _settled(client, stream, partition) + 1
     found: set[bytes] = set()
     window = SCAN_WINDOW
     while hi > 0:
@@ -274,20 +317,76 @@ def write_batches(
                 groups.setdefault((stream, target), []).append(OutgoingMessage(value, key, headers or None))
             row_number += batch.num_rows
             if groups:
-                bc.run(functools.partial(_publish, groups=groups))
+                if txn is None:
+                    bc.run(functools.partial(_publish, groups=groups, resend_unacked=True))
+                else:
+                    _publish_exactly_once(bc, groups, seen, txn)
                 for (stream, partition), msgs in groups.items():
                     name = f"{stream}/{partition}"
                     result.written[name] = result.written.get(name, 0) + len(msgs)
     return result
 
 
-async def _publish(client: Client, *, groups: dict[tuple[str, int], list[OutgoingMessage]]) -> None:
+Place = tuple[str, int]
+
+
+async def _publish(
+    client: Client, *, groups: dict[Place, list[OutgoingMessage]], resend_unacked: bool
+) -> dict[Place, LiftlogError]:
+    """Publish each group to its partition, concurrently; returns the leader changes left to the caller.
+
+    With ``resend_unacked`` the client resends what a leader change left
+    unacknowledged (at least once) and every failure raises. Without it, a
+    group whose leader went away mid-way is returned, for the caller to check
+    the log before sending the rest.
+    """
+    moved: dict[Place, LiftlogError] = {}
+
     async def one(stream: str, partition: int, msgs: list[OutgoingMessage]) -> None:
         try:
-            await client.publish_many(stream, msgs, partition=partition, ack_policy=AckPolicy.ALL, window=WINDOW)
+            await client.publish_many(
+                stream,
+                msgs,
+                partition=partition,
+                ack_policy=AckPolicy.ALL,
+                window=WINDOW,
+                resend_unacked=resend_unacked,
+            )
+        except (NotLeaderError, UnavailableError, AckTimeoutError) as exc:
+            if resend_unacked or isinstance(exc, PublishAsyncFailed):
+                raise _failed(stream, partition, msgs, exc) from exc
+            moved[stream, partition] = exc
         except LiftlogError as exc:
-            raise LiftlogSparkError(
-                f"writing {len(msgs)} messages to stream {stream!r} partition {partition} failed: {exc.message}"
-            ) from exc
+            raise _failed(stream, partition, msgs, exc) from exc
 
     await asyncio.gather(*(one(s, p, m) for (s, p), m in groups.items()))
+    return moved
+
+
+def _failed(stream: str, partition: int, msgs: list[OutgoingMessage], exc: LiftlogError) -> LiftlogSparkError:
+    return LiftlogSparkError(
+        f"writing {len(msgs)} messages to stream {stream!r} partition {partition} failed: {exc.message}"
+    )
+
+
+def _publish_exactly_once(
+    bc: BlockingClient, groups: dict[Place, list[OutgoingMessage]], seen: dict[Place, set[bytes]], txn: Txn
+) -> None:
+    """Publish without blind resends: after a leader change, read what got in and send only the rest."""
+    pending = groups
+    for attempt in range(REWRITES + 1):
+        moved = bc.run(functools.partial(_publish, groups=pending, resend_unacked=False))
+        if not moved:
+            return
+        if attempt == REWRITES:
+            (stream, partition), exc = next(iter(moved.items()))
+            raise _failed(stream, partition, pending[stream, partition], exc)
+        time.sleep(min(2.0, 0.1 * 2**attempt))
+        pending = {}
+        for (stream, partition), exc in moved.items():
+            log.warning("stream %r partition %d: %s; checking what was written", stream, partition, exc.message)
+            have = bc.run(functools.partial(existing_rows, stream=stream, partition=partition, txn=txn))
+            seen[stream, partition] = have
+            rest = [m for m in groups[stream, partition] if (m.headers or {}).get(ROW_HEADER) not in have]
+            if rest:
+                pending[stream, partition] = rest
