@@ -166,28 +166,9 @@ def raw_read(address: str, stream: str, ends: dict[int, int], processes: int) ->
 
 
 def spark_session() -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
-    from pyspark.sql import SparkSession
+    from liftlog.spark.source import local_session
 
-    import liftlog.spark
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("liftlog-bench-spark")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    liftlog.spark.register(spark)
-    return spark
+    return local_session("liftlog-bench-spark")
 
 
 def spark_batch(spark: Any, address: str, stream: str, options: dict[str, str]) -> tuple[int, float]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,29 +23,10 @@ _names = itertools.count()
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A small local Spark: 2 cores, no UI, 2 shuffle partitions, workers on this venv's Python."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only, whatever the host's name resolves to
-    from pyspark.sql import SparkSession
+    """A small local Spark: 2 cores, no UI, 2 shuffle partitions, workers on this venv's Python, loopback only."""
+    from liftlog.spark.source import local_session
 
-    import liftlog.spark
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("liftlog-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.streaming.schemaInference", "false")
-        .config("spark.driver.memory", "1g")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    liftlog.spark.register(session)
+    session = local_session("liftlog-tests")
     yield session
     session.stop()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -42,7 +43,7 @@ from .options import OptionError, ReadOptions, WriteOptions, parse_read_options,
 from .reading import Bounds, RangeReader, discover_partitions, fetch_bounds, resolve_offsets
 from .writing import Txn, write_batches
 
-__all__ = ["LiftlogDataSource", "register"]
+__all__ = ["LiftlogDataSource", "local_session", "register"]
 
 log = logging.getLogger("liftlog.spark")
 
@@ -53,6 +54,36 @@ HEADERS = "headers array<struct<key:string,value:binary>>"
 def register(spark: SparkSession) -> None:
     """Make ``format("liftlog")`` available in this Spark session."""
     spark.dataSource.register(LiftlogDataSource)
+
+
+def local_session(app_name: str, *, cores: int = 2, conf: dict[str, str] | None = None) -> SparkSession:
+    """A one-machine SparkSession with the source registered, for tests, benchmarks and trying things.
+
+    Workers run this interpreter, the driver binds to loopback, the UI is
+    off and shuffles use ``cores`` partitions; ``conf`` adds or overrides
+    Spark settings.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.shuffle.partitions": str(cores),
+        "spark.default.parallelism": str(cores),
+        "spark.driver.memory": "1g",
+        "spark.python.worker.reuse": "true",
+    }
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
 
 
 class RangePartition(InputPartition):
