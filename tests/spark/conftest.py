@@ -103,3 +103,25 @@ def read_all(address: str, name: str, partition: int = 0) -> list[Any]:
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> str:
     return str(tmp_path / "checkpoint")
+
+
+def run_available_now(spark: Any, address: str, checkpoint: str, **options: str) -> list[list[tuple[int, int]]]:
+    """Run a query with Trigger.AvailableNow to its end; the (partition, offset) pairs of each micro-batch."""
+    batches: list[list[tuple[int, int]]] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        batches.append([(r.partition, r.offset) for r in df.select("partition", "offset").collect()])
+
+    reader = spark.readStream.format("liftlog").option("servers", address)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    return [b for b in batches if b]

@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.test_cluster import Cluster, agreed, create, formed
 
-from .conftest import read_all
+from .conftest import read_all, run_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
@@ -52,23 +52,9 @@ def test_spark_reads_and_writes_a_cluster_and_survives_a_leader_dying(
     survivors = ",".join(p.address for p in three.running())
     seen: list[tuple[int, int]] = []
 
-    def collect(df: Any, batch_id: int) -> None:
-        seen.extend((r.partition, r.offset) for r in df.select("partition", "offset").collect())
-
     def run_once() -> None:
-        query = (
-            spark.readStream.format("liftlog")
-            .option("servers", survivors)
-            .option("stream", "clustered")
-            .option("startingOffsets", "earliest")
-            .load()
-            .writeStream.foreachBatch(collect)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(120)
-        assert query.exception() is None
+        batches = run_available_now(spark, survivors, checkpoint, stream="clustered", startingOffsets="earliest")
+        seen.extend(pair for batch in batches for pair in batch)
 
     # Right after the failover a partition's new leader may report a high watermark below what was
     # acknowledged (until the dead replica leaves the ISR): a run then reads less, and a later run

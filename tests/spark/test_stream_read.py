@@ -11,7 +11,7 @@ import pytest
 from liftlog.spark.offsets import PartitionOffsets
 from liftlog.spark.options import parse_read_options
 
-from .conftest import fill, make_stream
+from .conftest import fill, make_stream, run_available_now
 
 pytestmark = pytest.mark.spark
 
@@ -20,28 +20,6 @@ def stream_reader(address: str, **options: str) -> Any:
     from liftlog.spark.source import _StreamReader
 
     return _StreamReader(parse_read_options({"servers": address, **options}, streaming=True))
-
-
-def run_available_now(spark: Any, address: str, checkpoint: str, **options: str) -> list[list[tuple[int, int]]]:
-    """Run a query with Trigger.AvailableNow to its end; the (partition, offset) pairs of each micro-batch."""
-    batches: list[list[tuple[int, int]]] = []
-
-    def collect(df: Any, batch_id: int) -> None:
-        batches.append([(r.partition, r.offset) for r in df.select("partition", "offset").collect()])
-
-    reader = spark.readStream.format("liftlog").option("servers", address)
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    query = (
-        reader.load()
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(120)
-    assert query.exception() is None
-    return [b for b in batches if b]
 
 
 def test_available_now_with_max_offsets_per_trigger(
