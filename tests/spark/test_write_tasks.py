@@ -7,6 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from liftlog.client import OutgoingMessage
 from liftlog.spark.blocking import LiftlogSparkError
 from liftlog.spark.writing import ROW_HEADER, TXN_HEADER, Txn, write_batches
 
@@ -114,3 +115,35 @@ def test_exactly_once_after_a_leader_change_mid_write(
     result = write_batches(addr, iter([batch(rows)]), default_stream=stream_name, txn=Txn("q", 0, 0))
     assert result.total == 30 and cuts["n"] == 1
     assert sorted(m.value for m in read_all(liftlog_server.address, stream_name)) == rows  # each once
+
+
+def test_the_rerun_scan_crosses_compaction_gaps(
+    liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan window that begins in a compacted-away gap is not the start of the log: keep reading back."""
+    import time
+
+    from liftlog.spark import writing
+
+    from .conftest import fill
+
+    monkeypatch.setattr(writing, "SCAN_WINDOW", 8)
+    addr = (liftlog_server.address,)
+    make_stream(
+        liftlog_server.address, stream_name, compact_enabled=True, segment_max_bytes=512, cleaner_interval_ms=100
+    )
+    txn = Txn("query-c", 3, 0)
+    rows = [b"mine-%d" % i for i in range(5)]
+    keys: list[bytes | None] = [b"own-%d" % i for i in range(5)]
+    write_batches(addr, iter([batch(rows, keys)]), default_stream=stream_name, txn=txn)
+    # Then another writer's messages, all one key: compaction leaves one of them and long gaps.
+    fill(liftlog_server.address, stream_name, {0: [OutgoingMessage(b"other", b"same") for _ in range(120)]})
+    deadline = time.monotonic() + 20
+    while len(read_all(liftlog_server.address, stream_name)) > 60:
+        assert time.monotonic() < deadline, "compaction did not run"
+        time.sleep(0.1)
+
+    again = write_batches(addr, iter([batch(rows, keys)]), default_stream=stream_name, txn=txn)
+    assert again.skipped == 5 and again.total == 0
+    mine = [m.value for m in read_all(liftlog_server.address, stream_name) if m.value.startswith(b"mine")]
+    assert sorted(mine) == rows

@@ -46,6 +46,7 @@ from liftlog.client import (
     LiftlogError,
     NotLeaderError,
     OutgoingMessage,
+    PartitionInfo,
     PublishAsyncFailed,
     StartPosition,
     StopPosition,
@@ -211,7 +212,7 @@ def _digest(stream: str, key: bytes | None, value: bytes, headers: dict[str, byt
     return h.digest()
 
 
-async def _settled(client: Client, stream: str, partition: int) -> int:
+async def _settled(client: Client, stream: str, partition: int) -> PartitionInfo:
     """The partition's high watermark once it covers what the leader's log held when asked (waits up to 10 s).
 
     A message an earlier attempt sent but never saw acknowledged can still be
@@ -229,17 +230,19 @@ async def _settled(client: Client, stream: str, partition: int) -> int:
             )
         await asyncio.sleep(0.05)
         info = await client.fetch_partition_metadata(stream, partition)
-    return info.high_watermark
+    return info
 
 
 async def existing_rows(client: Client, stream: str, partition: int, txn: Txn) -> set[bytes]:
     """Row ids already written to a partition by earlier attempts of ``txn``'s task (see the module doc)."""
-    hi = await _settled(client, stream, partition) + 1
+    info = await _settled(client, stream, partition)
+    hi = info.high_watermark + 1
+    start = info.log_start_offset  # None from a Liftbridge server
     found: set[bytes] = set()
     window = SCAN_WINDOW
     while hi > 0:
-        lo = max(0, hi - window)
-        done = lo == 0
+        lo = max(0 if start is None else start, hi - window)
+        done = lo == (0 if start is None else start)
         first: int | None = None
         sub = client.subscribe(
             stream,
@@ -263,8 +266,10 @@ async def existing_rows(client: Client, stream: str, partition: int, txn: Txn) -
                     done = True  # an earlier micro-batch: this batch's messages all come after it
                 elif parsed[1] == txn.batch and parsed[2] == txn.task:
                     found.add(msg.headers.get(ROW_HEADER, b""))
-        if first is None or first > lo:
-            done = True  # the log starts inside this window (retention): nothing older to read
+        if start is None and (first is None or first > lo):
+            # No log start from the server: a window that begins after lo is taken for the log's start.
+            # (liftlog servers report it, so compaction gaps are not mistaken for it.)
+            done = True
         if done:
             break
         hi = lo
