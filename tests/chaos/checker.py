@@ -455,7 +455,9 @@ def evaluate(
                 report._note("acked_lost", f"{pub.value!r}@{pub.partition}/{ack.offset} acked by {ack.server}")
             elif ack.offset not in offsets:
                 report.acked_misplaced += 1
-                report._note("acked_misplaced", f"{pub.value!r} acked at {ack.offset}, stored at {offsets}")
+                report._note(
+                    "acked_misplaced", f"{pub.value!r} acked at {ack.offset}, stored at {offsets}; {_attempts(pub)}"
+                )
         if len(offsets) > 1:
             if pub.uncertain:
                 report.duplicates_of_unknown += 1
@@ -471,3 +473,11 @@ def evaluate(
         if log0.get(s.offset) != s.value:
             report.served_then_truncated += 1
             report._note("served_then_truncated", f"{s.value!r}@{s.offset} from {s.server}, now {log0.get(s.offset)!r}")
+
+
+def _attempts(pub: Publication) -> str:
+    """Every attempt's server, outcome, offset and times, for a failure note."""
+    return ", ".join(
+        f"{a.server}:{a.outcome.value}@{a.offset} [{a.started:.2f}-{a.ended:.2f}] {a.detail}".rstrip()
+        for a in pub.attempts
+    )

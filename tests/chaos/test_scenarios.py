@@ -135,11 +135,13 @@ def test_a_leader_cut_off_from_nats_stops_acknowledging(cluster: ChaosCluster, w
     assert old is not None
     cluster.cut(old)
     cut_at = time.monotonic()
+    print(f"cut {old} at {cut_at:.2f}")
     assert new_leader(cluster, old) != old
     workload.wait_acked(ENOUGH, after=cut_at)
     time.sleep(max(0.0, cut_at + 5.0 - time.monotonic()))
     cluster.heal(old)
     healed_at = time.monotonic()
+    print(f"healed {old} at {healed_at:.2f}")
     full_isr(cluster)
     report, logs = finish(cluster, workload, time.monotonic())
     # No ack the cut-off leader gave after the cut was for a message the cluster then lost. (It cannot commit

@@ -86,3 +86,40 @@ def test_a_replicated_partition_keeps_its_checkpointed_hw_across_a_crash(tmp_pat
     )
     again.open_log()
     assert again.high_watermark == 2 and again.newest_offset == 4
+
+
+def test_a_replica_that_stopped_leading_writes_and_acks_nothing_more(tmp_path: Path) -> None:
+    # Seen in the chaos suite: a deposed leader's subscription still delivered two messages; written to the
+    # follower's log they were acked as committed at offsets the new leader held other messages at.
+    acks: list[api_pb2.Ack] = []
+    meta = PartitionMeta("orders", 0, "orders", "s1", ["s1", "s2", "s3"], ["s1", "s2", "s3"])
+    part = Partition(
+        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=acks.append
+    )
+    part.open_log()
+    part.become_leader("s1", 0, max_lag_ns=10**9)
+    part.append([incoming(b"waits", "1", api_pb2.ALL)])
+    assert acks == [] and part.newest_offset == 0 and part.high_watermark == -1
+    part.become_follower()
+    assert [(a.correlationId, a.ackError, a.offset) for a in acks] == [("1", api_pb2.Ack.UNKNOWN, -1)]
+    part.append([incoming(b"late", "2", api_pb2.ALL), incoming(b"late", "3", api_pb2.LEADER)])
+    assert [(a.correlationId, a.ackError) for a in acks[1:]] == [("2", api_pb2.Ack.UNKNOWN), ("3", api_pb2.Ack.UNKNOWN)]
+    assert part.newest_offset == 0 and part.high_watermark == -1, "nothing written, nothing committed"
+    part.become_leader("s1", 1, max_lag_ns=10**9)  # led again: intake is written once more
+    part.append([incoming(b"again", "4", api_pb2.LEADER)])
+    assert (acks[-1].correlationId, acks[-1].offset, acks[-1].ackError) == ("4", 1, api_pb2.Ack.OK)
+
+
+def test_intake_is_written_in_the_epoch_this_replica_leads_not_the_metadatas(tmp_path: Path) -> None:
+    # Metadata naming a new leader can arrive before intake stops; a batch tagged with the new leader's epoch
+    # would pass the follower's epoch check and never be truncated (seen as divergent replicas in chaos runs).
+    meta = PartitionMeta("orders", 0, "orders", "s1", ["s1", "s2"], ["s1", "s2"])
+    part = Partition(
+        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+    )
+    part.open_log()
+    part.become_leader("s1", 0, max_lag_ns=10**9)
+    part.meta = PartitionMeta("orders", 0, "orders", "s2", ["s1", "s2"], ["s2"], leader_epoch=1)
+    part.append([incoming(b"late", "1")])
+    assert part.log is not None and part.newest_offset == 0
+    assert part.log.epoch_cache.latest_epoch == 0

@@ -423,7 +423,10 @@ class ApiService(api_pb2_grpc.APIServicer):
                 Code.INVALID_ARGUMENT, Reason.TOO_LARGE, "message is larger than streams.max.message.bytes"
             )
         if error != api_pb2.Ack.OK:
-            reason = self._write_error(ack) or f"the partition refused the message (ack error {error})"
+            reason = self._write_error(ack) or (
+                f"stream {ack.stream!r} could not commit the message on {ack.partitionSubject!r} (ack error {error}):"
+                " its leader changed or too few replicas are in sync; it may not be stored, so publish it again"
+            )
             raise RpcFailure(Code.INTERNAL, Reason.INTERNAL, reason)
         return ack
 

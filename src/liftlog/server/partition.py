@@ -133,6 +133,8 @@ class Partition:
         self.follower: FollowerReplica | None = None
         self._checkpointed_hw: int | None = None
         self.leader_actions: LeaderActionSink | None = None
+        #: Stepped down from leading: intake that still arrives must not be written (see ``append``).
+        self._deposed = False
 
     # -- lifecycle -------------------------------------------------------
 
@@ -206,6 +208,14 @@ class Partition:
         if log_ is None:
             raise PartitionClosed(self._closed_reason or "closed")
         now = self._clock()
+        if self._deposed:
+            # A follower's log takes only its leader's batches. Written here, a message would sit at an
+            # offset the new leader holds something else at, and with no leader to count replicas, it
+            # would be acknowledged as committed.
+            for item in items:
+                self._refused(item, api_pb2.Ack.UNKNOWN, now)
+            log.warning("%s: refused %d messages that arrived after this replica stopped leading", self, len(items))
+            return
         next_offset = log_.log_end_offset
         max_bytes = self.options.log_config.max_record_bytes
         occ = self.options.occ
@@ -225,7 +235,7 @@ class Partition:
         base = log_.log_end_offset
         if accepted:
             try:
-                log_.append([item.record for item in accepted], self.meta.leader_epoch, now)
+                log_.append([item.record for item in accepted], self._write_epoch, now)
             except RecordTooLarge:
                 # Header overhead pushed one over the limit: write the rest one by one.
                 self._append_one_by_one(accepted, now)
@@ -255,6 +265,12 @@ class Partition:
             )
 
     @property
+    def _write_epoch(self) -> int:
+        # The epoch this replica leads in, not the metadata's: metadata naming a new leader may arrive
+        # before intake stops, and a batch tagged with the new epoch would survive the epoch check.
+        return self.leader.leader_epoch if self.leader is not None else self.meta.leader_epoch
+
+    @property
     def under_min_isr(self) -> bool:
         return self.leader is not None and len(self.leader.isr) < self.options.min_isr
 
@@ -274,6 +290,7 @@ class Partition:
         assert self.log is not None
         meta = self.meta
         self.follower = None
+        self._deposed = False
         self.log.epoch_cache.assign(meta.leader_epoch, self.log.log_end_offset)
         self.leader = LeaderReplica(
             server_id,
@@ -323,6 +340,7 @@ class Partition:
     def become_follower(self) -> None:
         """Stop leading; the replicator sets ``follower`` when it starts fetching."""
         self.leader = None
+        self._deposed = True
         self.fail_commit_waiters("the partition has a new leader")
 
     def fail_commit_waiters(self, reason: str) -> None:
@@ -340,7 +358,7 @@ class Partition:
         for item in items:
             offset = self.log.log_end_offset
             try:
-                self.log.append([item.record], self.meta.leader_epoch, now)
+                self.log.append([item.record], self._write_epoch, now)
             except (RecordTooLarge, StorageError, OSError) as exc:
                 if isinstance(exc, RecordTooLarge):
                     self._refused(item, api_pb2.Ack.TOO_LARGE, now)

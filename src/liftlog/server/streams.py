@@ -279,9 +279,12 @@ class StreamManager:
                 await replicator.lead(part)
                 log.info("%s: leading in leader epoch %d (ISR %s)", part, meta.leader_epoch, ",".join(meta.isr))
             else:
-                await replicator.stop_leading(part)
+                # Step down before anything awaits: from here on, messages the subscription still
+                # delivers are refused, never written to what is now a follower's log.
                 if part.leader is not None:
                     part.become_follower()
+                await part.stop_intake()
+                await replicator.stop_leading(part)
                 if named:
                     # Still named leader while an election runs (or the partition is offline): wait, idle.
                     replicator.unfollow(part)
