@@ -462,6 +462,7 @@ def test_values_the_layout_cannot_carry_raise(encode: Callable[[], bytes], probl
 
 
 def test_subjects() -> None:
-    assert replicate_subject("liftbridge-default", "orders", 3) == "liftbridge-default.orders.3.replicate"
-    assert offset_subject("liftbridge-default", "orders", 3) == "liftbridge-default.orders.3.offset"
+    # The leader epoch is in the subject: a deposed leader does not listen on its successor's subjects.
+    assert replicate_subject("liftbridge-default", "orders", 3, 7) == "liftbridge-default.orders.3.7.replicate"
+    assert offset_subject("liftbridge-default", "orders", 3, 7) == "liftbridge-default.orders.3.7.offset"
     assert notify_subject("liftbridge-default", "srv-1") == "liftbridge-default.notify.srv-1"

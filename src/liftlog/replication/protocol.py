@@ -225,14 +225,18 @@ class PartitionNotification:
 # --- subjects ---------------------------------------------------------------------------
 
 
-def replicate_subject(namespace: str, stream: str, partition: int) -> str:
-    """The subject a partition leader serves fetch requests on."""
-    return f"{namespace}.{stream}.{partition}.replicate"
+def replicate_subject(namespace: str, stream: str, partition: int, leader_epoch: int) -> str:
+    """The subject the leader of ``leader_epoch`` serves fetch requests on.
+
+    The epoch is part of the subject so that a deposed leader that has not yet heard of its successor
+    never sees, let alone answers, a request meant for the new one.
+    """
+    return f"{namespace}.{stream}.{partition}.{leader_epoch}.replicate"
 
 
-def offset_subject(namespace: str, stream: str, partition: int) -> str:
-    """The subject a partition leader serves leader-epoch offset requests on."""
-    return f"{namespace}.{stream}.{partition}.offset"
+def offset_subject(namespace: str, stream: str, partition: int, leader_epoch: int) -> str:
+    """The subject the leader of ``leader_epoch`` serves leader-epoch offset requests on."""
+    return f"{namespace}.{stream}.{partition}.{leader_epoch}.offset"
 
 
 def notify_subject(namespace: str, server_id: str) -> str:

@@ -123,7 +123,8 @@ class Replicator:
         self._report_leader = report_leader
         self._clock = clock
         self._nats: Any = None
-        self._served: dict[tuple[str, int], tuple[Partition, list[Any]]] = {}
+        #: Led partitions: the partition, its request subscriptions and the leader epoch they serve.
+        self._served: dict[tuple[str, int], tuple[Partition, list[Any], int]] = {}
         self._loops: dict[str, _Loop] = {}
         self._notify_sub: Any = None
         self._outbox: dict[str, set[tuple[str, int]]] = {}
@@ -144,7 +145,7 @@ class Replicator:
             *(lp.task for lp in self._loops.values() if lp.task is not None), *self._tasks, return_exceptions=True
         )
         self._loops.clear()
-        for _, subs in self._served.values():
+        for _, subs, _ in self._served.values():
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
@@ -162,23 +163,30 @@ class Replicator:
     # -- leader side -----------------------------------------------------
 
     async def lead(self, part: Partition) -> None:
-        """Start serving followers of ``part`` (it already has its ``leader`` core)."""
+        """Start serving followers of ``part`` (it already has its ``leader`` core) in its leader epoch."""
+        assert part.leader is not None
         key = (part.stream, part.id)
+        epoch = part.leader.leader_epoch
         part.leader_actions = self._on_leader_actions
-        if key in self._served:
-            return
+        served = self._served.get(key)
+        if served is not None:
+            if served[2] == epoch:
+                return
+            await self.stop_leading(part)  # re-elected: serve the new epoch's subjects only
         subs = [
             await self._nats.subscribe(
-                replicate_subject(self._ns, part.stream, part.id), cb=functools.partial(self._serve_fetch, part)
+                replicate_subject(self._ns, part.stream, part.id, epoch),
+                cb=functools.partial(self._serve_fetch, part),
             ),
             await self._nats.subscribe(
-                offset_subject(self._ns, part.stream, part.id), cb=functools.partial(self._serve_epoch, part)
+                offset_subject(self._ns, part.stream, part.id, epoch),
+                cb=functools.partial(self._serve_epoch, part),
             ),
         ]
-        self._served[key] = (part, subs)
+        self._served[key] = (part, subs, epoch)
 
     async def stop_leading(self, part: Partition) -> None:
-        _, subs = self._served.pop((part.stream, part.id), (part, []))
+        _, subs, _ = self._served.pop((part.stream, part.id), (part, [], -1))
         for sub in subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -186,7 +194,7 @@ class Replicator:
     def tick(self) -> None:
         """Let every led partition judge its followers' lag."""
         now = self._clock()
-        for part, _ in list(self._served.values()):
+        for part, _, _ in list(self._served.values()):
             part.leader_tick(now)
 
     async def _serve_fetch(self, part: Partition, msg: Any) -> None:
@@ -353,7 +361,7 @@ class Replicator:
             if isinstance(action, Fetch):
                 req = FetchRequest(self.server_id, part.stream, part.id, action.offset, action.leader_epoch)
                 msg = await self._nats.request(
-                    replicate_subject(self._ns, part.stream, part.id),
+                    replicate_subject(self._ns, part.stream, part.id, core.leader_epoch),
                     encode_fetch_request(req),
                     timeout=self.settings.fetch_timeout_s,
                 )
@@ -372,7 +380,7 @@ class Replicator:
                 self._carry_out(member, actions)
             elif isinstance(action, RequestEpochOffset):
                 msg = await self._nats.request(
-                    offset_subject(self._ns, part.stream, part.id),
+                    offset_subject(self._ns, part.stream, part.id, core.leader_epoch),
                     encode_epoch_offset_request(EpochOffsetRequest(part.stream, part.id, action.epoch)),
                     timeout=self.settings.fetch_timeout_s,
                 )

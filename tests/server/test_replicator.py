@@ -1,0 +1,103 @@
+"""The Replicator's leader side over a real nats-server: which requests a leader answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+
+from liftlog.metadata import PartitionMeta
+from liftlog.replication.protocol import (
+    EpochOffsetRequest,
+    FetchRequest,
+    decode_epoch_offset_response,
+    decode_fetch_response,
+    encode_epoch_offset_request,
+    encode_fetch_request,
+    offset_subject,
+    replicate_subject,
+)
+from liftlog.server.partition import Partition, PartitionOptions
+from liftlog.server.replicator import Replicator, ReplicatorSettings
+from liftlog.storage import LogConfig, NewRecord
+from tests.integration.harness import NatsProcess
+
+pytestmark = pytest.mark.slow
+
+NS = "test-replicator"
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc = NatsProcess(tmp_path_factory.mktemp("nats") / "nats.log")
+    yield proc.url
+    proc.stop()
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[nats.NATS]:
+    conn = await nats.connect(nats_url)
+    yield conn
+    await conn.close()
+
+
+async def noop(*args: object) -> None:
+    return None
+
+
+def leading(tmp_path: Path, epoch: int) -> Partition:
+    meta = PartitionMeta("orders", 0, "orders", "s1", ["s1", "s2"], ["s1", "s2"], leader_epoch=epoch)
+    part = Partition(
+        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+    )
+    part.open_log()
+    assert part.log is not None
+    part.log.append([NewRecord(b"a"), NewRecord(b"b")], epoch)
+    part.become_leader("s1", 0, max_lag_ns=10**10)
+    return part
+
+
+async def answers(nc: nats.NATS, epoch: int) -> bool:
+    """Whether anyone answers a fetch and an epoch request addressed to the leader of ``epoch``."""
+    try:
+        fetch = await nc.request(
+            replicate_subject(NS, "orders", 0, epoch),
+            encode_fetch_request(FetchRequest("s2", "orders", 0, 0, epoch)),
+            timeout=0.5,
+        )
+        offset = await nc.request(
+            offset_subject(NS, "orders", 0, epoch),
+            encode_epoch_offset_request(EpochOffsetRequest("orders", 0, epoch)),
+            timeout=0.5,
+        )
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        return False
+    assert decode_fetch_response(fetch.data).leader_epoch == epoch
+    assert decode_epoch_offset_response(offset.data).leader_epoch == epoch
+    return True
+
+
+async def test_a_leader_answers_only_requests_for_the_epoch_it_leads_in(tmp_path: Path, nc: nats.NATS) -> None:
+    replicator = Replicator(
+        server_id="s1", namespace=NS, settings=ReplicatorSettings(), propose_isr=noop, report_leader=noop
+    )
+    await replicator.start(nc)
+    try:
+        part = leading(tmp_path, 0)
+        await replicator.lead(part)
+        assert await answers(nc, 0)
+        assert not await answers(nc, 1)
+        # Re-elected in a new epoch without stepping down in between: the old epoch's subjects go quiet,
+        # so a follower still on epoch 0 learns nothing from this leader until it knows the new epoch.
+        part.meta = PartitionMeta("orders", 0, "orders", "s1", ["s1", "s2"], ["s1", "s2"], leader_epoch=1)
+        part.become_leader("s1", 0, max_lag_ns=10**10)
+        await replicator.lead(part)
+        assert await answers(nc, 1)
+        assert not await answers(nc, 0)
+        await replicator.stop_leading(part)
+        assert not await answers(nc, 1)
+    finally:
+        await replicator.stop()
