@@ -97,6 +97,15 @@ async def test_a_leader_answers_only_requests_for_the_epoch_it_leads_in(tmp_path
         await replicator.lead(part)
         assert await answers(nc, 1)
         assert not await answers(nc, 0)
+        # Stepped down but still subscribed: an epoch request gets no answer rather than "no such epoch",
+        # which would make the follower truncate its whole log.
+        part.become_follower()
+        with pytest.raises(nats.errors.TimeoutError):
+            await nc.request(
+                offset_subject(NS, "orders", 0, 1),
+                encode_epoch_offset_request(EpochOffsetRequest("orders", 0, 1)),
+                timeout=0.5,
+            )
         await replicator.stop_leading(part)
         assert not await answers(nc, 1)
     finally:

@@ -246,10 +246,11 @@ class Replicator:
             log.warning("malformed epoch offset request on %s: %s", msg.subject, exc)
             return
         if part.log is None or part.leader is None:
-            epoch, end, start = -1, -1, -1
-        else:
-            epoch, end = part.epoch_end(req.leader_epoch)
-            start = part.log.log_start_offset
+            # Stepped down, not yet unsubscribed: stay silent. "No such epoch" would make the follower
+            # truncate its whole log; without an answer it asks again, and the new leader answers.
+            return
+        epoch, end = part.epoch_end(req.leader_epoch)
+        start = part.log.log_start_offset
         with contextlib.suppress(Exception):
             await msg.respond(encode_epoch_offset_response(EpochOffsetResponse(epoch, end, start)))
 
