@@ -425,7 +425,7 @@ class ApiService(api_pb2_grpc.APIServicer):
         if error != api_pb2.Ack.OK:
             reason = self._write_error(ack) or (
                 f"stream {ack.stream!r} could not commit the message on {ack.partitionSubject!r} (ack error {error}):"
-                " its leader changed or too few replicas are in sync; it may not be stored, so publish it again"
+                " its leader changed or too few replicas are in sync, so it may or may not be stored"
             )
             raise RpcFailure(Code.INTERNAL, Reason.INTERNAL, reason)
         return ack
