@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
@@ -13,7 +13,6 @@ import pytest
 
 from liftlog.raft import NotLeader, Role
 from liftlog.server.metadata_raft import MetadataRaft, RaftSettings
-from tests.integration.harness import NatsProcess
 
 pytestmark = pytest.mark.slow
 
@@ -45,20 +44,6 @@ class Log:
 
     def role_changed(self, role: Role, leader: str | None, term: int) -> None:
         self.roles.append(role)
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc = NatsProcess(tmp_path_factory.mktemp("nats") / "nats.log")
-    yield proc.url
-    proc.stop()
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[nats.NATS]:
-    conn = await nats.connect(nats_url)
-    yield conn
-    await conn.close()
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
@@ -23,25 +22,10 @@ from liftlog.replication.protocol import (
 from liftlog.server.partition import Partition, PartitionOptions
 from liftlog.server.replicator import Replicator, ReplicatorSettings
 from liftlog.storage import LogConfig, NewRecord
-from tests.integration.harness import NatsProcess
 
 pytestmark = pytest.mark.slow
 
 NS = "test-replicator"
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc = NatsProcess(tmp_path_factory.mktemp("nats") / "nats.log")
-    yield proc.url
-    proc.stop()
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[nats.NATS]:
-    conn = await nats.connect(nats_url)
-    yield conn
-    await conn.close()
 
 
 async def noop(*args: object) -> None:
