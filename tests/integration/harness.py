@@ -41,6 +41,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _PortTaken(Exception):
+    """The server exited because its port was taken."""
+
+
 def wait_for_port(port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -92,6 +96,8 @@ class LiftlogProcess:
         self.bootstrap = bootstrap
         self.log_path = data_dir.parent / f"{data_dir.name}-{server_id or 'anon'}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Answered once: its address is known to the cluster and to clients from now on.
+        self.started = False
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "liftlog.cli.main", "server", "--data-dir", str(self.data_dir)]
@@ -107,6 +113,20 @@ class LiftlogProcess:
         return cmd
 
     def start(self, timeout: float = 30.0) -> LiftlogProcess:
+        for _ in range(3):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                # free_port() only found a port that was free then; some other socket took it since.
+                # A first start may move (nobody knows the address yet); a restart must keep its port.
+                if self.started:
+                    raise RuntimeError(f"liftlog server could not listen on its port again:\n{self.output()}") from None
+                self.port = free_port()
+                self.address = f"127.0.0.1:{self.port}"
+        raise RuntimeError(f"liftlog server found no free port in 3 tries:\n{self.output()}")
+
+    def _start(self, timeout: float) -> LiftlogProcess:
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -114,8 +134,13 @@ class LiftlogProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                with open(self.log_path, "rb") as f:
+                    f.seek(log_start)
+                    if f"error: cannot listen on 127.0.0.1:{self.port}:".encode() in f.read():
+                        raise _PortTaken
                 raise RuntimeError(f"liftlog server exited with {self.proc.returncode}:\n{self.output()}")
             if self._answers():
+                self.started = True
                 return self
             time.sleep(0.05)
         self.kill()

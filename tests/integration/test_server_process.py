@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -258,3 +259,22 @@ async def test_a_pre_raft_data_directory_keeps_its_streams_and_messages(data_dir
         assert await values(server.address, "old") == [b"kept-0", b"kept-1", b"kept-2"]
     finally:
         server.kill()
+
+
+def test_the_harness_moves_a_first_start_off_a_port_taken_meanwhile(data_dir: Path, nats_server: NatsProcess) -> None:
+    # free_port() only finds a port that is free at that moment; another socket may take it before the
+    # server binds (seen when two test runs shared the machine). A restart must keep its port, though.
+    server = LiftlogProcess(data_dir, nats_url=nats_server.url)
+    taken = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        server.start()
+        try:
+            assert server.port != taken and server.address.endswith(f":{server.port}")
+            server.stop()
+            server.port, server.address = taken, f"127.0.0.1:{taken}"
+            with pytest.raises(RuntimeError, match="could not listen on its port again"):
+                server.start()
+        finally:
+            server.kill()
