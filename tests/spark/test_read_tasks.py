@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from liftlog.spark import reading
-from liftlog.spark.blocking import LiftlogSparkError
+from liftlog.spark.blocking import BlockingClient, LiftlogSparkError
 from liftlog.spark.offsets import OffsetRange
 from liftlog.spark.reading import RangeReader
 
@@ -74,3 +74,11 @@ def test_a_read_that_loses_its_server_resubscribes_from_the_next_offset(
     calls["n"] = 0
     with pytest.raises(LiftlogSparkError, match=r"failed 2 times, last at offset 17: connection to the leader lost"):
         rows(reader)
+
+
+def test_an_unreachable_server_is_named_once() -> None:
+    with BlockingClient(["127.0.0.1:1"], timeout=1.0) as bc, pytest.raises(LiftlogSparkError) as failure:
+        bc.run(lambda client: client.fetch_metadata())
+    message = str(failure.value)
+    assert message.startswith("no liftlog server answered at 127.0.0.1:1: "), message
+    assert message.count("no liftlog server answered") == 1, message

@@ -70,11 +70,14 @@ class BlockingClient:
         return self._loop.run_until_complete(coro)
 
     async def _guard(self, work: Callable[[Client], Awaitable[T]]) -> T:
-        try:
-            if not self._connected:
+        if not self._connected:
+            try:
                 await self._client.connect()
-                self._connected = True
-                self._client.retries = RETRIES
+            except UnavailableError as exc:  # its message already names the addresses
+                raise LiftlogSparkError(exc.message) from exc
+            self._connected = True
+            self._client.retries = RETRIES
+        try:
             return await work(self._client)
         except UnavailableError as exc:
             raise LiftlogSparkError(f"no liftlog server answered at {', '.join(self.servers)}: {exc.message}") from exc
