@@ -28,6 +28,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -40,15 +41,12 @@ from pyspark.sql.types import StructType
 from .blocking import BlockingClient, LiftlogSparkError
 from .offsets import EARLIEST, OffsetRange, PartitionOffsets, admit, split_ranges
 from .options import OptionError, ReadOptions, WriteOptions, parse_read_options, parse_write_options
-from .reading import Bounds, RangeReader, discover_partitions, fetch_bounds, resolve_offsets
+from .reading import Bounds, RangeReader, arrow_schema, discover_partitions, fetch_bounds, resolve_offsets
 from .writing import Txn, write_batches
 
 __all__ = ["LiftlogDataSource", "local_session", "register"]
 
 log = logging.getLogger("liftlog.spark")
-
-SCHEMA = "key binary, value binary, stream string, subject string, partition int, offset long, timestamp timestamp"
-HEADERS = "headers array<struct<key:string,value:binary>>"
 
 
 def register(spark: SparkSession) -> None:
@@ -113,9 +111,10 @@ class LiftlogDataSource(DataSource):
         except OptionError as exc:
             raise LiftlogSparkError(str(exc)) from None
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
+        # The read tasks' Arrow schema is the one definition of the columns.
         headers = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
-        return f"{SCHEMA}, {HEADERS}" if headers else SCHEMA
+        return from_arrow_schema(arrow_schema(headers))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _BatchReader(self._read_options(streaming=False))
