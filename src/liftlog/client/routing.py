@@ -41,7 +41,13 @@ from liftlog.client.errors import (
 from liftlog.client.stubs import Stub, open_stub
 from liftlog.client.types import Metadata, StreamInfo
 
-__all__ = ["Routing"]
+__all__ = ["Routing", "partition_for_key"]
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition of a keyed message: ``crc32(key) % partitions``, as the Liftbridge clients place it."""
+    return zlib.crc32(key) % partitions if partitions > 1 else 0
+
 
 T = TypeVar("T")
 
@@ -267,11 +273,9 @@ class Routing:
             self._streams.pop(name, None)
 
     async def _partition_for_key(self, stream: str, key: bytes) -> int:
-        """0, or ``crc32(key) % partitions`` for a keyed message on a multi-partition stream."""
         if not key:
             return 0
         info = self._cached_stream(stream)
         if info is None:
             info = await self._refresh_stream(stream)
-        n = len(info.partitions)
-        return zlib.crc32(key) % n if n > 1 else 0
+        return partition_for_key(key, len(info.partitions))

@@ -33,7 +33,6 @@ import hashlib
 import itertools
 import logging
 import time
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from liftlog.client import (
     StopPosition,
     UnavailableError,
 )
+from liftlog.client.routing import partition_for_key
 
 from .blocking import BlockingClient, LiftlogSparkError
 
@@ -182,7 +182,7 @@ class _Router:
                 )
             return partition
         if key:
-            return zlib.crc32(key) % n
+            return partition_for_key(key, n)
         if digest is not None:
             return int.from_bytes(digest[:4], "big") % n
         return next(self._next) % n
