@@ -17,8 +17,10 @@ import difflib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+from .offsets import EARLIEST
 
 __all__ = [
     "Assign",
@@ -31,8 +33,6 @@ __all__ = [
     "parse_write_options",
 ]
 
-EARLIEST = -2
-LATEST = -1
 
 #: What the user may write for starting/ending offsets: a keyword or stream -> partition -> offset.
 OffsetSpec = Literal["earliest", "latest"] | dict[str, dict[int, int]]
@@ -83,7 +83,6 @@ class WriteOptions:
     servers: tuple[str, ...]
     #: The target stream when the rows have no ``stream`` column.
     stream: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 _READ = {
@@ -278,7 +277,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     return ReadOptions(
         servers=_servers(opts),
         subscription=_subscription(opts),
-        starting_offsets="earliest" if "startingtimestamp" in opts and not isinstance(starting, dict) else starting,
+        starting_offsets="earliest" if "startingtimestamp" in opts else starting,
         ending_offsets=ending,
         starting_timestamp=_int(opts, "startingtimestamp", minimum=0),
         max_offsets_per_trigger=max_rows,

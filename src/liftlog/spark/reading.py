@@ -141,13 +141,10 @@ async def fetch_bounds(
     return dict(zip(keys, found, strict=True))
 
 
-def resolve_offsets(
-    spec: OffsetSpec, bounds: dict[tuple[str, int], Bounds], *, name: str, default_missing: int | None = None
-) -> PartitionOffsets:
+def resolve_offsets(spec: OffsetSpec, bounds: dict[tuple[str, int], Bounds], *, name: str) -> PartitionOffsets:
     """Concrete offsets for ``spec`` ('earliest', 'latest' or JSON) over the partitions in ``bounds``.
 
-    JSON must name every partition unless ``default_missing`` (EARLIEST or
-    LATEST) is given; a partition or stream it names that is not read is an
+    JSON must name every partition read; a partition or stream it names that is not read is an
     error, as is an offset beyond the partition's end.
     """
     resolved: dict[str, dict[int, int]] = {}
@@ -167,12 +164,10 @@ def resolve_offsets(
         else:
             got = spec.get(stream, {}).get(pid)
             if got is None:
-                if default_missing is None:
-                    raise LiftlogSparkError(
-                        f"{name} gives offsets for stream {stream!r} but not for its partition {pid}: "
-                        "name every partition read (-2 for earliest, -1 for latest)"
-                    )
-                got = default_missing
+                raise LiftlogSparkError(
+                    f"{name} gives offsets for stream {stream!r} but not for its partition {pid}: "
+                    "name every partition read (-2 for earliest, -1 for latest)"
+                )
             wanted = got
         if wanted == EARLIEST:
             offset = b.earliest

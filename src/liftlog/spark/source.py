@@ -250,7 +250,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = _from_dict(start)
         bounds = self._bounds(earliest=False)
-        latest = PartitionOffsets({}) if not bounds else _offsets({k: b.end for k, b in bounds.items()})
+        latest = _offsets({k: b.end for k, b in bounds.items()})
         self._latest = latest
         if self._target is not None:
             capped = {(s, p): min(o, self._target.get(s, p) or 0) for s, p, o in latest}

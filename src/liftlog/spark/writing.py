@@ -108,13 +108,6 @@ class WriteResult:
         return sum(self.written.values())
 
 
-@dataclass(slots=True)
-class _Row:
-    stream: str
-    partition: int
-    message: OutgoingMessage
-
-
 def _as_bytes(value: Any, column: str, row: int) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
@@ -238,11 +231,12 @@ async def existing_rows(client: Client, stream: str, partition: int, txn: Txn) -
     info = await _settled(client, stream, partition)
     hi = info.high_watermark + 1
     start = info.log_start_offset  # None from a Liftbridge server
+    floor = 0 if start is None else start
     found: set[bytes] = set()
     window = SCAN_WINDOW
     while hi > 0:
-        lo = max(0 if start is None else start, hi - window)
-        done = lo == (0 if start is None else start)
+        lo = max(floor, hi - window)
+        done = lo == floor
         first: int | None = None
         sub = client.subscribe(
             stream,
