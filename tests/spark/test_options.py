@@ -89,6 +89,7 @@ def test_options_spark_owns_are_let_through() -> None:
         ({**SERVERS, "stream": "a", "assign": '{"a":[0]}'}, False, "(got stream, assign)"),
         ({**SERVERS, "streamPattern": "("}, False, "is not a regular expression"),
         ({**SERVERS, "assign": '{"a":[]}'}, False, "stream 'a' needs a non-empty list"),
+        ({**SERVERS, "assign": '{"a":[true]}'}, False, "stream 'a' needs a non-empty list"),  # not partition 1
         ({**SERVERS, "assign": "[1]"}, False, "must be a JSON object"),
         ({**SERVERS, "stream": "s", "startingOffsets": "first"}, False, "neither 'earliest', 'latest' nor JSON"),
         ({**SERVERS, "stream": "s", "startingOffsets": '{"s":{"x":1}}'}, False, "partition 'x'"),

@@ -175,7 +175,11 @@ def _subscription(opts: Mapping[str, str]) -> Subscription:
         raise OptionError("option 'assign' must be a JSON object like {\"stream\":[0,1]}")
     parts: dict[str, tuple[int, ...]] = {}
     for stream, ids in body.items():
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+        ):
             raise OptionError(f"option 'assign': stream {stream!r} needs a non-empty list of partition numbers")
         parts[str(stream)] = tuple(sorted(set(ids)))
     return Assign(parts)
