@@ -320,9 +320,9 @@ def _record_batch(schema: pa.Schema, r: OffsetRange, chunk: tuple[list[Any], ...
     columns: list[Any] = [
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
-        pa.array([r.stream] * n, pa.string()),
+        pa.repeat(pa.scalar(r.stream, pa.string()), n),  # one value per batch: no Python list
         pa.array(subjects, pa.string()),
-        pa.array([r.partition] * n, pa.int32()),
+        pa.repeat(pa.scalar(r.partition, pa.int32()), n),
         pa.array(offsets, pa.int64()),
         pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
     ]
