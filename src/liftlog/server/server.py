@@ -253,8 +253,13 @@ class Server:
     async def _propose_isr(self, part: Partition, isr: tuple[str, ...], reason: str) -> None:
         if self.cluster is None:
             return
-        body = {"kind": "change_isr", "name": part.stream, "partition": part.id, "isr": list(isr)}
-        body["epoch"] = part.meta.epoch
+        meta, core = part.meta, part.leader
+        # Metadata is applied before the partition steps down: once it names another leader (or a newer
+        # epoch), its partition epoch would make a deposed leader's proposal look current. Checked and
+        # read with no await in between, so a later ChangeLeader leaves the proposal stale.
+        if core is None or meta.leader != self.server_id or meta.leader_epoch != core.leader_epoch:
+            return
+        body = {"kind": "change_isr", "name": part.stream, "partition": part.id, "isr": list(isr), "epoch": meta.epoch}
         try:
             await self.cluster.request(body)
         except Exception as exc:  # a newer epoch, no controller: the leader proposes again later
