@@ -9,6 +9,7 @@ from typing import Any
 from liftlog.metadata import (
     ChangeLeader,
     CreateStream,
+    DeleteStream,
     Metadata,
     MetadataError,
     Operation,
@@ -154,3 +155,17 @@ async def test_a_stale_election_step_is_refused_without_harm() -> None:
     result = await c.propose(stale)
     assert isinstance(result, MetadataError) and "not" in str(result)
     assert c.partition.state is PartitionState.CANDIDATE_FOUND
+
+
+async def test_a_partition_deleted_mid_election_does_not_stall_the_others() -> None:
+    c = Controller(["a", "b", "c"])
+    other = StreamMeta("t", "t", "", 2, StreamSettings())
+    other.partitions[0] = PartitionMeta("t", 0, "t", "a", ["a", "b", "c"], ["a", "b", "c"])
+    c.meta.apply(CreateStream(other))
+    c.dead("a")
+    await c.failover.tick()
+    assert [c.meta.partition(s, 0).candidate for s in "st"] == ["c", "c"]
+    c.meta.apply(DeleteStream("s"))
+    c.now += 2 * S  # neither candidate confirmed; s's next step fails, t's must still be taken
+    await c.failover.tick()
+    assert (c.meta.partition("t", 0).state, c.meta.partition("t", 0).candidate) == (PartitionState.CANDIDATE_FOUND, "b")

@@ -108,7 +108,11 @@ class Failover:
                 ):
                     await self.elect(meta, "a replica that may lead the offline partition is alive")
         for key, decision in self.elections.tick(self._clock()):
-            await self._decided(key, decision)
+            try:
+                await self._decided(key, decision)
+            except MetadataError as exc:  # deleted or changed meanwhile: the other partitions still move on
+                self.elections.abandon(key)
+                log.info("partition %s/%d: election step not applied: %s", key[0], key[1], exc)
         if self._rebalance_after_ns:
             await self._rebalance(metadata, alive)
 
@@ -232,7 +236,7 @@ class Failover:
             raise result
 
     async def _log_end_offsets(self, meta: PartitionMeta, alive: set[str]) -> dict[str, int]:
-        """Ask each live replica (but the old leader) how far its log goes; silent ones are left out."""
+        """Ask each live replica how far its log goes; silent ones are left out."""
 
         async def ask(replica: str) -> tuple[str, int] | None:
             try:
