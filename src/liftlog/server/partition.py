@@ -219,6 +219,8 @@ class Partition:
         next_offset = log_.log_end_offset
         max_bytes = self.options.log_config.max_record_bytes
         occ = self.options.occ
+        under_min_isr = self.under_min_isr
+        too_few_copies = 0
         accepted: list[Incoming] = []
         rejected: list[tuple[Incoming, int]] = []
         for item in items:
@@ -226,9 +228,10 @@ class Partition:
                 rejected.append((item, api_pb2.Ack.INCORRECT_OFFSET))
             elif len(item.record.value) > max_bytes and record_size(item.record) > max_bytes:
                 rejected.append((item, api_pb2.Ack.TOO_LARGE))
-            elif item.ack_policy == api_pb2.ALL and self.under_min_isr:
+            elif under_min_isr and item.ack_policy == api_pb2.ALL:
                 # Acknowledging it as committed with too few copies would promise what we cannot keep.
                 rejected.append((item, api_pb2.Ack.UNKNOWN))
+                too_few_copies += 1
             else:
                 accepted.append(item)
                 next_offset += 1
@@ -255,11 +258,11 @@ class Partition:
             self._refused(item, error, now)
         if log_.log_end_offset > base:
             self._log_grew(now)
-        if rejected and self.under_min_isr:
+        if too_few_copies:
             log.warning(
                 "%s: refused %d ack-ALL messages: %d in-sync replicas, min.insync.replicas is %d",
                 self,
-                len(rejected),
+                too_few_copies,
                 len(self.leader.isr) if self.leader else 0,
                 self.options.min_isr,
             )
