@@ -388,9 +388,7 @@ class Replicator:
                 resp = decode_epoch_offset_response(msg.data)
                 if part.follower is not core or part.log is None:
                     return
-                local = part.log.epoch_cache.end_offset_for(resp.leader_epoch, part.log.log_end_offset)[1]
-                if resp.leader_epoch < 0:
-                    local = 0
+                local = part.epoch_end(resp.leader_epoch)[1]  # unused by the core when the epoch is -1
                 self._carry_out(member, core.epoch_offset(resp.leader_epoch, resp.end_offset, local))
         except asyncio.CancelledError:
             raise
