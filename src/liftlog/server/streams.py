@@ -61,7 +61,6 @@ class _Hosted:
     readonly: bool
     #: (leader, leader epoch, leading) the replica was last set up for; None while closed.
     role: tuple[str, int, bool] | None = None
-    isr: tuple[str, ...] = ()
     #: Partition epoch at which this replica last confirmed it was asked to take over.
     confirmed_at: int = -1
 
@@ -293,11 +292,8 @@ class StreamManager:
                     replicator.follow(part)
                     log.info("%s: following %s in leader epoch %d", part, meta.leader, meta.leader_epoch)
             hosted.role = role
-            hosted.isr = tuple(meta.isr)
-        elif tuple(meta.isr) != hosted.isr:
-            hosted.isr = tuple(meta.isr)
-            if leader:
-                part.isr_committed(self._clock())
+        elif leader and part.leader is not None and tuple(meta.isr) != part.leader.isr:
+            part.isr_committed(self._clock())
         listen = leader and not meta.readonly
         if listen and not part.accepting:
             await part.start_intake(self._nats)
