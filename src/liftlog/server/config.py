@@ -340,6 +340,8 @@ class ClusteringConfig:
     min_insync_replicas: int
     replication_max_bytes: int
     rack: str
+    unclean_leader_election: bool
+    leader_rebalance_delay: int
 
 
 @dataclass(frozen=True)

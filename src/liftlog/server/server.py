@@ -38,6 +38,7 @@ from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.model import CreateStream, ServerMeta
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
+from liftlog.replication.follower import ReportLeader
 from liftlog.storage import StorageError
 
 from .acks import AckRouter
@@ -251,8 +252,6 @@ class Server:
         self.streams.confirm_candidate = self._confirm_candidate
 
     async def _propose_isr(self, part: Partition, isr: tuple[str, ...], reason: str) -> None:
-        if self.cluster is None:
-            return
         meta, core = part.meta, part.leader
         # Metadata is applied before the partition steps down: once it names another leader (or a newer
         # epoch), its partition epoch would make a deposed leader's proposal look current. Checked and
@@ -260,23 +259,15 @@ class Server:
         if core is None or meta.leader != self.server_id or meta.leader_epoch != core.leader_epoch:
             return
         body = {"kind": "change_isr", "name": part.stream, "partition": part.id, "isr": list(isr), "epoch": meta.epoch}
-        try:
-            await self.cluster.request(body)
-        except Exception as exc:  # a newer epoch, no controller: the leader proposes again later
-            log.info("%s: ISR change to %s not applied: %s", part, ",".join(isr), exc)
+        # On failure (a newer epoch, no controller) the leader proposes again later.
+        await self._tell_controller(part, body, f"ISR change to {','.join(isr)} not applied")
 
     async def _confirm_candidate(self, part: Partition) -> None:
-        if self.cluster is None:
-            return
         body = {"kind": "confirm_leader", "name": part.stream, "partition": part.id, "replica": self.server_id}
-        try:
-            await self.cluster.request(body)
-        except Exception as exc:  # too late, or no controller: the election moves on without us
-            log.info("%s: confirming leadership failed: %s", part, exc)
+        # On failure (too late, no controller) the election moves on without us.
+        await self._tell_controller(part, body, "confirming leadership failed")
 
-    async def _report_leader(self, part: Partition, report: Any) -> None:
-        if self.cluster is None:
-            return
+    async def _report_leader(self, part: Partition, report: ReportLeader) -> None:
         body = {
             "kind": "report_leader",
             "name": part.stream,
@@ -286,10 +277,16 @@ class Server:
             "epoch": part.meta.epoch,
             "leader_epoch": report.leader_epoch,
         }
+        await self._tell_controller(part, body, f"reporting leader {report.leader} failed")
+
+    async def _tell_controller(self, part: Partition, body: dict[str, Any], failed: str) -> None:
+        """Send a replica's request to the controller; a failure is only logged (each caller retries its way)."""
+        if self.cluster is None:
+            return
         try:
             await self.cluster.request(body)
         except Exception as exc:
-            log.info("%s: reporting leader %s failed: %s", part, report.leader, exc)
+            log.info("%s: %s: %s", part, failed, exc)
 
     def _fail(self, exc: BaseException) -> None:
         self.failure = f"the metadata Raft group stopped on this server: {exc}"
@@ -317,8 +314,8 @@ class Server:
             liveness_timeout=c.server_liveness_timeout / 1000,
             clock=self._clock,
             on_failure=self._fail,
-            unclean_leader_election=bool(self.config.values["clustering.unclean.leader.election"]),
-            rebalance_delay=int(self.config.values["clustering.leader.rebalance.delay"]) / 1000,
+            unclean_leader_election=c.unclean_leader_election,
+            rebalance_delay=c.leader_rebalance_delay / 1000,
         )
         self.streams.request_pause = self.cluster.pause
 
