@@ -119,6 +119,9 @@ class StreamManager:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        for task in list(self._confirmations):  # a confirmation would retry against a stopped client
+            task.cancel()
+        await asyncio.gather(*self._confirmations, return_exceptions=True)
         # Stop all intake first so nothing new arrives while logs close.
         await asyncio.gather(*(p.stop_intake() for p in self.partitions.values()), return_exceptions=True)
         for part in self.partitions.values():
