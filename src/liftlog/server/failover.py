@@ -209,7 +209,13 @@ class Failover:
         unclean = replica not in meta.isr
         isr = (replica,) if unclean else tuple(r for r in meta.isr if r != meta.leader)
         epoch = meta.leader_epoch + 1  # read before the operation changes ``meta`` in place
-        result = await self._propose(ChangeLeader(name, pid, replica, isr, meta.epoch))
+        # Busy until ChangeLeader applies: a tick meanwhile would find CANDIDATE_FOUND with no election
+        # and start one, refused by its epoch check but logged as a new election.
+        self._busy.add(key)
+        try:
+            result = await self._propose(ChangeLeader(name, pid, replica, isr, meta.epoch))
+        finally:
+            self._busy.discard(key)
         if isinstance(result, MetadataError):
             log.info("partition %s/%d: handing over to %s not applied: %s", name, pid, replica, result)
             return
