@@ -77,6 +77,11 @@ class ReadOptions:
     #: Split reads into at least this many tasks (None: the driver's core count).
     min_partitions: int | None = None
 
+    @property
+    def starting_option(self) -> str:
+        """The option the starting offsets came from, for error messages."""
+        return "startingTimestamp" if self.starting_timestamp is not None else "startingOffsets"
+
 
 @dataclass(frozen=True, slots=True)
 class WriteOptions:

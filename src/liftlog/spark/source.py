@@ -167,6 +167,14 @@ def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBat
     return reader.batches()
 
 
+def _subscription_bounds(
+    bc: BlockingClient, opts: ReadOptions, *, earliest: bool, timestamp_ms: int | None
+) -> dict[tuple[str, int], Bounds]:
+    """The bounds of every partition the options subscribe to."""
+    parts = bc.run(lambda c: discover_partitions(c, opts.subscription))
+    return bc.run(lambda c: fetch_bounds(c, parts, earliest=earliest, timestamp_ms=timestamp_ms))
+
+
 class _BatchReader(DataSourceReader):
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
@@ -175,10 +183,8 @@ class _BatchReader(DataSourceReader):
         opts = self.opts
         assert opts.ending_offsets is not None
         with BlockingClient(opts.servers) as bc:
-            parts = bc.run(lambda c: discover_partitions(c, opts.subscription))
-            bounds = bc.run(lambda c: fetch_bounds(c, parts, timestamp_ms=opts.starting_timestamp))
-        name = "startingTimestamp" if opts.starting_timestamp is not None else "startingOffsets"
-        start = resolve_offsets(opts.starting_offsets, bounds, name=name)
+            bounds = _subscription_bounds(bc, opts, earliest=True, timestamp_ms=opts.starting_timestamp)
+        start = resolve_offsets(opts.starting_offsets, bounds, name=opts.starting_option)
         end = resolve_offsets(opts.ending_offsets, bounds, name="endingOffsets")
         if opts.starting_timestamp is None:
             start = _check_loss(start, bounds, opts.fail_on_data_loss)
@@ -208,9 +214,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._bc
 
     def _bounds(self, earliest: bool, timestamp_ms: int | None = None) -> dict[tuple[str, int], Bounds]:
-        bc = self._client()
-        parts = bc.run(lambda c: discover_partitions(c, self.opts.subscription))
-        return bc.run(lambda c: fetch_bounds(c, parts, earliest=earliest, timestamp_ms=timestamp_ms))
+        return _subscription_bounds(self._client(), self.opts, earliest=earliest, timestamp_ms=timestamp_ms)
 
     def _earliest(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         if not keys:
@@ -228,8 +232,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             and any(o == EARLIEST for parts in opts.starting_offsets.values() for o in parts.values())
         )
         bounds = self._bounds(needs_earliest or opts.starting_timestamp is not None, opts.starting_timestamp)
-        name = "startingTimestamp" if opts.starting_timestamp is not None else "startingOffsets"
-        return _as_dict(resolve_offsets(opts.starting_offsets, bounds, name=name))
+        return _as_dict(resolve_offsets(opts.starting_offsets, bounds, name=opts.starting_option))
 
     def _with_new_partitions(self, start: PartitionOffsets, latest: PartitionOffsets) -> PartitionOffsets:
         """``start`` plus the partitions that appeared since, at their earliest offset; vanished ones checked."""
