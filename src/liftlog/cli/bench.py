@@ -37,6 +37,7 @@ from liftlog.cli.output import err_console, format_latency_us, format_rate, prin
 __all__ = ["bench"]
 
 _READY_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 15.0
 #: The scenarios of --start-cluster (liftlog.cli.bench_cluster.CLUSTER_SCENARIOS, which imports this module).
 CLUSTER_SCENARIOS = ("single", "rf3-all", "rf3-leader", "failover")
 #: Options that mean nothing to --start-cluster's scenarios: given explicitly with it, they are an error.
@@ -50,6 +51,13 @@ def _scenario_errors() -> tuple[type[BaseException], ...]:
     from liftlog.client import LiftlogError
 
     return (LiftlogError, OSError, CommandError, EnvelopeError, nats.errors.Error)
+
+
+def _error_result(exc: BaseException, limit: float | None = None) -> dict[str, str]:
+    """The result of a scenario that failed with `exc` (a bare timeout: after its `limit` seconds)."""
+    if limit is not None and isinstance(exc, TimeoutError) and not str(exc):
+        return {"error": f"timed out after {limit:.0f} s"}
+    return {"error": str(exc) or type(exc).__name__}
 
 
 async def _run_all(
@@ -71,8 +79,7 @@ async def _run_all(
                     await client.create_stream(subject, name, partitions=s.partitions)
                     results[scenario] = (await RUNNERS[scenario](client, s, name, subject, count)).to_json()
             except errors as exc:  # (TimeoutError is an OSError; the client's ack timeouts are LiftlogErrors)
-                plain_timeout = isinstance(exc, TimeoutError) and not str(exc)
-                results[scenario] = {"error": f"timed out after {limit:.0f} s" if plain_timeout else str(exc)}
+                results[scenario] = _error_result(exc, limit)
             finally:
                 with contextlib.suppress(*errors):
                     await asyncio.wait_for(client.delete_stream(name), 10)
@@ -92,6 +99,20 @@ def _log_tail(path: Path, lines: int = 5) -> str:
     except OSError:
         return ""
     return " | ".join(line.strip() for line in tail if line.strip())
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM all, wait for all (one shared deadline), SIGKILL the stragglers."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + _STOP_TIMEOUT_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.asynccontextmanager
@@ -128,12 +149,7 @@ async def spawned_server() -> AsyncIterator[tuple[str, str]]:
                 await asyncio.sleep(0.2)
         yield address, f"nats://127.0.0.1:{nats_port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop([proc])
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -158,13 +174,11 @@ def _table(results: dict[str, Any], title: str = "liftlog bench") -> Table:
 
 def _given(ctx: click.Context, name: str) -> bool:
     """Whether option `name` was given on the command line (or, for --addr, on the root group's)."""
-    while ctx is not None:
-        with contextlib.suppress(KeyError):
-            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
-                return True
-        if ctx.parent is None:
-            return False
-        ctx = ctx.parent
+    current: click.Context | None = ctx
+    while current is not None:
+        if current.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            return True
+        current = current.parent
     return False
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from liftlog.cli.bench import _free_port, _log_tail, _run_all, spawned_server
+from liftlog.cli.bench import _error_result, _free_port, _log_tail, _run_all, _scenario_errors, _stop, spawned_server
 from liftlog.cli.bench_scenarios import RUNNERS, Result, Settings
 from liftlog.cli.common import CommandError
 
@@ -79,7 +79,6 @@ FAILOVER_METHOD = (
 )
 
 _READY_TIMEOUT_S = 60.0
-_STOP_TIMEOUT_S = 15.0
 
 
 def server_ids(n: int) -> list[str]:
@@ -124,8 +123,7 @@ class _Node:
 class LocalCluster:
     """The processes of a started cluster: ``addresses`` to connect to, :meth:`kill` to fail one."""
 
-    def __init__(self, root: Path, nats_url: str) -> None:
-        self.root = root
+    def __init__(self, nats_url: str) -> None:
         self.nats_url = nats_url
         self.nodes: dict[str, _Node] = {}
 
@@ -146,20 +144,6 @@ class LocalCluster:
                 raise CommandError(
                     f"benchmark server {node.id} exited with code {node.proc.returncode}: {_log_tail(node.log_path)}"
                 )
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM all, wait for all (one shared deadline), SIGKILL the stragglers."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + _STOP_TIMEOUT_S
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -229,7 +213,7 @@ async def spawned_cluster(
                 start_new_session=True,
             )
         await _wait_for_port(nats_port, nats_proc, nats_log)
-        cluster = LocalCluster(root, f"nats://127.0.0.1:{nats_port}")
+        cluster = LocalCluster(f"nats://127.0.0.1:{nats_port}")
         ids = server_ids(servers)
         namespace = f"liftlog-bench-{uuid.uuid4().hex[:8]}"
         # Default settings: none of the developer's LIFTLOG_* variables reach the servers.
@@ -313,7 +297,6 @@ async def _failover(
         await _wait_full_isr(client, stream, replicas)
         padding = os.urandom(max(0, s.size - 8))
         before = max(1, count // 2)
-        acked: list[int] = []  # sequence numbers, carried in the values' first 8 bytes
         latencies: list[int] = []
         failures: Counter[str] = Counter()
         before_kill: Counter[str] = Counter()
@@ -321,9 +304,9 @@ async def _failover(
         killed_was_controller: bool | None = None
         kill_at = recovered_at = 0.0
         started = time.perf_counter()
-        seq = 0
-        while len(acked) < count:
-            if len(acked) == before and not killed:
+        seq = 0  # the next sequence number, carried in the values' first 8 bytes; 0 .. seq - 1 are acked
+        while seq < count:
+            if seq == before and not killed:
                 md = await client.fetch_metadata(stream)
                 killed = md.streams[stream].partitions[0].leader
                 with contextlib.suppress(LiftlogError):
@@ -354,7 +337,6 @@ async def _failover(
                     await client.fetch_metadata(stream)  # re-resolve the leader
                 continue
             latencies.append(time.perf_counter_ns() - t0)
-            acked.append(seq)
             seq += 1
             if killed and not recovered_at and attempt_at >= kill_at:
                 recovered_at = time.perf_counter()
@@ -376,7 +358,7 @@ async def _failover(
                     async for msg in sub:
                         if len(msg.value) >= 8:
                             seen.add(struct.unpack_from(">q", msg.value)[0])
-                lost = len(set(acked) - seen)
+                lost = len(set(range(seq)) - seen)
 
     failover_s = round(recovered_at - kill_at, 3)
     failed = sum(failures.values())
@@ -402,19 +384,10 @@ async def _failover(
         "server_settings": list(overrides) or "defaults",
         "method": FAILOVER_METHOD,
     }
-    return Result(len(acked), elapsed, latencies, notes, extra)
+    return Result(seq, elapsed, latencies, notes, extra)
 
 
 # -- the run -------------------------------------------------------------------
-
-
-def _errors() -> tuple[type[BaseException], ...]:
-    import nats.errors
-
-    from liftlog.api.envelope import EnvelopeError
-    from liftlog.client import LiftlogError
-
-    return (LiftlogError, OSError, CommandError, EnvelopeError, nats.errors.Error)
 
 
 async def _single(s: Settings, count: int, status: Callable[[str], None]) -> dict[str, Any]:
@@ -438,14 +411,14 @@ async def run_cluster_bench(
     """Run `scenarios` (see :func:`order_scenarios` for the order); a failed scenario is an ``error`` entry."""
     from liftlog.client import Client
 
-    errors = _errors()
+    errors = _scenario_errors()
     results: dict[str, Any] = {}
     ordered = order_scenarios(scenarios)
     if "single" in ordered:
         try:
             results["single"] = await _single(s, s.counts["single"], status)
         except errors as exc:
-            results["single"] = {"error": str(exc) or type(exc).__name__}
+            results["single"] = _error_result(exc)
         ordered.remove("single")
     if not ordered:
         return results
@@ -466,8 +439,7 @@ async def run_cluster_bench(
                         result = await _replicated(client, s, name, subject, count, policy)
                     results[scenario] = result.to_json()
             except errors as exc:  # (TimeoutError is an OSError; the client's timeouts are LiftlogErrors)
-                plain_timeout = isinstance(exc, TimeoutError) and not str(exc)
-                results[scenario] = {"error": f"timed out after {limit:.0f} s" if plain_timeout else str(exc)}
+                results[scenario] = _error_result(exc, limit)
             finally:
                 if scenario != "failover":  # the cluster is torn down next anyway
                     with contextlib.suppress(*errors):
