@@ -296,6 +296,32 @@ def test_server_start_error_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -
     assert assert_one_error_line(invoke("server"), 1) == "error: port 9292 is in use"
 
 
+def test_pipeline_generate_without_nats_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nats
+
+    class Liftlog:  # a liftlog that has the input stream, so that the generator goes on to NATS
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        async def __aenter__(self) -> Liftlog:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            pass
+
+        async def create_stream(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        async def fetch_metadata(self, stream: str) -> Any:
+            return types.SimpleNamespace(streams={stream: types.SimpleNamespace(partitions={0: None})})
+
+    monkeypatch.setattr("liftlog.client.Client", Liftlog)
+    connect = nats.connect  # the real one, with quick reconnection attempts
+    monkeypatch.setattr(nats, "connect", lambda *args, **kwargs: connect(*args, **kwargs, reconnect_time_wait=0.05))
+    line = assert_one_error_line(invoke("pipeline", "generate", "--nats", "nats://127.0.0.1:1", "--events", "3"), 1)
+    assert line.startswith("error: cannot connect to NATS at nats://127.0.0.1:1")
+
+
 @pytest.mark.parametrize(
     ("exc", "code", "stderr"),
     [

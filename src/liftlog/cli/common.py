@@ -22,6 +22,7 @@ __all__ = [
     "ADDR_ENV",
     "DEFAULT_ADDR",
     "CommandError",
+    "ReportingGroup",
     "addr_option",
     "addresses",
     "connect",
@@ -143,3 +144,14 @@ def reporting_errors() -> Iterator[None]:
         if isinstance(exc, TimeoutError) and not str(exc):
             message = "timed out"
         fail(message)
+
+
+class ReportingGroup(click.Group):
+    """A group whose subcommands' expected failures become one ``error:`` line (see :func:`reporting_errors`).
+
+    The root ``liftlog`` group, and ``liftlog pipeline`` for ``python -m liftlog.pipeline``.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with reporting_errors():
+            return super().invoke(ctx)

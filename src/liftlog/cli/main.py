@@ -11,7 +11,7 @@ import click
 from liftlog import __version__
 from liftlog.cli.bench import bench
 from liftlog.cli.cluster import cluster
-from liftlog.cli.common import ADDR_ENV, fail, reporting_errors, root_addr_option
+from liftlog.cli.common import ADDR_ENV, ReportingGroup, fail, root_addr_option
 from liftlog.cli.messages import publish, subscribe
 from liftlog.cli.streams import stream
 from liftlog.pipeline.cli import pipeline  # imports neither pyspark nor gRPC until a command runs
@@ -21,15 +21,7 @@ __all__ = ["main"]
 _LOG_LEVELS = ("debug", "info", "warn", "error")
 
 
-class _Group(click.Group):
-    """The root group: every subcommand's expected failures become one ``error:`` line."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with reporting_errors():
-            return super().invoke(ctx)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=ReportingGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", "-V", prog_name="liftlog")
 @root_addr_option
 def main() -> None:

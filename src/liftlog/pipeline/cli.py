@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from liftlog.cli.common import fail, reporting_errors
+from liftlog.cli.common import DEFAULT_ADDR, CommandError, ReportingGroup, fail
 from liftlog.cli.output import err_console, out_console
 
 if TYPE_CHECKING:
@@ -28,23 +28,14 @@ __all__ = ["pipeline"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DEFAULT_SERVERS = "127.0.0.1:9292"
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 SPARK_MISSING = "the pipeline needs Spark: pip install 'liftlog[spark]' (and Java 17 or later)"
-
-
-class _Group(click.Group):
-    """Expected failures become one ``error:`` line, also under ``python -m liftlog.pipeline``."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with reporting_errors():
-            return super().invoke(ctx)
 
 
 def _servers_option(f: F) -> F:
     return click.option(
         "--servers",
-        default=DEFAULT_SERVERS,
+        default=DEFAULT_ADDR,
         show_default=True,
         metavar="HOST:PORT,...",
         help="liftlog servers (`make run` listens on the default).",
@@ -99,7 +90,7 @@ def _output_options(f: F) -> F:
     return click.option("--output-stream", default="pipeline-counts", show_default=True, help="Compacted.")(f)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=ReportingGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def pipeline() -> None:
     """The reference pipeline: NATS -> liftlog -> Spark Structured Streaming -> liftlog and Parquet.
 
@@ -257,7 +248,8 @@ def run(
     spark = _spark(master)
     from rich.live import Live
 
-    from liftlog.pipeline.runner import Pipeline, PipelineConfig
+    from liftlog.pipeline.generator import GeneratorError
+    from liftlog.pipeline.runner import Pipeline, PipelineConfig, PipelineError
 
     cfg = PipelineConfig(
         servers=servers,
@@ -282,6 +274,8 @@ def run(
     try:
         with Live(_progress_view(job.snapshot()), console=console, refresh_per_second=4, transient=False) as live:
             summary = job.run(on_tick=lambda: live.update(_progress_view(job.snapshot())))
+    except (PipelineError, GeneratorError) as exc:  # expected failures: one error line, as for other commands
+        raise CommandError(str(exc)) from exc
     finally:
         spark.stop()
     out_console().print(_summary_view(summary))
@@ -321,7 +315,7 @@ def generate(
     run, or its first events are behind the watermark and dropped.
     """
     from liftlog.client import Client
-    from liftlog.pipeline.generator import EventSpec, PublishStats, make_events, publish_events
+    from liftlog.pipeline.generator import EventSpec, GeneratorError, PublishStats, make_events, publish_events
 
     async def work() -> PublishStats:
         async with Client(servers.split(",")) as client:
@@ -337,7 +331,10 @@ def generate(
             rate=rate,
         )
 
-    stats = asyncio.run(work())
+    try:
+        stats = asyncio.run(work())
+    except GeneratorError as exc:  # an expected failure: one error line, as for other commands
+        raise CommandError(str(exc)) from exc
     out_console().print(
         f"{stats.published - 1:,} events and a flush event published to {subject_prefix}.* "
         f"({stats.rate:,.0f}/s), all acknowledged by liftlog stream {input_stream}"

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -105,11 +106,13 @@ def make_events(spec: EventSpec) -> list[Event]:
     rng = random.Random(spec.seed)
     start = int(time.time() * 1000) if spec.start_ms is None else spec.start_ms
     users = [f"user-{i:03d}" for i in range(1, spec.keys + 1)]
-    weights = [1 / (i + 1) for i in range(spec.keys)]  # Zipf-like: a few heavy users, a long tail
+    # Cumulative weights, summed once: rng.choices(population, weights) would sum the same ones on every call.
+    user_weights = list(itertools.accumulate(1 / (i + 1) for i in range(spec.keys)))  # Zipf-like: a long tail
+    kind_weights = list(itertools.accumulate(_KIND_WEIGHTS))
     events = []
     for seq in range(spec.count):
-        kind = rng.choices(KINDS, _KIND_WEIGHTS)[0]
-        key = rng.choices(users, weights)[0]
+        kind = rng.choices(KINDS, cum_weights=kind_weights)[0]
+        key = rng.choices(users, cum_weights=user_weights)[0]
         ts = start + seq * spec.interval_ms
         if spec.max_lateness_ms > 0 and rng.random() < spec.late_fraction:
             ts -= rng.randint(1, spec.max_lateness_ms)
@@ -177,7 +180,6 @@ async def publish_events(
     deadline: float | None = None,
     ack_timeout: float = 30.0,
     stats: PublishStats | None = None,
-    on_tick: Callable[[], None] | None = None,
 ) -> PublishStats:
     """Publish ``events`` then a flush event on NATS, at ``rate`` events/s (0: as fast as possible).
 
@@ -197,10 +199,16 @@ async def publish_events(
 
     stats = stats if stats is not None else PublishStats()
     stats.total = len(events) + 1
+    nats_errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:  # instead of nats-py's traceback on stderr for each one
+        nats_errors.append(exc)
+
     try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=3)
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=3, error_cb=remember)
     except (nats.errors.Error, OSError) as exc:
-        raise GeneratorError(f"cannot connect to NATS at {nats_url}: {exc}") from exc
+        last = f" (last error: {nats_errors[-1]})" if nats_errors else ""
+        raise GeneratorError(f"cannot connect to NATS at {nats_url}: {exc}{last}") from exc
     acked: set[str] = set()
     refused: list[str] = []
     all_acked = asyncio.Event()
@@ -239,8 +247,6 @@ async def publish_events(
                 stats.sent.append(event)
                 stats.published += 1
             i += batch
-            if on_tick is not None:
-                on_tick()
             if rate > 0:
                 due = stats.started + stats.published / rate
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
