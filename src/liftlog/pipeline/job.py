@@ -91,11 +91,9 @@ class Tally:
     """Rows written by ``foreachBatch`` so far (it runs on the driver, in a thread of Spark's)."""
 
     rows: int = 0
-    batches: int = 0
 
     def add(self, rows: int) -> None:
         self.rows += rows
-        self.batches += 1
 
 
 @dataclass(slots=True)
@@ -258,7 +256,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the job until it is stopped (or, with --available-now, until the input is processed)."""
+    """Run the job until it is stopped (or, with --once, until what the input holds now is processed)."""
     args = _args(argv)
     cfg = JobConfig(
         servers=args.servers,

@@ -27,7 +27,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pyspark.sql import SparkSession
@@ -35,14 +35,13 @@ from pyspark.sql import SparkSession
 from liftlog.client import Client
 from liftlog.pipeline.generator import (
     FLUSH_KEY,
-    Event,
     EventSpec,
     PublishStats,
     expected_counts,
     make_events,
     publish_events,
 )
-from liftlog.pipeline.job import WATERMARK_MS, WINDOW_MS, JobConfig, Queries, start_queries
+from liftlog.pipeline.job import WINDOW_MS, JobConfig, Queries, start_queries
 from liftlog.pipeline.results import Totals, read_latest, read_parquet, totals
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineError", "QueryStatus", "Snapshot", "Summary"]
@@ -94,7 +93,6 @@ class QueryStatus:
     state_rows: int = 0
     #: Windows written: updated ones (liftlog) or closed ones (Parquet).
     rows_out: int = 0
-    active: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +122,6 @@ class Summary:
     parquet: Totals
     parquet_path: str
     queries: tuple[QueryStatus, ...]
-    latest: dict[str, dict[str, Any]] = field(repr=False)
-    parquet_rows: list[dict[str, Any]] = field(repr=False)
-    sent: list[Event] = field(repr=False)
 
     @property
     def complete(self) -> bool:
@@ -193,7 +188,6 @@ class Pipeline:
             watermark=str((last.get("eventTime") or {}).get("watermark", "")),
             state_rows=state_rows,
             rows_out=rows_out,
-            active=bool(query.isActive),
         )
 
     def query_status(self) -> tuple[QueryStatus, ...]:
@@ -303,8 +297,6 @@ class Pipeline:
                     prefix=cfg.subject_prefix,
                     partitions=self.partitions,
                     rate=cfg.rate,
-                    window_ms=WINDOW_MS,
-                    delay_ms=WATERMARK_MS,
                     deadline=deadline,
                     stats=self.stats,
                 )
@@ -362,9 +354,6 @@ class Pipeline:
                 parquet=totals(rows),
                 parquet_path=f"{cfg.parquet_dir.rstrip('/')}/run={self.run_id}",
                 queries=final,
-                latest=latest,
-                parquet_rows=rows,
-                sent=list(self.stats.sent),
             )
         finally:
             if self._queries is not None:
