@@ -167,15 +167,20 @@ class Pipeline:
         self._queries: Queries | None = None
         self._input_start: dict[int, int] = {}
         self._rows: dict[str, dict[int, int]] = {}  # query name -> batch id -> input rows
+        self._last_progress: dict[str, tuple[Any, Any]] = {}  # query name -> (batch id, timestamp) scanned
 
     # -- progress ----------------------------------------------------------------------
 
     def _query_status(self, label: str, query: Any, rows_out: int) -> QueryStatus:
         seen = self._rows.setdefault(label, {})
-        for p in query.recentProgress:
-            if p.get("numInputRows") is not None and p.get("batchId") is not None:
-                seen[p["batchId"]] = max(seen.get(p["batchId"], 0), int(p["numInputRows"]))
         last = query.lastProgress or {}
+        mark = (last.get("batchId"), last.get("timestamp"))
+        if mark != self._last_progress.get(label):
+            # recentProgress converts every retained entry from the JVM: only when there is a new one.
+            self._last_progress[label] = mark
+            for p in query.recentProgress:
+                if p.get("numInputRows") is not None and p.get("batchId") is not None:
+                    seen[p["batchId"]] = max(seen.get(p["batchId"], 0), int(p["numInputRows"]))
         state = last.get("stateOperators") or []
         state_rows = sum(int(op.get("numRowsTotal", 0)) for op in state)
         executed = [b for b, n in seen.items() if n > 0]
