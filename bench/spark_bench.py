@@ -148,7 +148,7 @@ def raw_read(address: str, stream: str, ends: dict[int, int], processes: int) ->
     workers = [ctx.Process(target=_raw_worker, args=(address, stream, s, barrier, results)) for s in shares]
     for w in workers:
         w.start()
-    got = []
+    got: list[tuple[int, float, float]] = []
     while len(got) < len(workers):
         try:
             got.append(results.get(timeout=1))
