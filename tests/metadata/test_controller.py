@@ -20,6 +20,7 @@ from liftlog.metadata.model import (
 )
 
 NOW = 1_700_000_000_000_000_000
+NS = "liftbridge-default"
 SECOND = 1_000_000_000
 
 
@@ -35,7 +36,7 @@ def cluster(*ids: str, racks: dict[str, str] | None = None, dead: tuple[str, ...
 def create(meta: Metadata, name: str, partitions: int = 1, replication_factor: int = 1) -> CreateStream:
     """Plan a stream whose subject is its name and apply it, as the controller's driver would."""
     req = CreateStreamRequest(name, name, partitions=partitions, replication_factor=replication_factor)
-    op = plan_create_stream(meta, req, NOW)
+    op = plan_create_stream(meta, req, NOW, namespace=NS)
     meta.apply(op)
     return op
 
@@ -52,6 +53,7 @@ def test_planned_stream_fields() -> None:
             "orders", "orders.new", group="workers", partitions=4, replication_factor=3, settings=settings
         ),
         NOW,
+        namespace=NS,
     )
     s = op.stream
     assert (s.name, s.subject, s.group, s.creation_timestamp) == ("orders", "orders.new", "workers", NOW)
@@ -75,20 +77,20 @@ def test_planned_stream_fields() -> None:
 def test_planning_does_not_change_the_metadata() -> None:
     meta = cluster("a", "b")
     before = meta.to_dict()
-    op = plan_create_stream(meta, CreateStreamRequest("orders", "orders"), NOW)
+    op = plan_create_stream(meta, CreateStreamRequest("orders", "orders"), NOW, namespace=NS)
     assert meta.to_dict() == before
     assert meta.apply(op) == list(op.stream.partitions.values())
     assert meta.stream("orders").creation_timestamp == NOW
 
 
 def test_zero_partitions_means_one() -> None:
-    op = plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders", partitions=0), NOW)
+    op = plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders", partitions=0), NOW, namespace=NS)
     assert list(op.stream.partitions) == [0]
 
 
 def test_negative_partitions_are_rejected() -> None:
     with pytest.raises(InvalidStreamError, match="partitions must be positive, got -2"):
-        plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders", partitions=-2), NOW)
+        plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders", partitions=-2), NOW, namespace=NS)
 
 
 # --- replication factor --------------------------------------------------------------------------
@@ -96,14 +98,14 @@ def test_negative_partitions_are_rejected() -> None:
 
 def test_replication_factor_zero_means_one_replica() -> None:
     op = plan_create_stream(
-        cluster("a", "b", "c"), CreateStreamRequest("o", "o", partitions=3, replication_factor=0), NOW
+        cluster("a", "b", "c"), CreateStreamRequest("o", "o", partitions=3, replication_factor=0), NOW, namespace=NS
     )
     assert all(len(p.replicas) == 1 for p in op.stream.partitions.values())
 
 
 def test_replication_factor_minus_one_means_every_live_server() -> None:
     meta = cluster("a", "b", "c", "d", dead=("c",))
-    op = plan_create_stream(meta, CreateStreamRequest("o", "o", partitions=3, replication_factor=-1), NOW)
+    op = plan_create_stream(meta, CreateStreamRequest("o", "o", partitions=3, replication_factor=-1), NOW, namespace=NS)
     for p in op.stream.partitions.values():
         assert sorted(p.replicas) == ["a", "b", "d"]
 
@@ -113,20 +115,20 @@ def test_replication_factor_above_the_live_servers_names_the_numbers() -> None:
     with pytest.raises(
         InvalidStreamError, match=r"replication factor 3 is larger than the number of live servers \(2\)"
     ):
-        plan_create_stream(meta, CreateStreamRequest("o", "o", replication_factor=3), NOW)
+        plan_create_stream(meta, CreateStreamRequest("o", "o", replication_factor=3), NOW, namespace=NS)
     assert "o" not in meta.streams
 
 
 def test_no_live_servers_is_an_invalid_stream() -> None:
     with pytest.raises(InvalidStreamError, match="no live servers"):
-        plan_create_stream(cluster("a", dead=("a",)), CreateStreamRequest("o", "o"), NOW)
+        plan_create_stream(cluster("a", dead=("a",)), CreateStreamRequest("o", "o"), NOW, namespace=NS)
     with pytest.raises(InvalidStreamError, match="no live servers"):
-        plan_create_stream(Metadata(), CreateStreamRequest("o", "o"), NOW)
+        plan_create_stream(Metadata(), CreateStreamRequest("o", "o"), NOW, namespace=NS)
 
 
 def test_replication_factor_below_minus_one_is_rejected() -> None:
     with pytest.raises(InvalidStreamError, match="invalid replication factor -2"):
-        plan_create_stream(cluster("a", "b"), CreateStreamRequest("o", "o", replication_factor=-2), NOW)
+        plan_create_stream(cluster("a", "b"), CreateStreamRequest("o", "o", replication_factor=-2), NOW, namespace=NS)
 
 
 def test_dead_servers_are_never_chosen() -> None:
@@ -150,26 +152,26 @@ def test_a_revived_server_is_used_again() -> None:
 def test_min_isr_above_the_replication_factor_is_rejected() -> None:
     req = CreateStreamRequest("o", "o", replication_factor=2, settings=StreamSettings(min_isr=3))
     with pytest.raises(InvalidStreamError, match=r"minIsr 3 is larger than the replication factor \(2\)"):
-        plan_create_stream(cluster("a", "b", "c"), req, NOW)
+        plan_create_stream(cluster("a", "b", "c"), req, NOW, namespace=NS)
 
 
 def test_min_isr_above_the_live_servers_with_replication_factor_minus_one_is_rejected() -> None:
     req = CreateStreamRequest("o", "o", replication_factor=-1, settings=StreamSettings(min_isr=3))
     meta = cluster("a", "b", "c", dead=("c",))
     with pytest.raises(InvalidStreamError, match=r"minIsr 3 is larger than the replication factor \(2 live servers\)"):
-        plan_create_stream(meta, req, NOW)
+        plan_create_stream(meta, req, NOW, namespace=NS)
 
 
 def test_min_isr_above_one_with_replication_factor_zero_is_rejected() -> None:
     req = CreateStreamRequest("o", "o", replication_factor=0, settings=StreamSettings(min_isr=2))
     with pytest.raises(InvalidStreamError, match=r"minIsr 2 .*\(1\)"):
-        plan_create_stream(cluster("a", "b"), req, NOW)
+        plan_create_stream(cluster("a", "b"), req, NOW, namespace=NS)
 
 
 @pytest.mark.parametrize(("rf", "min_isr"), [(2, 2), (3, 1), (-1, 3)])
 def test_min_isr_up_to_the_replication_factor_is_accepted(rf: int, min_isr: int) -> None:
     req = CreateStreamRequest("o", "o", replication_factor=rf, settings=StreamSettings(min_isr=min_isr))
-    op = plan_create_stream(cluster("a", "b", "c"), req, NOW)
+    op = plan_create_stream(cluster("a", "b", "c"), req, NOW, namespace=NS)
     assert op.stream.settings.min_isr == min_isr
     assert len(op.stream.partitions[0].replicas) == (3 if rf == -1 else rf)
 
@@ -181,34 +183,61 @@ def test_existing_stream_is_rejected() -> None:
     meta = cluster("a")
     create(meta, "orders")
     with pytest.raises(StreamExistsError, match="'orders' already exists"):
-        plan_create_stream(meta, CreateStreamRequest("orders", "other"), NOW)
+        plan_create_stream(meta, CreateStreamRequest("orders", "other"), NOW, namespace=NS)
 
 
-@pytest.mark.parametrize("name", ["", "a b", "a/b", "..", "x" * 250])
+@pytest.mark.parametrize("name", ["", "a b", "a/b", "..", ".x", "x" * 250])
 def test_bad_names_are_rejected(name: str) -> None:
     with pytest.raises(InvalidStreamError, match="stream name"):
-        plan_create_stream(cluster("a"), CreateStreamRequest(name, "orders"), NOW)
+        plan_create_stream(cluster("a"), CreateStreamRequest(name, "orders"), NOW, namespace=NS)
 
 
 @pytest.mark.parametrize("subject", ["", "a..b", "a b", "a.>.b", "foo.b>"])
 def test_bad_subjects_are_rejected(subject: str) -> None:
     with pytest.raises(InvalidStreamError, match="subject"):
-        plan_create_stream(cluster("a"), CreateStreamRequest("orders", subject), NOW)
+        plan_create_stream(cluster("a"), CreateStreamRequest("orders", subject), NOW, namespace=NS)
 
 
-@pytest.mark.parametrize("subject", ["orders.>", ">"])
+@pytest.mark.parametrize("subject", ["orders.>", "orders.*.>"])
 def test_several_partitions_on_a_full_wildcard_subject_are_rejected(subject: str) -> None:
     with pytest.raises(InvalidStreamError, match="ends with '>'"):
-        plan_create_stream(cluster("a"), CreateStreamRequest("orders", subject, partitions=2), NOW)
+        plan_create_stream(cluster("a"), CreateStreamRequest("orders", subject, partitions=2), NOW, namespace=NS)
+
+
+@pytest.mark.parametrize(
+    ("name", "subject", "rule"),
+    [
+        (".x", "x", "must not start or end with '.'"),
+        ("a..b", "x", "contain '..'"),
+        ("...", "x", "must not start or end with '.'"),
+        ("s", ">", "matches every subject"),
+        ("s", "a\x00b", "control characters"),
+        ("s", f"{NS}.raft.>", f"could match '{NS}.>'"),
+        ("s", "*.>", f"could match '{NS}.>'"),
+        ("s", "_INBOX.>", "ack and reply inboxes"),
+    ],
+)
+def test_names_and_subjects_that_would_break_internal_subjects_are_refused(name: str, subject: str, rule: str) -> None:
+    meta = cluster("a")
+    with pytest.raises(InvalidStreamError, match=rule):
+        plan_create_stream(meta, CreateStreamRequest(name, subject), NOW, namespace=NS)
+    assert meta.streams == {}
+
+
+def test_the_controller_reserves_its_own_namespace() -> None:
+    op = plan_create_stream(cluster("a"), CreateStreamRequest("s", "other.raft.>"), NOW, namespace=NS)
+    assert op.stream.subject == "other.raft.>"
+    with pytest.raises(InvalidStreamError, match=r"clustering\.namespace 'other'"):
+        plan_create_stream(cluster("a"), CreateStreamRequest("s", "other.raft.>"), NOW, namespace="other")
 
 
 def test_one_partition_on_a_full_wildcard_subject_is_accepted() -> None:
-    op = plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders.>", partitions=1), NOW)
+    op = plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders.>", partitions=1), NOW, namespace=NS)
     assert op.stream.partitions[0].subject == "orders.>"
 
 
 def test_several_partitions_on_a_star_subject_are_accepted() -> None:
-    op = plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders.*", partitions=2), NOW)
+    op = plan_create_stream(cluster("a"), CreateStreamRequest("orders", "orders.*", partitions=2), NOW, namespace=NS)
     assert [p.subject for p in op.stream.partitions.values()] == ["orders.*", "orders.*.1"]
 
 

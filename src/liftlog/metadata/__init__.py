@@ -2,6 +2,7 @@
 
 ``model`` is the sans-IO state machine changed by operations; ``store``
 persists it for a standalone server (issue 4 replaces that with Raft);
+``names`` holds the rules for stream names and subjects;
 ``placement`` chooses the replicas and preferred leader of new partitions.
 """
 
@@ -30,7 +31,13 @@ from .model import (
     StreamMeta,
     StreamSettings,
     partition_subject,
+)
+from .names import (
+    check_stream_usable,
+    subjects_overlap,
+    validate_new_stream,
     validate_stream_name,
+    validate_stream_subject,
     validate_subject,
 )
 from .placement import PlacementError, ServerInfo, place_partitions
@@ -64,8 +71,12 @@ __all__ = [
     "StreamExistsError",
     "StreamMeta",
     "StreamSettings",
+    "check_stream_usable",
     "partition_subject",
     "place_partitions",
+    "subjects_overlap",
+    "validate_new_stream",
     "validate_stream_name",
+    "validate_stream_subject",
     "validate_subject",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .limits import StreamLimits, check_partition_count, check_replicas_per_server, check_settings
 from .model import (
     CreateStream,
     InvalidStreamError,
@@ -25,9 +26,8 @@ from .model import (
     StreamMeta,
     StreamSettings,
     partition_subject,
-    validate_stream_name,
-    validate_subject,
 )
+from .names import validate_new_stream
 from .placement import PlacementError, ServerInfo, place_partitions
 
 __all__ = ["CreateStreamRequest", "LivenessTracker", "plan_create_stream"]
@@ -45,20 +45,27 @@ class CreateStreamRequest:
     settings: StreamSettings = field(default_factory=StreamSettings)
 
 
-def plan_create_stream(metadata: Metadata, req: CreateStreamRequest, now: int) -> CreateStream:
-    """Validate ``req`` against ``metadata`` and place its partitions; raises a MetadataError."""
-    validate_stream_name(req.name)
-    validate_subject(req.subject)
-    if req.name in metadata.streams:
-        raise StreamExistsError(req.name)
+def plan_create_stream(
+    metadata: Metadata,
+    req: CreateStreamRequest,
+    now: int,
+    *,
+    namespace: str,
+    limits: StreamLimits = StreamLimits(),  # noqa: B008 (frozen)
+) -> CreateStream:
+    """Validate ``req`` against ``metadata`` and place its partitions; raises a MetadataError.
+
+    ``namespace`` is the cluster's clustering.namespace: stream subjects must stay clear of it.
+    ``limits`` bound the partitions and settings one stream may ask for (see ``limits``).
+    """
     if req.partitions < 0:
         raise InvalidStreamError(f"partitions must be positive, got {req.partitions}")
     partitions = req.partitions or 1
-    if partitions > 1 and req.subject.endswith(">"):
-        raise InvalidStreamError(
-            f"subject {req.subject!r} ends with '>', so partition subjects ({req.subject}.1 ...) would not be valid; "
-            "use one partition or a subject without '>'"
-        )
+    validate_new_stream(req.name, req.subject, partitions, namespace)
+    if req.name in metadata.streams:
+        raise StreamExistsError(req.name)
+    check_partition_count(partitions, limits)
+    check_settings(req.settings, limits)
     live = [ServerInfo(s.id, s.rack) for s in metadata.servers.values() if s.alive]
     rf = req.replication_factor or 1
     leaders: Counter[str] = Counter()
@@ -71,6 +78,7 @@ def plan_create_stream(metadata: Metadata, req: CreateStreamRequest, now: int) -
         placement = place_partitions(live, partitions, rf, leader_counts=leaders, replica_counts=replicas)
     except PlacementError as exc:
         raise InvalidStreamError(str(exc)) from exc
+    check_replicas_per_server(req.name, placement, replicas, limits)
     min_isr = req.settings.min_isr
     if min_isr is not None and min_isr > len(placement[0]):
         raise InvalidStreamError(

@@ -129,6 +129,8 @@ class MetadataService:
     ) -> None:
         self.server_id = server_id
         self.advertise = advertise
+        #: clustering.namespace: internal subjects live under it, so stream subjects must not.
+        self.namespace = namespace
         self._prefix = f"{namespace}.raft.metadata."
         self._streams = streams
         self._clock = clock
@@ -366,7 +368,7 @@ class MetadataService:
                 replication_factor=int(body.get("replication_factor", 1)),
                 settings=StreamSettings.from_dict(dict(body.get("settings", {}))),
             )
-            return plan_create_stream(self.metadata, req, now)
+            return plan_create_stream(self.metadata, req, now, namespace=self.namespace)
         if kind == "delete_stream":
             self.metadata.stream(str(body["name"]))  # fail fast, without a log entry
             return DeleteStream(str(body["name"]))
