@@ -28,6 +28,12 @@ from typing import Any
 
 import yaml
 
+from liftlog.metadata.limits import (
+    DEFAULT_MAX_PARTITIONS,
+    DEFAULT_MAX_PARTITIONS_PER_SERVER,
+    DEFAULT_MIN_SEGMENT_BYTES,
+    StreamLimits,
+)
 from liftlog.storage import FsyncPolicy, LogConfig
 
 __all__ = [
@@ -211,6 +217,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("streams.retention.max.age", parse_duration_ms, 7 * 24 * 3600_000, "delete segments older than this (0: never)"),
     _s("streams.cleaner.interval", parse_duration_ms, 300_000, "how often retention and compaction run"),
     _s("streams.segment.max.bytes", parse_size, 256 << 20, "roll a segment past this size"),
+    _s(
+        "streams.segment.max.bytes.min",
+        parse_size,
+        DEFAULT_MIN_SEGMENT_BYTES,
+        "smallest segment.max.bytes a stream (or this server) may use: tiny segments exhaust open files",
+    ),
+    _s("streams.max.partitions", _int(1), DEFAULT_MAX_PARTITIONS, "most partitions one stream may have"),
     _s("streams.segment.max.age", parse_duration_ms, 0, "roll a segment this old (0: size only)"),
     _s("streams.compact.enabled", _bool, False, "keep only the newest message per key"),
     _s("streams.compact.max.goroutines", _int(1), 10, "compactions run at once (Liftbridge's name)"),
@@ -247,6 +260,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("clustering.min.insync.replicas", _int(1), 1, "ISR size needed to commit"),
     _s("clustering.replication.max.bytes", parse_size, 1 << 20, "most bytes in one replication response"),
     _s("clustering.rack", _str, "", "rack of this server, for replica placement"),
+    _s(
+        "clustering.max.partitions.per.server",
+        _int(1),
+        DEFAULT_MAX_PARTITIONS_PER_SERVER,
+        "most partition replicas one server may host (each keeps files open); checked by the controller",
+    ),
     _s("clustering.unclean.leader.election", _bool, False, "let an out-of-sync replica lead (may lose data)"),
     _s(
         "clustering.leader.rebalance.delay",
@@ -301,6 +320,8 @@ class StreamsConfig:
     max_message_bytes: int
     fsync_policy: str
     fsync_interval: int
+    segment_max_bytes_min: int
+    max_partitions: int
 
     def log_config(self) -> LogConfig:
         """Storage settings for a new partition log (durations are in ms)."""
@@ -342,6 +363,7 @@ class ClusteringConfig:
     rack: str
     unclean_leader_election: bool
     leader_rebalance_delay: int
+    max_partitions_per_server: int
 
 
 @dataclass(frozen=True)
@@ -361,6 +383,14 @@ class ServerConfig:
     @property
     def listen(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def stream_limits(self) -> StreamLimits:
+        """What one CreateStream may ask for, as the controller checks it."""
+        return StreamLimits(
+            max_partitions=self.streams.max_partitions,
+            max_partitions_per_server=self.clustering.max_partitions_per_server,
+            min_segment_bytes=self.streams.segment_max_bytes_min,
+        )
 
 
 # -- loading ------------------------------------------------------------------
@@ -448,6 +478,15 @@ def load_config(
         raise ConfigError(
             "clustering.raft.bootstrap.peers",
             "cannot be combined with clustering.raft.bootstrap.seed: found a cluster one way or the other",
+        )
+    if values["streams.segment.max.bytes.min"] < 1:
+        raise ConfigError("streams.segment.max.bytes.min", "must be at least 1 byte")
+    if values["streams.segment.max.bytes"] < values["streams.segment.max.bytes.min"]:
+        raise ConfigError(
+            "streams.segment.max.bytes",
+            f"{values['streams.segment.max.bytes']} is smaller than streams.segment.max.bytes.min "
+            f"({values['streams.segment.max.bytes.min']}): every segment keeps files open and tiny segments "
+            "exhaust the open-file limit; use a larger size, or lower streams.segment.max.bytes.min",
         )
     if values["clustering.raft.election.timeout"] < 2 * values["clustering.raft.heartbeat.interval"]:
         raise ConfigError(
