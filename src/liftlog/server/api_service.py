@@ -37,6 +37,7 @@ from liftlog.metadata import (
     PartitionMeta,
     StreamExistsError,
     StreamSettings,
+    validate_new_stream,
     validate_subject,
 )
 from liftlog.metadata.controller import CreateStreamRequest
@@ -136,6 +137,8 @@ class ApiService(api_pb2_grpc.APIServicer):
     async def CreateStream(self, request: Any, context: Any) -> api_pb2.CreateStreamResponse:
         req: api_pb2.CreateStreamRequest = request
         try:
+            # The controller checks again; checking here answers without a round trip to it.
+            validate_new_stream(req.name, req.subject, max(req.partitions, 1), self._cluster.namespace)
             settings = self._settings(req)
             self._streams.check_settings(settings)
             await self._cluster.create_stream(

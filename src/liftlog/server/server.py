@@ -101,6 +101,7 @@ class Server:
             self.streams = StreamManager(
                 server_id=self.server_id,
                 data_dir=self.config.data_dir,
+                namespace=self.config.clustering.namespace,
                 defaults=self.config.streams,
                 batch_max=int(self.config.values["batch.max.messages"]),
                 ack_sink=self._acks.deliver,

@@ -36,6 +36,7 @@ from liftlog.metadata import (
     PartitionState,
     StreamMeta,
     StreamSettings,
+    check_stream_usable,
 )
 from liftlog.server.config import StreamsConfig
 from liftlog.storage import LogConfig
@@ -71,6 +72,7 @@ class StreamManager:
         *,
         server_id: str,
         data_dir: Path,
+        namespace: str,
         defaults: StreamsConfig,
         batch_max: int,
         ack_sink: AckSink,
@@ -78,6 +80,10 @@ class StreamManager:
     ) -> None:
         self.server_id = server_id
         self._dir = data_dir / "streams"
+        self._namespace = namespace
+        #: Streams (name, creation time) skipped because an older version let in a name or subject
+        #: that would break NATS subscriptions or record internal traffic; each is warned about once.
+        self._unusable: set[tuple[str, int]] = set()
         self._defaults = defaults
         self._batch_max = batch_max
         self._ack_sink = ack_sink
@@ -187,6 +193,8 @@ class StreamManager:
         """Open, close and reconfigure hosted partitions to match ``metadata``."""
         wanted: dict[tuple[str, int], tuple[StreamMeta, PartitionMeta]] = {}
         for stream in self.metadata.streams.values():
+            if not self._usable(stream):
+                continue
             for meta in stream.partitions.values():
                 if self.server_id in meta.replicas:
                     wanted[(stream.name, meta.id)] = (stream, meta)
@@ -201,6 +209,24 @@ class StreamManager:
             else:
                 hosted.part.meta = meta
                 await self._update(hosted, meta)
+
+    def _usable(self, stream: StreamMeta) -> bool:
+        """False (warning once) for a stream whose name or subjects today's rules refuse."""
+        try:
+            check_stream_usable(stream.name, (p.subject for p in stream.partitions.values()), self._namespace)
+        except InvalidStreamError as exc:
+            key = (stream.name, stream.creation_timestamp)
+            if key not in self._unusable:
+                self._unusable.add(key)
+                log.warning(
+                    "not hosting stream %r: %s. An older version accepted it; delete it "
+                    "(liftlog stream delete %r) and create it again under a valid name and subject",
+                    stream.name,
+                    exc,
+                    stream.name,
+                )
+            return False
+        return True
 
     async def _remove(self, key: tuple[str, int]) -> None:
         hosted = self._hosted.pop(key)
