@@ -162,6 +162,13 @@ def test_partition_subjects_must_stay_clear_of_internal_ones_too() -> None:
     validate_new_stream("s", "orders.*", 3, NS)
 
 
+def test_a_huge_partition_count_is_checked_at_once() -> None:
+    # The API checks before the controller's partition limits: the check must not walk every partition.
+    validate_new_stream("s", "orders", 2**40, NS)
+    with pytest.raises(InvalidStreamError, match="subject of partition 1"):
+        validate_new_stream("s", "*", 2**40, NS)
+
+
 # --- overlap of two patterns ----------------------------------------------------------------------
 
 
@@ -213,9 +220,27 @@ def test_overlap_agrees_with_brute_force(a: str, b: str) -> None:
     assert subjects_overlap(a, b) is common
 
 
+def _with_reserved_tokens(pattern: str) -> str:
+    """``pattern`` with token a as the namespace and b as the inbox prefix."""
+    return ".".join({"a": NS, "b": "_INBOX"}.get(t, t) for t in pattern.split("."))
+
+
+@given(_patterns, st.integers(2, 30))
+def test_partition_one_stands_for_every_partition(subject: str, partitions: int) -> None:
+    subject = _with_reserved_tokens(subject)
+    if subject.endswith(">"):
+        return
+
+    def reserved(s: str) -> bool:
+        return any(subjects_overlap(s, r) for r in reserved_subjects(NS))
+
+    expected = [reserved(partition_subject(subject, i)) for i in range(1, partitions)]
+    assert expected == [reserved(partition_subject(subject, 1))] * (partitions - 1)
+
+
 @given(_patterns)
 def test_no_accepted_subject_overlaps_the_reserved_ones(subject: str) -> None:
-    subject = subject.replace("a", NS).replace("b", "_INBOX")
+    subject = _with_reserved_tokens(subject)
     try:
         validate_stream_subject(subject, NS)
     except InvalidStreamError:
