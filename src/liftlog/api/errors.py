@@ -33,6 +33,8 @@ class Reason(enum.StrEnum):
     TOO_LARGE = "too_large"  # INVALID_ARGUMENT
     INVALID_ARGUMENT = "invalid_argument"  # INVALID_ARGUMENT
     ACK_TIMEOUT = "ack_timeout"  # DEADLINE_EXCEEDED
+    NOT_APPLIED = "not_applied"  # DEADLINE_EXCEEDED: a metadata change is committed, not yet acted on here
+    OUTCOME_UNKNOWN = "outcome_unknown"  # DEADLINE_EXCEEDED: a metadata change may or may not be committed
     STREAM_DELETED = "stream_deleted"  # NOT_FOUND, ends a subscription
     UNAVAILABLE = "unavailable"  # UNAVAILABLE (NATS down, shutting down)
     UNIMPLEMENTED = "unimplemented"  # UNIMPLEMENTED

@@ -255,6 +255,8 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.TOO_LARGE: MessageTooLargeError,
     Reason.INVALID_ARGUMENT: InvalidArgumentError,
     Reason.ACK_TIMEOUT: AckTimeoutError,
+    Reason.NOT_APPLIED: DeadlineExceededError,
+    Reason.OUTCOME_UNKNOWN: DeadlineExceededError,
     Reason.STREAM_DELETED: StreamDeletedError,
     Reason.UNAVAILABLE: UnavailableError,
     Reason.UNIMPLEMENTED: UnimplementedError,

@@ -43,7 +43,13 @@ from liftlog.metadata import (
 from liftlog.metadata.controller import CreateStreamRequest
 
 from .acks import AckRouter
-from .cluster import MetadataService, NoMetadataLeaderError
+from .cluster import (
+    ChangeNotAppliedError,
+    ChangeOutcomeUnknownError,
+    ControllerFailedError,
+    MetadataService,
+    NoMetadataLeaderError,
+)
 from .partition import Partition
 from .streams import StreamManager
 from .subscribe import EndOfReadonly, PartitionGone, read_subscription
@@ -80,7 +86,18 @@ _ASYNC_CODES = {
 
 def failure_from(exc: MetadataError) -> RpcFailure:
     if isinstance(exc, NoMetadataLeaderError):
-        return RpcFailure(Code.INTERNAL, Reason.INTERNAL, str(exc))  # Liftbridge clients match this message
+        # Liftbridge's code and wording (its clients know them); nothing was committed.
+        return RpcFailure(Code.INTERNAL, Reason.INTERNAL, str(exc))
+    # A change that is committed but not yet acted on here, or whose commit is uncertain: gRPC defines
+    # DEADLINE_EXCEEDED as "may be returned even if the operation has completed", and neither Liftbridge's
+    # clients (go-liftbridge's doResilientRPC) nor ours retry it, as they do UNAVAILABLE: a blind retry of
+    # CreateStream would meet the stream it created and report ALREADY_EXISTS.
+    if isinstance(exc, ChangeNotAppliedError):
+        return RpcFailure(Code.DEADLINE_EXCEEDED, Reason.NOT_APPLIED, str(exc))
+    if isinstance(exc, ChangeOutcomeUnknownError):
+        return RpcFailure(Code.DEADLINE_EXCEEDED, Reason.OUTCOME_UNKNOWN, str(exc))
+    if isinstance(exc, ControllerFailedError):
+        return RpcFailure(Code.INTERNAL, Reason.INTERNAL, str(exc))
     if isinstance(exc, StreamExistsError):
         return RpcFailure(Code.ALREADY_EXISTS, Reason.STREAM_EXISTS, str(exc))
     if isinstance(exc, NoSuchPartitionError):

@@ -42,6 +42,7 @@ from liftlog.metadata import (
 )
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
 from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
+from liftlog.metadata.limits import StreamLimits
 from liftlog.metadata.model import (
     ChangeIsr,
     DeleteStream,
@@ -57,7 +58,13 @@ from .failover import Failover
 from .metadata_raft import MetadataRaft, RaftSettings
 from .streams import StreamManager
 
-__all__ = ["MetadataService", "NoMetadataLeaderError"]
+__all__ = [
+    "ChangeNotAppliedError",
+    "ChangeOutcomeUnknownError",
+    "ControllerFailedError",
+    "MetadataService",
+    "NoMetadataLeaderError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +76,57 @@ APPLY_WAIT_S = 5.0
 
 
 class NoMetadataLeaderError(MetadataError):
-    """No controller is known (an election is under way, or too few servers are up)."""
+    """No controller could take the change within the timeout: nothing was committed (see ``detail``).
 
-    def __init__(self) -> None:
-        super().__init__(NO_LEADER_MESSAGE)
+    The message starts with Liftbridge's wording, which its clients know.
+    """
+
+    def __init__(self, detail: str = "") -> None:
+        self.detail = detail
+        super().__init__(f"{NO_LEADER_MESSAGE}: {detail}" if detail else NO_LEADER_MESSAGE)
+
+
+class ChangeNotAppliedError(MetadataError):
+    """The change is committed, but this server has not acted on it within the timeout.
+
+    It will take effect: repeating the request would only meet its own result (a stream that exists).
+    """
+
+    def __init__(self, what: str, index: int, server_id: str, timeout: float, check: str) -> None:
+        self.index = index
+        super().__init__(
+            f"{what} is committed (metadata index {index}) and will take effect, but server {server_id} has not "
+            f"acted on it within {timeout:.3g} s (it may be busy opening or closing partitions); do not repeat "
+            f"the request: retry reads in a moment, or check with {check}"
+        )
+
+
+class ChangeOutcomeUnknownError(MetadataError):
+    """The controller took the change but could not say within the timeout whether it is committed."""
+
+    @classmethod
+    def of(cls, what: str, cause: str, check: str) -> ChangeOutcomeUnknownError:
+        return cls(f"{what} may or may not take effect: {cause}; check with {check} before repeating it")
+
+
+class ControllerFailedError(MetadataError):
+    """The controller failed on the change for a reason of its own (a bug, a broken disk), not the request's."""
+
+
+def _describe(body: dict[str, Any]) -> tuple[str, str]:
+    """What a change does, for people, and the command that shows whether it happened."""
+    name = body.get("name")
+    check = f"`liftlog stream describe {name}`" if name else "`liftlog cluster status`"
+    what = {
+        "create_stream": "creating stream",
+        "delete_stream": "deleting stream",
+        "pause": "pausing stream",
+        "resume": "resuming stream",
+        "readonly": "changing the readonly flag of stream",
+    }.get(str(body.get("kind")))
+    if what is None:
+        return f"the metadata change {body.get('kind')!r}", check
+    return f"{what} {name!r}", check
 
 
 class _NotLeaderReply(Exception):
@@ -91,6 +145,10 @@ def _error_to_dict(exc: MetadataError) -> dict[str, Any]:
             return {"kind": "invalid", "message": str(exc)}
         case NoMetadataLeaderError():
             return {"kind": "no_leader"}
+        case ChangeOutcomeUnknownError():
+            return {"kind": "outcome_unknown", "message": str(exc)}
+        case ControllerFailedError():
+            return {"kind": "failed", "message": str(exc)}
     return {"kind": "other", "message": str(exc)}
 
 
@@ -106,6 +164,10 @@ def _error_from_dict(data: dict[str, Any]) -> MetadataError:
         return InvalidStreamError(data["message"])
     if kind == "no_leader":
         return NoMetadataLeaderError()
+    if kind == "outcome_unknown":
+        return ChangeOutcomeUnknownError(str(data["message"]))
+    if kind == "failed":
+        return ControllerFailedError(str(data.get("message", "the controller failed")))
     return MetadataError(str(data.get("message", "metadata change failed")))
 
 
@@ -126,6 +188,7 @@ class MetadataService:
         on_failure: Callable[[BaseException], None] | None = None,
         unclean_leader_election: bool = False,
         rebalance_delay: float = 10.0,
+        limits: StreamLimits | None = None,
     ) -> None:
         self.server_id = server_id
         self.advertise = advertise
@@ -138,6 +201,7 @@ class MetadataService:
         self._liveness = LivenessTracker(int(liveness_timeout * 1e9))
         self._unclean = unclean_leader_election
         self._rebalance_delay = rebalance_delay
+        self._limits = limits or StreamLimits()
         self._failover: Failover | None = None
         self.metadata = Metadata()
         streams.metadata = self.metadata
@@ -290,41 +354,62 @@ class MetadataService:
         await self.request({"kind": "readonly", "name": name, "partitions": list(partitions), "readonly": readonly})
 
     async def request(self, body: dict[str, Any], timeout: float = CHANGE_TIMEOUT_S) -> int:
-        """Have the controller apply the change in ``body``; returns its index once reconciled here."""
+        """Have the controller apply the change in ``body``; returns its index once reconciled here.
+
+        Raises, besides the controller's own refusals (StreamExistsError, InvalidStreamError, ...):
+        NoMetadataLeaderError when no controller took the change within ``timeout`` (nothing was
+        committed), ChangeOutcomeUnknownError when the controller took it but could not commit it in
+        time, ChangeNotAppliedError when it is committed but this server has not acted on it in time.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        what, check = _describe(body)
+        why = "no server has been elected metadata leader (an election is under way, or too few servers are up)"
         while True:
             leader = self.raft.leader_id
             try:
                 if leader == self.server_id:
-                    # Bounded: a leader that lost its quorum keeps the proposal pending until someone commits.
-                    index = await asyncio.wait_for(self._lead(body), max(deadline - loop.time(), 0.1))
+                    index = await self._lead(body, max(deadline - loop.time(), 0.1))
                 elif leader is not None:
-                    index = await self._forward(leader, body, deadline - loop.time())
+                    index = await self._forward(leader, body, deadline - loop.time(), what, check)
                 else:
                     raise _NotLeaderReply()
-            except (
-                _NotLeaderReply,
-                NotLeader,
-                ProposalDropped,
-                NoRespondersError,
-                NatsTimeoutError,
-                TimeoutError,
-            ) as exc:
+            except (_NotLeaderReply, NotLeader, ProposalDropped, NoRespondersError) as exc:
+                # Nothing was committed: try again once a leader is known, until the deadline.
+                if leader is not None:
+                    why = f"the last known leader, server {leader}, did not take it ({type(exc).__name__})"
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    raise NoMetadataLeaderError() from exc
-                # Wait for news of a leader (or a short while), then try again.
+                    raise NoMetadataLeaderError(f"{what} was not committed within {timeout:.3g} s: {why}") from exc
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._leader_changed.wait(), min(remaining, 0.25))
                 continue
-            await self._streams.wait_reconciled(index, max(deadline - loop.time(), 0.1))
+            except ChangeOutcomeUnknownError as exc:
+                if leader == self.server_id and self.raft.leader_id is None:
+                    # The usual cause, said first: this server lost its quorum with the change still pending.
+                    raise NoMetadataLeaderError(
+                        f"this server lost the metadata leadership (too few servers answer) before {what} was "
+                        "committed; it is kept in this server's log and takes effect if this server is elected "
+                        f"again: check with {check} before repeating it"
+                    ) from exc
+                raise
+            if not await self._streams.wait_reconciled(index, max(deadline - loop.time(), 0.1)):
+                raise ChangeNotAppliedError(what, index, self.server_id, timeout, check)
             return index
 
-    async def _forward(self, leader: str, body: dict[str, Any], timeout: float) -> int:
-        reply = await self._nats.request(
-            f"{self._prefix}{leader}.propose", json.dumps(body).encode(), timeout=max(timeout, 0.1)
-        )
+    async def _forward(self, leader: str, body: dict[str, Any], timeout: float, what: str, check: str) -> int:
+        # The controller answers within its share of our deadline, so a timeout here means it is stuck or
+        # unreachable after it may have received the change.
+        timeout = max(timeout, 0.5)
+        ask = {**body, "timeout": max(timeout - 0.25, 0.1)}
+        try:
+            reply = await self._nats.request(
+                f"{self._prefix}{leader}.propose", json.dumps(ask).encode(), timeout=timeout
+            )
+        except NatsTimeoutError:
+            raise ChangeOutcomeUnknownError.of(
+                what, f"the metadata leader, server {leader}, did not answer within {timeout:.3g} s", check
+            ) from None
         answer = json.loads(reply.data)
         if "index" in answer:
             return int(answer["index"])
@@ -340,17 +425,20 @@ class MetadataService:
     async def _answer_propose(self, msg: Any) -> None:
         try:
             body = json.loads(msg.data)
+            # Within the forwarding server's deadline, so it hears the outcome rather than a timeout.
+            timeout = min(float(body.pop("timeout", CHANGE_TIMEOUT_S)), CHANGE_TIMEOUT_S)
             if not self.raft.is_leader:
                 answer: dict[str, Any] = {"error": {"kind": "not_leader"}}
             else:
-                answer = {"index": await asyncio.wait_for(self._lead(body), CHANGE_TIMEOUT_S)}
-        except (NotLeader, ProposalDropped, TimeoutError):
+                answer = {"index": await self._lead(body, timeout)}
+        except (NotLeader, ProposalDropped):
             answer = {"error": {"kind": "not_leader"}}
         except MetadataError as exc:
             answer = {"error": _error_to_dict(exc)}
         except Exception as exc:
             log.exception("serving a forwarded metadata change")
-            answer = {"error": {"kind": "other", "message": f"metadata change failed: {exc}"}}
+            failed = ControllerFailedError(f"the controller, server {self.server_id}, failed on the change: {exc}")
+            answer = {"error": _error_to_dict(failed)}
         with contextlib.suppress(Exception):
             await msg.respond(json.dumps(answer).encode())
 
@@ -368,7 +456,7 @@ class MetadataService:
                 replication_factor=int(body.get("replication_factor", 1)),
                 settings=StreamSettings.from_dict(dict(body.get("settings", {}))),
             )
-            return plan_create_stream(self.metadata, req, now, namespace=self.namespace)
+            return plan_create_stream(self.metadata, req, now, namespace=self.namespace, limits=self._limits)
         if kind == "delete_stream":
             self.metadata.stream(str(body["name"]))  # fail fast, without a log entry
             return DeleteStream(str(body["name"]))
@@ -389,17 +477,33 @@ class MetadataService:
             return RegisterServer(ServerMeta.from_dict(body["server"]), now)
         raise MetadataError(f"unknown metadata change {kind!r}")
 
-    async def _lead(self, body: dict[str, Any]) -> int:
-        """Plan, replicate and apply one change as the leader; wait for the affected servers."""
-        if body.get("kind") in ("report_leader", "confirm_leader"):
-            return await self._failover_request(body)
-        op = self._plan(body)
-        index, result = await self._propose(op)
+    async def _lead(self, body: dict[str, Any], timeout: float = CHANGE_TIMEOUT_S) -> int:
+        """Plan, replicate and apply one change as the leader; wait (within ``timeout``) for the affected servers.
+
+        Raises ChangeOutcomeUnknownError when the change is not committed within ``timeout``: a leader
+        that lost its quorum keeps the proposal, which may still be committed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            if body.get("kind") in ("report_leader", "confirm_leader"):
+                return await asyncio.wait_for(self._failover_request(body), timeout)
+            op = self._plan(body)
+            index, result = await asyncio.wait_for(self._propose(op), timeout)
+        except TimeoutError:
+            what, check = _describe(body)
+            raise ChangeOutcomeUnknownError.of(
+                what,
+                f"the metadata leader, server {self.server_id}, proposed it but could not commit it within "
+                f"{timeout:.3g} s (fewer than a majority of the metadata group answer)",
+                check,
+            ) from None
         if isinstance(result, MetadataError):
             raise result
         changed: list[PartitionMeta] = result if isinstance(result, list) else []
         affected = {r for p in changed for r in p.replicas}
-        await self._wait_applied(affected, index)
+        # Committed: from here on the answer is the index, whether or not every server has caught up.
+        await self._wait_applied(affected, index, min(APPLY_WAIT_S, deadline - loop.time()))
         return index
 
     async def _propose(self, op: Operation) -> tuple[int, object]:
@@ -431,10 +535,12 @@ class MetadataService:
         with contextlib.suppress(Exception):
             await msg.respond(json.dumps({"leo": leo}).encode())
 
-    async def _wait_applied(self, servers: set[str], index: int) -> None:
+    async def _wait_applied(self, servers: set[str], index: int, timeout: float = APPLY_WAIT_S) -> None:
+        timeout = max(timeout, 0.1)
+
         async def one(server_id: str) -> None:
             if server_id == self.server_id:
-                ok = await self._streams.wait_reconciled(index, APPLY_WAIT_S)
+                ok = await self._streams.wait_reconciled(index, timeout)
             else:
                 server = self.metadata.servers.get(server_id)
                 if server is None or not server.alive:
@@ -442,8 +548,8 @@ class MetadataService:
                 try:
                     reply = await self._nats.request(
                         f"{self._prefix}{server_id}.applied",
-                        json.dumps({"index": index}).encode(),
-                        timeout=APPLY_WAIT_S,
+                        json.dumps({"index": index, "timeout": max(timeout - 0.25, 0.05)}).encode(),
+                        timeout=timeout,
                     )
                     ok = bool(json.loads(reply.data).get("ok"))
                 except Exception:
@@ -458,10 +564,12 @@ class MetadataService:
 
     async def _answer_applied(self, msg: Any) -> None:
         try:
-            index = int(json.loads(msg.data)["index"])
+            body = json.loads(msg.data)
+            index = int(body["index"])
+            timeout = min(float(body.get("timeout", APPLY_WAIT_S - 0.5)), APPLY_WAIT_S)
         except (ValueError, KeyError, TypeError):
             return
-        ok = await self._streams.wait_reconciled(index, APPLY_WAIT_S - 0.5)
+        ok = await self._streams.wait_reconciled(index, timeout)
         with contextlib.suppress(Exception):
             await msg.respond(json.dumps({"ok": ok}).encode())
 

@@ -317,6 +317,7 @@ class Server:
             on_failure=self._fail,
             unclean_leader_election=c.unclean_leader_election,
             rebalance_delay=c.leader_rebalance_delay / 1000,
+            limits=self.config.stream_limits(),
         )
         self.streams.request_pause = self.cluster.pause
 
