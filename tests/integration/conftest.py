@@ -22,7 +22,8 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsProces
 def server(tmp_path_factory: pytest.TempPathFactory, nats_server: NatsProcess) -> Iterator[LiftlogProcess]:
     """One liftlog server per test module, on the shared nats-server."""
     data = tmp_path_factory.mktemp("liftlog") / "data"
-    proc = LiftlogProcess(data, nats_url=nats_server.url).start()
+    # Tiny segments let tests see segments roll and retention delete them.
+    proc = LiftlogProcess(data, "--set", "streams.segment.max.bytes.min=512", nats_url=nats_server.url).start()
     yield proc
     proc.kill()
 

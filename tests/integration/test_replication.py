@@ -24,6 +24,9 @@ REPLICATION = (
     "clustering.replica.max.idle.wait=500ms",
     "--set",
     "clustering.leader.rebalance.delay=1s",
+    # Tiny segments, so retention has whole segments to delete within a test.
+    "--set",
+    "streams.segment.max.bytes.min=512",
 )
 
 

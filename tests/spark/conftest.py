@@ -42,7 +42,8 @@ def spark_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsProcess
 def liftlog_server(tmp_path_factory: pytest.TempPathFactory, spark_nats: NatsProcess) -> Iterator[LiftlogProcess]:
     """One liftlog server for all Spark tests (each test uses streams of its own)."""
     data = tmp_path_factory.mktemp("spark-liftlog") / "data"
-    proc = LiftlogProcess(data, nats_url=spark_nats.url).start()
+    # Tiny segments let compaction tests see several segments.
+    proc = LiftlogProcess(data, "--set", "streams.segment.max.bytes.min=512", nats_url=spark_nats.url).start()
     yield proc
     proc.kill()
 

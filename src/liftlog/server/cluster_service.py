@@ -9,6 +9,7 @@ from liftlog.api import cluster_pb2, cluster_pb2_grpc
 from liftlog.metadata import PartitionState
 
 from .cluster import MetadataService
+from .rlimits import open_files_limit
 from .streams import StreamManager
 
 __all__ = ["ClusterStatusService"]
@@ -41,6 +42,7 @@ class ClusterStatusService(cluster_pb2_grpc.ClusterServicer):
             appliedIndex=node.applied_index if node else 0,
             streamCount=len(metadata.streams),
             partitionCount=partitions,
+            openFilesLimit=open_files_limit(),
         )
         for stream in sorted(metadata.streams.values(), key=lambda s: s.name):
             for p in stream.partitions.values():

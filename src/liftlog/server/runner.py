@@ -8,6 +8,7 @@ import signal
 import sys
 
 from .config import ServerConfig
+from .rlimits import check_partition_budget, raise_open_files_limit
 from .server import Server
 
 __all__ = ["run_server"]
@@ -40,6 +41,15 @@ async def serve(config: ServerConfig) -> int:
 
     Returns the exit code: 0 after a signal, 1 when the server failed on its own.
     """
+    before, after = raise_open_files_limit()
+    shown = {0: "unlimited"}
+    if after != before:
+        log.info("open-file limit raised from %s to %s", shown.get(before, before), shown.get(after, after))
+    else:
+        log.info("open-file limit: %s", shown.get(after, after))
+    warning = check_partition_budget(config.clustering.max_partitions_per_server, after)
+    if warning:
+        log.warning("%s", warning)
     server = Server(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

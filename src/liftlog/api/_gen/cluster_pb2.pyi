@@ -53,7 +53,7 @@ class PartitionStatus(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., candidate: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention")
+    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention", "openFilesLimit")
     SERVERID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class ClusterStatusResponse(_message.Message):
     STREAMCOUNT_FIELD_NUMBER: _ClassVar[int]
     PARTITIONCOUNT_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    OPENFILESLIMIT_FIELD_NUMBER: _ClassVar[int]
     serverId: str
     controller: str
     term: int
@@ -72,4 +73,5 @@ class ClusterStatusResponse(_message.Message):
     streamCount: int
     partitionCount: int
     attention: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
-    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
+    openFilesLimit: int
+    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ...) -> None: ...
