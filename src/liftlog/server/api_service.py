@@ -266,12 +266,22 @@ class ApiService(api_pb2_grpc.APIServicer):
         """
         meta = self._streams.metadata.partition(stream, partition)
         part = self._streams.partitions.get((stream, partition))
+        if part is not None and part.log is None and part.fenced is not None:
+            # Not NOT_LEADER: clients would re-route to this same server until their deadline.
+            raise self._unavailable(part)
         # Named leader is not enough: right after a restart or mid-election this server has not taken up
         # the leadership, and its HW may be behind what the partition committed.
         leading = self._streams.is_leading(stream, partition)
         if part is None or not (leading or (allow_replica and self.server_id in meta.isr)):
             raise RpcFailure(Code.FAILED_PRECONDITION, Reason.NOT_LEADER, NOT_LEADER_MESSAGE)
         return part
+
+    def _unavailable(self, part: Partition) -> RpcFailure:
+        return RpcFailure(
+            Code.UNAVAILABLE,
+            Reason.UNAVAILABLE,
+            f"partition {part.stream}/{part.id} is unavailable on server {self.server_id}: {part.fenced}",
+        )
 
     # -- metadata ----------------------------------------------------------
 
@@ -362,6 +372,10 @@ class ApiService(api_pb2_grpc.APIServicer):
                 )
             if meta.paused:
                 await self._cluster.resume(req.stream, req.partition)
+            local = self._streams.partitions.get((req.stream, req.partition))
+            if local is not None and local.fenced is not None and meta.leader == self.server_id:
+                # Its leader is here and takes no writes: the publish would only wait out its ack timeout.
+                raise self._unavailable(local)
             # Any server may publish: the message goes to the partition's subject, the leader acks.
             occ = self._streams.occ_enabled(req.stream)
             min_isr = self._streams.min_isr(req.stream)

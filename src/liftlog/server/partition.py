@@ -119,6 +119,8 @@ class Partition:
         self.last_cleaned = clock()
         self._sub: Any = None
         self._pending: list[Incoming] = []
+        #: Why this replica refuses writes and cannot serve (its log failed to open, ...); None when healthy.
+        self.fenced: str | None = None
         #: Why the last write failed (a full disk, ...); None after a write succeeds.
         self.write_error: str | None = None
         self._commit_waiters: deque[api_pb2.Ack] = deque()

@@ -39,7 +39,7 @@ from liftlog.metadata import (
     check_stream_usable,
 )
 from liftlog.server.config import StreamsConfig
-from liftlog.storage import LogConfig
+from liftlog.storage import LogConfig, StorageError
 
 from .partition import AckSink, Partition, PartitionOptions
 from .replicator import Replicator
@@ -64,6 +64,8 @@ class _Hosted:
     role: tuple[str, int, bool] | None = None
     #: Partition epoch at which this replica last confirmed it was asked to take over.
     confirmed_at: int = -1
+    #: Its log failed to open (the partition is fenced with the reason); tried again at each reconcile.
+    open_failed: bool = False
 
 
 class StreamManager:
@@ -247,7 +249,8 @@ class StreamManager:
         hosted = _Hosted(part, stream.creation_timestamp, paused=meta.paused, readonly=meta.readonly)
         self._hosted[key] = hosted
         self.partitions[key] = part
-        await asyncio.to_thread(part.open_log)
+        if not await self._open(hosted):
+            return
         if meta.paused:
             # Opened once so a paused partition reports its offsets in metadata.
             await part.close(f"partition {stream.name}/{meta.id} is paused")
@@ -262,9 +265,31 @@ class StreamManager:
                 await self._drop_role(hosted)
                 await part.close(f"partition {part.stream}/{part.id} was paused")
                 return
-            await asyncio.to_thread(part.open_log)
+        if not meta.paused and part.log is None and not await self._open(hosted):
+            return
         if not meta.paused:
             await self._set_role(hosted, meta)
+
+    async def _open(self, hosted: _Hosted) -> bool:
+        """Open the partition's log; on failure fence it with the reason, so its callers hear why.
+
+        One broken log must not stop this server from following the metadata: every later change
+        (and a restart) would wait on it.
+        """
+        part = hosted.part
+        try:
+            await asyncio.to_thread(part.open_log)
+        except (StorageError, OSError) as exc:
+            part.fenced = f"its log in {part.directory} cannot be opened: {exc}"
+            if not hosted.open_failed:
+                log.error("partition %s/%d is unavailable: %s", part.stream, part.id, part.fenced)
+            hosted.open_failed = True
+            return False
+        if hosted.open_failed:
+            hosted.open_failed = False
+            part.fenced = None
+            log.info("partition %s/%d opened after all", part.stream, part.id)
+        return True
 
     async def _drop_role(self, hosted: _Hosted) -> None:
         if self.replicator is not None:
