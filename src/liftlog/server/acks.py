@@ -23,9 +23,13 @@ from typing import Any
 from liftlog.api import api_pb2
 from liftlog.api.envelope import EnvelopeError, decode_ack, encode_ack
 
+from .ratelimit import LogLimiter
+
 __all__ = ["AckRouter"]
 
 log = logging.getLogger(__name__)
+#: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
+_warn = LogLimiter(log)
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
@@ -104,7 +108,7 @@ class AckRouter:
         try:
             ack = decode_ack(msg.data)
         except EnvelopeError as exc:
-            log.warning("ignoring a malformed ack on %s: %s", msg.subject, exc)
+            _warn.warning("ignoring a malformed ack on %s: %s", msg.subject, exc)
             return
         fut = self._waiters.pop((ack.ackInbox, ack.correlationId), None)
         if fut is not None and not fut.done():
@@ -124,4 +128,4 @@ class AckRouter:
                 try:
                     await publish(subject, data)
                 except Exception as exc:  # the publisher times out and retries; nothing else to do
-                    log.warning("could not publish an ack to %s: %s", subject, exc)
+                    _warn.warning("could not publish an ack to %s: %s", subject, exc)

@@ -41,9 +41,13 @@ from liftlog.raft import (
 from liftlog.raft.codec import CodecError, decode_message, encode_message
 from liftlog.raft.disk import DiskStorage
 
+from .ratelimit import LogLimiter
+
 __all__ = ["MetadataRaft", "RaftSettings", "StateMachine"]
 
 log = logging.getLogger(__name__)
+#: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
+_warn = LogLimiter(log)
 
 
 class StateMachine(Protocol):
@@ -244,7 +248,7 @@ class MetadataRaft:
         try:
             message = decode_message(msg.data)
         except CodecError as exc:
-            log.warning("dropping a malformed Raft message on %s: %s", msg.subject, exc)
+            _warn.warning("dropping a malformed Raft message on %s: %s", msg.subject, exc)
             return
         self._inbox.put_nowait(lambda node: node.step(message))
 

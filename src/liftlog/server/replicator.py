@@ -63,10 +63,13 @@ from liftlog.replication.protocol import (
 from liftlog.storage import StorageError
 
 from .partition import Partition
+from .ratelimit import LogLimiter
 
 __all__ = ["Replicator", "ReplicatorSettings"]
 
 log = logging.getLogger(__name__)
+#: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
+_warn = LogLimiter(log)
 
 ProposeIsrCallback = Callable[[Partition, tuple[str, ...], str], Awaitable[None]]
 ReportLeaderCallback = Callable[[Partition, ReportLeader], Awaitable[None]]
@@ -201,7 +204,7 @@ class Replicator:
         try:
             req = decode_fetch_request(msg.data)
         except ProtocolError as exc:
-            log.warning("malformed fetch request on %s: %s", msg.subject, exc)
+            _warn.warning("malformed fetch request on %s: %s", msg.subject, exc)
             return
         reply = self._fetch_reply(part, req)
         with contextlib.suppress(Exception):
@@ -243,7 +246,7 @@ class Replicator:
         try:
             req = decode_epoch_offset_request(msg.data)
         except ProtocolError as exc:
-            log.warning("malformed epoch offset request on %s: %s", msg.subject, exc)
+            _warn.warning("malformed epoch offset request on %s: %s", msg.subject, exc)
             return
         if part.log is None or part.leader is None:
             # Stepped down, not yet unsubscribed: stay silent. "No such epoch" would make the follower
@@ -310,7 +313,7 @@ class Replicator:
         try:
             pairs = decode_notification(msg.data)
         except ProtocolError as exc:
-            log.warning("malformed notification: %s", exc)
+            _warn.warning("malformed notification on %s: %s", msg.subject, exc)
             return
         for loop in self._loops.values():
             woke = False
