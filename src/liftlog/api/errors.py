@@ -38,4 +38,5 @@ class Reason(enum.StrEnum):
     STREAM_DELETED = "stream_deleted"  # NOT_FOUND, ends a subscription
     UNAVAILABLE = "unavailable"  # UNAVAILABLE (NATS down, shutting down)
     UNIMPLEMENTED = "unimplemented"  # UNIMPLEMENTED
+    LIMIT_EXCEEDED = "limit_exceeded"  # RESOURCE_EXHAUSTED: a server limit; the message names its setting
     INTERNAL = "internal"  # INTERNAL

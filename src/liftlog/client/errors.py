@@ -26,6 +26,7 @@ The hierarchy::
     │   └── AckTimeoutError
     ├── UnavailableError
     ├── UnimplementedError
+    ├── LimitExceededError
     ├── PermissionDeniedError
     ├── InternalError
     ├── ConfigurationError (also ValueError)
@@ -57,6 +58,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "LiftlogError",
+    "LimitExceededError",
     "MessageTooLargeError",
     "NoSuchPartitionError",
     "NoSuchStreamError",
@@ -162,6 +164,10 @@ class UnimplementedError(LiftlogError):
     """The server does not implement this RPC (UNIMPLEMENTED)."""
 
 
+class LimitExceededError(LiftlogError):
+    """A server limit was reached (RESOURCE_EXHAUSTED, e.g. too many subscriptions); the message names the setting."""
+
+
 class PermissionDeniedError(LiftlogError):
     """The server refused the request for lack of permission (PERMISSION_DENIED)."""
 
@@ -260,6 +266,7 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.STREAM_DELETED: StreamDeletedError,
     Reason.UNAVAILABLE: UnavailableError,
     Reason.UNIMPLEMENTED: UnimplementedError,
+    Reason.LIMIT_EXCEEDED: LimitExceededError,
     Reason.INTERNAL: InternalError,
 }
 
