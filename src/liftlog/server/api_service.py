@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -52,9 +53,9 @@ from .cluster import (
 )
 from .partition import Partition
 from .streams import StreamManager
-from .subscribe import EndOfReadonly, PartitionGone, read_subscription
+from .subscribe import BUFFER_MAX_BYTES, FETCH_MAX_MESSAGES, EndOfReadonly, PartitionGone, read_subscription
 
-__all__ = ["ApiService", "RpcFailure"]
+__all__ = ["ApiLimits", "ApiService", "RpcFailure"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,17 @@ def _nullable(msg: Any, name: str) -> Any:
     return getattr(msg, name).value if msg.HasField(name) else None
 
 
+@dataclass(frozen=True)
+class ApiLimits:
+    """What one call or client may hold on this server (the ``subscribe.*`` and ``publish.*`` settings)."""
+
+    fetch_max_messages: int = FETCH_MAX_MESSAGES
+    buffer_max_bytes: int = BUFFER_MAX_BYTES
+    max_subscriptions: int = 4096  # 0: no limit
+    max_subscriptions_per_connection: int = 1024  # 0: no limit
+    max_publish_inflight: int = 1024
+
+
 class ApiService(api_pb2_grpc.APIServicer):
     def __init__(
         self,
@@ -138,6 +150,7 @@ class ApiService(api_pb2_grpc.APIServicer):
         publish: Publish,
         ack_timeout: float,
         max_message_bytes: int,
+        limits: ApiLimits = ApiLimits(),
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -148,6 +161,10 @@ class ApiService(api_pb2_grpc.APIServicer):
         self._publish = publish
         self._ack_timeout = ack_timeout
         self._max_message_bytes = max_message_bytes
+        self.limits = limits
+        #: Open Subscribe calls, in all and per client connection (grpc's peer: "ipv4:host:port").
+        self.subscriptions = 0
+        self.subscriptions_by_peer: Counter[str] = Counter()
 
     # -- streams ---------------------------------------------------------
 
@@ -238,10 +255,23 @@ class ApiService(api_pb2_grpc.APIServicer):
             await _abort(context, failure_from(exc))
         except RpcFailure as failure:
             await _abort(context, failure)
+        peer = context.peer() or "unknown"
+        refusal = self._subscription_refusal(peer)
+        if refusal is not None:
+            await _abort(context, refusal)
+        self.subscriptions += 1
+        self.subscriptions_by_peer[peer] += 1
         part.subscribers += 1
         try:
             yield api_pb2.Message()  # Liftbridge clients wait for this before they return the subscription
-            async for message in read_subscription(part, req, uncommitted=_wants_uncommitted(context)):
+            messages = read_subscription(
+                part,
+                req,
+                uncommitted=_wants_uncommitted(context),
+                fetch_max_messages=self.limits.fetch_max_messages,
+                buffer_max_bytes=self.limits.buffer_max_bytes,
+            )
+            async for message in messages:
                 yield message
         except PartitionGone as exc:
             await _abort(context, self._gone(req.stream, req.partition, str(exc)))
@@ -249,6 +279,30 @@ class ApiService(api_pb2_grpc.APIServicer):
             await _abort(context, RpcFailure(Code.FAILED_PRECONDITION, Reason.READONLY, str(exc)))
         finally:
             part.subscribers -= 1
+            self.subscriptions -= 1
+            self.subscriptions_by_peer[peer] -= 1
+            if self.subscriptions_by_peer[peer] <= 0:
+                del self.subscriptions_by_peer[peer]
+
+    def _subscription_refusal(self, peer: str) -> RpcFailure | None:
+        """RESOURCE_EXHAUSTED naming the limit and its setting when one more subscription is too many."""
+        limits = self.limits
+        if limits.max_subscriptions and self.subscriptions >= limits.max_subscriptions:
+            return RpcFailure(
+                Code.RESOURCE_EXHAUSTED,
+                Reason.LIMIT_EXCEEDED,
+                f"too many subscriptions on server {self.server_id}: {self.subscriptions} are open, the limit is "
+                f"{limits.max_subscriptions} (setting subscribe.max.concurrent)",
+            )
+        open_here = self.subscriptions_by_peer[peer]
+        if limits.max_subscriptions_per_connection and open_here >= limits.max_subscriptions_per_connection:
+            return RpcFailure(
+                Code.RESOURCE_EXHAUSTED,
+                Reason.LIMIT_EXCEEDED,
+                f"too many subscriptions from connection {peer}: {open_here} are open, the limit is "
+                f"{limits.max_subscriptions_per_connection} (setting subscribe.max.concurrent.per.connection)",
+            )
+        return None
 
     def _gone(self, stream: str, partition: int, reason: str) -> RpcFailure:
         try:
@@ -513,21 +567,34 @@ class ApiService(api_pb2_grpc.APIServicer):
         return api_pb2.PublishToSubjectResponse(ack=ack)
 
     async def PublishAsync(self, request_iterator: Any, context: Any) -> None:
-        """Answer every request, in request order, with its ack or an asyncError."""
+        """Answer every request, in request order, with its ack or an asyncError.
+
+        At most ``publish.async.max.inflight`` requests are read and not yet
+        answered; past that the reader waits, gRPC's flow control stops the
+        client, and an answer the client does not read holds up the next ones.
+        """
         queue: deque[tuple[str, asyncio.Future[api_pb2.Ack] | RpcFailure]] = deque()
         wake = asyncio.Event()
         reading_done = False
+        room = asyncio.Semaphore(self.limits.max_publish_inflight)
 
         async def read() -> None:
             nonlocal reading_done
+            requests = aiter(request_iterator)
             try:
-                async for req in request_iterator:
+                while True:
+                    await room.acquire()
+                    try:
+                        req = await anext(requests)
+                    except StopAsyncIteration:
+                        return
                     try:
                         future = await self._send(req)
                     except RpcFailure as failure:
                         queue.append((req.correlationId, failure))
                     else:
                         if future is None:
+                            room.release()  # AckPolicy NONE: nothing to answer
                             continue
                         queue.append((req.correlationId, future))
                     wake.set()
@@ -544,16 +611,20 @@ class ApiService(api_pb2_grpc.APIServicer):
                         return
                     await wake.wait()
                     wake.clear()
-                cid, item = queue.popleft()
+                cid, item = queue[0]
                 if isinstance(item, RpcFailure):
-                    await context.write(self._async_error(cid, item))
-                    continue
-                try:
-                    ack = await self._await_ack(item, None)
-                except RpcFailure as failure:
-                    await context.write(self._async_error(cid, failure))
-                    continue
-                await context.write(api_pb2.PublishResponse(ack=ack, correlationId=cid))
+                    response = self._async_error(cid, item)
+                else:
+                    try:
+                        ack = await self._await_ack(item, None)
+                    except RpcFailure as failure:
+                        response = self._async_error(cid, failure)
+                    else:
+                        response = api_pb2.PublishResponse(ack=ack, correlationId=cid)
+                # Completes once gRPC's window has room: a client that does not read its acks stalls here.
+                await context.write(response)
+                queue.popleft()
+                room.release()
         finally:
             reader.cancel()
             for _, item in queue:  # the caller went away: stop waiting for these acks

@@ -41,8 +41,9 @@ from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
 from liftlog.storage import StorageError
 
+from . import ratelimit
 from .acks import AckRouter
-from .api_service import ApiService
+from .api_service import ApiLimits, ApiService
 from .cluster import MetadataService
 from .cluster_service import ClusterStatusService
 from .config import ServerConfig
@@ -50,12 +51,15 @@ from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
 from .metadata_raft import RaftSettings
 from .partition import Partition
+from .ratelimit import LogLimiter
 from .replicator import Replicator, ReplicatorSettings
 from .streams import StreamManager
 
 __all__ = ["Server"]
 
 log = logging.getLogger(__name__)
+#: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
+_warn = LogLimiter(log)
 
 #: How long a Publish waits for its ack when the request has no deadline.
 DEFAULT_ACK_TIMEOUT_S = 5.0
@@ -93,6 +97,7 @@ class Server:
     # -- start -----------------------------------------------------------
 
     async def start(self) -> None:
+        ratelimit.configure(self.config.values["logging.warnings.interval"] / 1000)
         try:
             self._open_data_dir()
             await self._start_nats()
@@ -358,7 +363,7 @@ class Server:
         log.info("imported %d streams from %s into the metadata log", len(legacy.streams), path)
 
     async def _on_nats_error(self, exc: Exception) -> None:
-        log.warning("NATS: %s", exc or type(exc).__name__)
+        _warn.warning("NATS: %s", exc or type(exc).__name__, key=f"nats:{type(exc).__name__}")
 
     async def _on_nats_disconnected(self) -> None:
         if not self._stopping:
@@ -430,6 +435,7 @@ class Server:
         if port == 0:
             raise ServerStartError(f"cannot listen on {address}: the port is in use or the address is not local")
         self.port = port
+        values = self.config.values
         service = ApiService(
             server_id=self.server_id,
             host=self.config.host,
@@ -440,6 +446,13 @@ class Server:
             publish=self._nc.publish,
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
             max_message_bytes=self.config.streams.max_message_bytes,
+            limits=ApiLimits(
+                fetch_max_messages=values["subscribe.fetch.max.messages"],
+                buffer_max_bytes=values["subscribe.buffer.max.bytes"],
+                max_subscriptions=values["subscribe.max.concurrent"],
+                max_subscriptions_per_connection=values["subscribe.max.concurrent.per.connection"],
+                max_publish_inflight=values["publish.async.max.inflight"],
+            ),
         )
         api_pb2_grpc.add_APIServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         cluster_pb2_grpc.add_ClusterServicer_to_server(  # type: ignore[no-untyped-call]

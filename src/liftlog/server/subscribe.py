@@ -4,6 +4,12 @@ A subscriber reads committed records straight from the log at its own pace
 and, once caught up, awaits the partition's shared commit future, so an idle
 subscription costs nothing and a slow one holds back nobody else.
 
+Memory: a subscription holds only what it read last, at most
+``subscribe.fetch.max.messages`` records and ``subscribe.buffer.max.bytes``
+(always one record at least), and reads again only once gRPC has taken all of
+it. gRPC's send completes only when its flow-control window has room, so a
+client that stops reading stalls its own subscription, never the server.
+
 Uncommitted reads (seed 002) go up to the log end instead of the high
 watermark. They are opt-in and unsafe: a message read that way may be
 truncated after a leader change and never be committed.
@@ -14,16 +20,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from liftlog.api import api_pb2
-from liftlog.storage import LogClosed, OffsetOutOfRange
+from liftlog.storage import LogClosed, OffsetOutOfRange, Record
 
 from .messages import record_to_message
 from .partition import Partition
 
 __all__ = ["EndOfReadonly", "PartitionGone", "read_subscription", "start_offset"]
 
-#: Records decoded per log read; bounded so one read never stalls the event loop for long.
-READ_RECORDS = 512
-READ_BYTES = 1 << 20
+#: Defaults of subscribe.fetch.max.messages and subscribe.buffer.max.bytes.
+FETCH_MAX_MESSAGES = 128
+BUFFER_MAX_BYTES = 32 << 10
+#: Python objects around one record's bytes (tuple, ints, bytes headers), counted against the buffer.
+RECORD_OVERHEAD = 224
 
 
 class PartitionGone(Exception):
@@ -54,14 +62,30 @@ def start_offset(part: Partition, req: api_pb2.SubscribeRequest, *, uncommitted:
     return hw + 1  # NEW_ONLY
 
 
+def held_bytes(record: Record) -> int:
+    """About what one decoded record costs in memory."""
+    size = RECORD_OVERHEAD + len(record.value) + (len(record.key) if record.key else 0)
+    for name, value in record.headers.items():
+        size += len(name) + len(value) + RECORD_OVERHEAD // 2
+    return size
+
+
 async def read_subscription(
-    part: Partition, req: api_pb2.SubscribeRequest, *, uncommitted: bool = False
+    part: Partition,
+    req: api_pb2.SubscribeRequest,
+    *,
+    uncommitted: bool = False,
+    fetch_max_messages: int = FETCH_MAX_MESSAGES,
+    buffer_max_bytes: int = BUFFER_MAX_BYTES,
 ) -> AsyncIterator[api_pb2.Message]:
     """Messages from the start position until the stop position (or forever).
 
     With ``uncommitted`` it reads past the high watermark up to the newest
     message. Raises PartitionGone when the partition closes and EndOfReadonly
-    at the end of a readonly partition that is being followed.
+    at the end of a readonly partition that is being followed. Each log read
+    takes at most ``fetch_max_messages`` records and keeps at most
+    ``buffer_max_bytes`` of them (one at least); the next read waits until
+    the caller has taken them all.
     """
     offset = start_offset(part, req, uncommitted=uncommitted)
     stop_after: int | None = None  # last offset to deliver
@@ -85,8 +109,10 @@ async def read_subscription(
             await (part.wait_for_append() if uncommitted else part.wait_for_data())
             continue
         limit = hw + 1 if stop_after is None else min(hw, stop_after) + 1
+        # The offset bound also keeps the decoder from building records this read would drop.
+        limit = min(limit, offset + fetch_max_messages)
         try:
-            records = log.read(offset, READ_RECORDS, READ_BYTES, limit)
+            records = log.read(offset, fetch_max_messages, buffer_max_bytes, limit)
         except OffsetOutOfRange:
             # Retention removed what we were about to read: continue from the new start.
             offset = max(offset, log.log_start_offset)
@@ -98,6 +124,13 @@ async def read_subscription(
         if not records:  # only compacted-away offsets before the limit
             offset = limit
             continue
+        # A read returns whole batches: keep what fits the buffer and read the rest again later.
+        budget = buffer_max_bytes
+        for i, record in enumerate(records):
+            budget -= held_bytes(record)
+            if budget < 0 and i > 0:
+                del records[i:]
+                break
         for record in records:
             if stop_ts is not None and record.timestamp > stop_ts:
                 return
