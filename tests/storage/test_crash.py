@@ -295,9 +295,9 @@ def test_damaged_indexes_are_rebuilt(tmp_path: Path, logs: list[Built], seed: in
             modes = ["delete", "truncate", "truncate_entries", "garbage", "garbage_entries"]
             # an offset index that passes the sanity check but points inside batches (a stale or foreign file)
             mode = rng.choice([*modes, "plausible"] if suffix == ".index" else modes)
-            old = path.read_bytes()
+            old = path.read_bytes() if path.exists() else b""  # the active segment has no index files
             if mode == "delete":
-                path.unlink()
+                path.unlink(missing_ok=True)
             elif mode == "truncate":
                 path.write_bytes(old[: rng.randint(0, max(len(old) - 1, 0))])
             elif mode == "truncate_entries":  # a valid prefix of whole entries

@@ -364,37 +364,6 @@ def test_truncate_at_a_segment_that_follows_a_gap_keeps_the_offset(open_log: Ope
     assert open_log(LogConfig(segment_max_bytes=200)).log_end_offset == 20
 
 
-def test_a_write_cut_short_by_a_full_disk_leaves_no_torn_batch(
-    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import errno
-    import os
-
-    from liftlog.storage import segment as segment_module
-
-    log = open_log()
-    log.append([NewRecord(b"first")])
-    real_write = os.write
-    calls = 0
-
-    def half_then_full(fd: int, data: memoryview | bytes) -> int:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return real_write(fd, bytes(data[: len(data) // 2]))
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(segment_module.os, "write", half_then_full)
-    with pytest.raises(OSError, match="No space left"):
-        log.append([NewRecord(b"x" * 1000)])
-    monkeypatch.undo()
-    assert log.append([NewRecord(b"after")]) == 2
-    assert [r.value for r in log.read(0)] == [b"first", b"after"]
-    log.close()
-    reopened = open_log()
-    assert [r.value for r in reopened.read(0)] == [b"first", b"after"]
-
-
 def test_compaction_emptying_a_segment_does_not_move_the_log_start(open_log: OpenLog, clock: FakeClock) -> None:
     """Age retention judges an emptied segment by when compaction rewrote it, not as infinitely old."""
     import time

@@ -395,8 +395,10 @@ class CommitLogMachine(RuleBasedStateMachine):
         self.L.close()
         self.log = None
         files = sorted(p for p in Path(self.dir).iterdir() if p.suffix in (".index", ".timeindex"))
-        path = files[pick % len(files)]
-        if mode == "delete":
+        path = files[pick % len(files)] if files else None  # only sealed segments have index files
+        if path is None:
+            pass
+        elif mode == "delete":
             path.unlink()
         elif mode == "truncate":
             path.write_bytes(path.read_bytes()[: pick // 7 % (path.stat().st_size + 1)])

@@ -11,12 +11,15 @@ from .errors import (
     CorruptBatch,
     InvalidBatch,
     LogClosed,
+    LogFenced,
     NonMonotonicOffset,
     OffsetOutOfRange,
     RecordTooLarge,
     StaleLeaderEpoch,
     StorageError,
+    WriteFailed,
 )
+from .fileio import FileIO
 from .log import CommitLog, CompactionResult
 from .records import EMPTY_HEADERS, NewRecord, Record
 
@@ -27,11 +30,13 @@ __all__ = [
     "CorruptBatch",
     "CorruptCheckpoint",
     "EpochEntry",
+    "FileIO",
     "FsyncPolicy",
     "InvalidBatch",
     "LeaderEpochCache",
     "LogClosed",
     "LogConfig",
+    "LogFenced",
     "NewRecord",
     "NonMonotonicOffset",
     "OffsetOutOfRange",
@@ -39,4 +44,5 @@ __all__ = [
     "RecordTooLarge",
     "StaleLeaderEpoch",
     "StorageError",
+    "WriteFailed",
 ]

@@ -18,13 +18,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
 
 from .errors import StorageError
+from .fileio import DEFAULT_FILE_IO, FileIO
 
 __all__ = [
     "CorruptCheckpoint",
@@ -47,39 +47,25 @@ class CorruptCheckpoint(StorageError):
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    DEFAULT_FILE_IO.fsync_dir(path)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves old or new, never a mix."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    DEFAULT_FILE_IO.write_atomic(path, data)
 
 
-def write_checkpoint(path: Path, kind: str, entries: list[tuple[int, ...]]) -> None:
+def write_checkpoint(path: Path, kind: str, entries: list[tuple[int, ...]], io: FileIO = DEFAULT_FILE_IO) -> None:
     lines = [f"liftlog-checkpoint {kind} v1", str(len(entries))]
     lines += [" ".join(str(v) for v in entry) for entry in entries]
     body = ("\n".join(lines) + "\n").encode()
-    write_atomic(path, body + f"crc32c {crc32c(body):08x}\n".encode())
+    io.write_atomic(path, body + f"crc32c {crc32c(body):08x}\n".encode())
 
 
-def read_checkpoint(path: Path, kind: str, arity: int) -> list[tuple[int, ...]] | None:
+def read_checkpoint(path: Path, kind: str, arity: int, io: FileIO = DEFAULT_FILE_IO) -> list[tuple[int, ...]] | None:
     """Entries of a checkpoint file, None if it does not exist."""
     try:
-        raw = path.read_bytes()
+        raw = io.read_file(path)
     except FileNotFoundError:
         return None
     body, sep, trailer = raw.rstrip(b"\n").rpartition(b"\n")
@@ -112,13 +98,14 @@ class OffsetCheckpoint:
     share between threads.
     """
 
-    def __init__(self, path: Path, kind: str) -> None:
+    def __init__(self, path: Path, kind: str, io: FileIO = DEFAULT_FILE_IO) -> None:
         self.path = path
         self.kind = kind
+        self.io = io
         self._written: int | None = None
 
     def read(self) -> int | None:
-        entries = read_checkpoint(self.path, self.kind, 1)
+        entries = read_checkpoint(self.path, self.kind, 1, self.io)
         if entries is None:
             return None
         if len(entries) != 1:
@@ -128,7 +115,7 @@ class OffsetCheckpoint:
 
     def write(self, value: int) -> None:
         if value != self._written:
-            write_checkpoint(self.path, self.kind, [(value,)])
+            write_checkpoint(self.path, self.kind, [(value,)], self.io)
             self._written = value
 
 
@@ -142,25 +129,27 @@ class LeaderEpochCache:
     """Leader epoch -> first offset written in that epoch (KIP-101, KIP-279).
 
     Entries are strictly increasing in both epoch and start offset. Every
-    change is persisted before the method returns. Not safe to share
+    change is persisted before the method returns, and a change that cannot
+    be persisted (OSError) leaves the cache as it was. Not safe to share
     between threads.
     """
 
     KIND = "leader-epoch"
 
-    def __init__(self, path: Path, entries: list[EpochEntry] | None = None) -> None:
+    def __init__(self, path: Path, entries: list[EpochEntry] | None = None, io: FileIO = DEFAULT_FILE_IO) -> None:
         self.path = path
+        self.io = io
         self._entries: list[EpochEntry] = list(entries or [])
 
     @classmethod
-    def load(cls, path: Path) -> LeaderEpochCache:
+    def load(cls, path: Path, io: FileIO = DEFAULT_FILE_IO) -> LeaderEpochCache:
         """Read the cache; raises CorruptCheckpoint if the file is damaged."""
-        raw = read_checkpoint(path, cls.KIND, 2) or []
+        raw = read_checkpoint(path, cls.KIND, 2, io) or []
         entries = [EpochEntry(e, o) for e, o in raw]
         for prev, cur in itertools.pairwise(entries):
             if cur.epoch <= prev.epoch or cur.start_offset < prev.start_offset:
                 raise CorruptCheckpoint(path, f"entries not increasing at epoch {cur.epoch}")
-        return cls(path, entries)
+        return cls(path, entries, io)
 
     @property
     def entries(self) -> list[EpochEntry]:
@@ -177,7 +166,12 @@ class LeaderEpochCache:
         return None
 
     def flush(self) -> None:
-        write_checkpoint(self.path, self.KIND, [(e.epoch, e.start_offset) for e in self._entries])
+        self._set(self._entries)
+
+    def _set(self, entries: list[EpochEntry]) -> None:
+        """Persist ``entries``, then adopt them."""
+        write_checkpoint(self.path, self.KIND, [(e.epoch, e.start_offset) for e in entries], self.io)
+        self._entries = entries
 
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that ``epoch`` starts at ``start_offset``; True if the cache changed.
@@ -192,10 +186,13 @@ class LeaderEpochCache:
             last = self._entries[-1]
             if epoch == last.epoch and start_offset >= last.start_offset:
                 return False
+        entries = list(self._entries)
         removed = 0
-        while self._entries and (self._entries[-1].epoch >= epoch or self._entries[-1].start_offset >= start_offset):
-            self._entries.pop()
+        while entries and (entries[-1].epoch >= epoch or entries[-1].start_offset >= start_offset):
+            entries.pop()
             removed += 1
+        entries.append(EpochEntry(epoch, start_offset))
+        self._set(entries)
         if removed:
             log.warning(
                 "%s: removed %d leader epoch entries to keep epoch %d at offset %d monotonic",
@@ -204,8 +201,6 @@ class LeaderEpochCache:
                 epoch,
                 start_offset,
             )
-        self._entries.append(EpochEntry(epoch, start_offset))
-        self.flush()
         return True
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
@@ -232,19 +227,27 @@ class LeaderEpochCache:
     def truncate_from_end(self, end_offset: int) -> None:
         """Forget epochs starting at or after ``end_offset`` (the log was truncated there)."""
         if self._entries and self._entries[-1].start_offset >= end_offset:
-            self._entries = [e for e in self._entries if e.start_offset < end_offset]
-            self.flush()
+            self._set([e for e in self._entries if e.start_offset < end_offset])
 
-    def truncate_from_start(self, start_offset: int) -> None:
+    def forget_from(self, end_offset: int) -> None:
+        """``truncate_from_end`` in memory only, for when the file cannot be written."""
+        self._entries = [e for e in self._entries if e.start_offset < end_offset]
+
+    def replace(self, entries: list[EpochEntry], *, persist: bool = True) -> None:
+        """Put back entries saved earlier (undoing a failed write)."""
+        if persist:
+            self._set(list(entries))
+        else:
+            self._entries = list(entries)
+
+    def truncate_from_start(self, start_offset: int, *, persist: bool = True) -> None:
         """Drop epochs wholly below ``start_offset``; the one spanning it now starts there."""
         below = [e for e in self._entries if e.start_offset <= start_offset]
         if not below or (len(below) == 1 and below[0].start_offset == start_offset):
             return
         keep = EpochEntry(below[-1].epoch, start_offset)
-        self._entries = [keep] + [e for e in self._entries if e.start_offset > start_offset]
-        self.flush()
+        self.replace([keep] + [e for e in self._entries if e.start_offset > start_offset], persist=persist)
 
     def clear(self) -> None:
         if self._entries:
-            self._entries = []
-            self.flush()
+            self._set([])

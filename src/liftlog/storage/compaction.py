@@ -16,16 +16,17 @@ rebuilds; ``.cleaning/`` is discarded at open.
 
 from __future__ import annotations
 
-import os
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import fsync_dir
 from .records import BatchHeader, encode_empty_batch, iter_batch_headers, record_keys, retain_records
 from .segment import Segment
 
 __all__ = ["CleanedSegment", "build_key_map", "clean_segment", "discard_cleaning_dir", "swap_in"]
+
+log = logging.getLogger(__name__)
 
 CLEANING_DIR = ".cleaning"
 _WRITE_CHUNK = 1 << 20
@@ -70,8 +71,8 @@ def clean_segment(seg: Segment, latest: dict[bytes, int]) -> CleanedSegment | No
     work = seg.directory / CLEANING_DIR
     work.mkdir(exist_ok=True)
     for stale in work.glob(f"{seg.log_path.stem}.*"):
-        stale.unlink()
-    out = Segment.create(work, seg.base_offset, seg.index_interval_bytes)
+        seg.io.unlink(stale)
+    out = Segment.create(work, seg.base_offset, seg.index_interval_bytes, seg.io)
     removed = 0
     pending: list[bytes] = []
     size = 0
@@ -107,23 +108,45 @@ def clean_segment(seg: Segment, latest: dict[bytes, int]) -> CleanedSegment | No
         # Keep the segment's offset range whole so the log end offset survives.
         h = last_dropped
         pending.append(encode_empty_batch(h.base_offset, h.last_offset_delta, h.leader_epoch))
-    write()
+    try:
+        write()
+        if removed:
+            out.seal()
+    except BaseException:
+        out.close()
+        out.delete()
+        raise
     if not removed:
         out.close()
         out.delete()
         return None
-    out.flush()
     return CleanedSegment(out, removed)
 
 
 def swap_in(old: Segment, cleaned: CleanedSegment) -> Segment:
-    """Put the cleaned copy under the old segment's name; returns it opened."""
+    """Put the cleaned copy under the old segment's name; returns the segment to use.
+
+    Until the new log is renamed in, a failure raises OSError and leaves the
+    old segment in place (its index files may be gone: they are rebuilt).
+    After it, failures only cost index rebuilds, and if the new segment
+    cannot be opened the old one (its descriptor still on the old data)
+    keeps serving: same committed records, just not compacted yet.
+    """
+    io = old.io
     new = cleaned.segment
     new.close()
-    old.index.path.unlink(missing_ok=True)
-    old.time_index.path.unlink(missing_ok=True)
-    os.replace(new.log_path, old.log_path)
-    os.replace(new.index.path, old.index.path)
-    os.replace(new.time_index.path, old.time_index.path)
-    fsync_dir(old.directory)
-    return Segment.open_closed(old.directory, old.base_offset, old.index_interval_bytes)
+    old.sealed = False
+    io.unlink(old.index.path)
+    io.unlink(old.time_index.path)
+    io.replace(new.log_path, old.log_path)
+    try:
+        io.replace(new.index.path, old.index.path)
+        io.replace(new.time_index.path, old.time_index.path)
+        io.fsync_dir(old.directory)
+    except OSError as exc:
+        log.warning("%s: compacted, but its indexes are not in place (%s); they are rebuilt", old.log_path, exc)
+    try:
+        return Segment.open_closed(old.directory, old.base_offset, old.index_interval_bytes, io)
+    except OSError as exc:
+        log.warning("%s: cannot open the compacted segment yet (%s); serving the old copy", old.log_path, exc)
+        return old

@@ -6,6 +6,8 @@ range, so a caller can turn it into a message a user understands.
 
 from __future__ import annotations
 
+import errno
+
 
 class StorageError(Exception):
     """Base class of every storage error."""
@@ -73,3 +75,41 @@ class InvalidBatch(StorageError):
 
 class LogClosed(StorageError):
     """An operation on a log that has been closed."""
+
+
+def _os_error(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the text a user reads and the name they search for."""
+    name = errno.errorcode.get(exc.errno, "") if exc.errno is not None else ""
+    return f"{exc.strerror or exc} ({name})" if name else str(exc)
+
+
+class WriteFailed(StorageError):
+    """A write failed and was undone: the log is exactly as it was before the call."""
+
+    def __init__(self, operation: str, path: str, cause: OSError) -> None:
+        self.operation = operation
+        self.path = path
+        self.cause = cause
+        super().__init__(f"cannot {operation} {path}: {_os_error(cause)}; nothing of this write was stored")
+
+
+class LogFenced(StorageError):
+    """A failed write could not be undone: the log refuses writes until it is repaired.
+
+    It stays readable up to ``readable_to`` (exclusive), the end of what it
+    last wrote whole. Each later write first retries the repair, so writes
+    resume once the cause is gone; reopening the log (a server restart) cuts
+    the torn bytes as crash recovery does.
+    """
+
+    def __init__(self, directory: str, operation: str, path: str, cause: OSError, readable_to: int) -> None:
+        self.directory = directory
+        self.operation = operation
+        self.path = path
+        self.cause = cause
+        self.readable_to = readable_to
+        super().__init__(
+            f"log {directory} is fenced: {operation} {path} failed ({_os_error(cause)}) and could not be undone; "
+            f"offsets below {readable_to} stay readable; writes resume once the cause is gone "
+            "(free disk space or file descriptors: every write retries the repair) or after a server restart"
+        )

@@ -13,14 +13,21 @@ Index files carry no checksum: like Kafka, they are checked for sanity when
 a segment is opened and rebuilt from the log when in doubt, and a lookup
 that lands on a position whose batch does not match is reported to the
 segment, which rebuilds. Not safe to share between threads.
+
+The entries live in memory; the files are written whole (``save``) only
+when a segment is sealed: the active segment's indexes are rebuilt from
+its log at every open anyway, so writing them per append would cost a
+system call and a descriptor per file and add a step that can fail
+after the batch is already in the log.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 from pathlib import Path
+
+from .fileio import FileIO
 
 __all__ = ["OffsetIndex", "TimeIndex"]
 
@@ -38,29 +45,14 @@ class _SortedIndex:
         self.base_offset = base_offset
         self._keys: list[int] = []
         self._values: list[int] = []
-        self._fd: int | None = None
 
     # -- file handling -------------------------------------------------
 
-    def _file(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        return self._fd
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def flush(self) -> None:
-        if self._fd is not None:
-            os.fsync(self._fd)
-
-    def _read_entries(self) -> list[tuple[int, int]] | None:
-        """Entries on disk, None if the file is missing or not whole entries."""
+    def _read_entries(self, io: FileIO) -> list[tuple[int, int]] | None:
+        """Entries on disk, None if the file is missing, unreadable or not whole entries."""
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+            raw = io.read_file(self.path)
+        except OSError:
             return None
         if len(raw) % self.ENTRY.size:
             return None
@@ -72,17 +64,16 @@ class _SortedIndex:
     def _encode(self, key: int, value: int) -> bytes:
         raise NotImplementedError
 
-    def rewrite(self, entries: list[tuple[int, int]]) -> None:
-        """Replace file and memory with ``entries`` (used after a rebuild)."""
-        self.close()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_bytes(b"".join(self._encode(k, v) for k, v in entries))
-        os.replace(tmp, self.path)
+    def replace(self, entries: list[tuple[int, int]]) -> None:
+        """Replace the entries in memory (after a rebuild); ``save`` writes them."""
         self._keys = [k for k, _ in entries]
         self._values = [v for _, v in entries]
 
+    def save(self, io: FileIO) -> None:
+        """Write the entries to the file atomically (the segment is being sealed)."""
+        io.write_atomic(self.path, b"".join(self._encode(k, v) for k, v in self.entries()))
+
     def _append(self, key: int, value: int) -> None:
-        os.write(self._file(), self._encode(key, value))
         self._keys.append(key)
         self._values.append(value)
 
@@ -90,7 +81,6 @@ class _SortedIndex:
         if count < len(self._keys):
             del self._keys[count:]
             del self._values[count:]
-            os.truncate(self.path, count * self.ENTRY.size)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -110,9 +100,9 @@ class OffsetIndex(_SortedIndex):
     def _encode(self, key: int, value: int) -> bytes:
         return _OFFSET_ENTRY.pack(key - self.base_offset, value)
 
-    def load(self, log_size: int) -> bool:
+    def load(self, io: FileIO, log_size: int) -> bool:
         """Read the file; False (and nothing loaded) if it fails the sanity check."""
-        entries = self._read_entries()
+        entries = self._read_entries(io)
         if entries is None:
             return False
         prev_off, prev_pos = self.base_offset - 1, -1
@@ -167,9 +157,9 @@ class TimeIndex(_SortedIndex):
     def _encode(self, key: int, value: int) -> bytes:
         return _TIME_ENTRY.pack(key, value - self.base_offset)
 
-    def load(self, batch_offsets: list[int]) -> bool:
+    def load(self, io: FileIO, batch_offsets: list[int]) -> bool:
         """Read the file; False unless it names exactly ``batch_offsets`` (the offset index's)."""
-        entries = self._read_entries()
+        entries = self._read_entries(io)
         if entries is None or [off for _, off in entries] != batch_offsets:
             return False
         prev_ts = -(2**63)

@@ -14,6 +14,12 @@ Offsets: ``log_start_offset`` is the first offset that can be read,
 watermark follows Liftbridge: the offset of the last committed record, -1
 when none is committed. The log stores it; replication decides it.
 
+Failures: every write either completes or leaves the log as it was and
+raises WriteFailed. When a failed write cannot be undone (the file cannot
+even be cut back), the log is *fenced*: writes raise LogFenced naming the
+file and the OS error, reads still serve what was whole, and each later
+write first retries the repair, so writing resumes once the cause is gone.
+
 Threads: a log belongs to one owner thread (the event loop), which calls
 every method except ``compact``. ``compact`` may run in a worker thread at
 the same time; it works on closed segments and swaps its results in under
@@ -24,6 +30,7 @@ leave the log are closed later by the owner, never under a reader.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import threading
@@ -32,10 +39,19 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import CorruptCheckpoint, LeaderEpochCache, OffsetCheckpoint, fsync_dir
+from .checkpoint import CorruptCheckpoint, EpochEntry, LeaderEpochCache, OffsetCheckpoint
 from .compaction import build_key_map, clean_segment, discard_cleaning_dir, swap_in
 from .config import FsyncPolicy, LogConfig
-from .errors import InvalidBatch, LogClosed, NonMonotonicOffset, OffsetOutOfRange, StaleLeaderEpoch
+from .errors import (
+    InvalidBatch,
+    LogClosed,
+    LogFenced,
+    NonMonotonicOffset,
+    OffsetOutOfRange,
+    StaleLeaderEpoch,
+    WriteFailed,
+)
+from .fileio import DEFAULT_FILE_IO, FileIO
 from .records import (
     BatchHeader,
     NewRecord,
@@ -47,7 +63,7 @@ from .records import (
     iter_batch_headers,
     parse_batch_header,
 )
-from .segment import MAX_RELATIVE_OFFSET, Segment
+from .segment import MAX_RELATIVE_OFFSET, Segment, TornWrite
 
 __all__ = ["CommitLog", "CompactionResult"]
 
@@ -68,22 +84,32 @@ class CompactionResult:
     bytes_after: int
 
 
+@dataclass(slots=True)
+class _Fence:
+    """Why the log refuses writes, and how to try to end that."""
+
+    error: LogFenced
+    repair: Callable[[], bool]
+
+
 class CommitLog:
     """A segmented, append-only log of record batches. Create with ``open``."""
 
-    def __init__(self, directory: Path, config: LogConfig, clock: Clock) -> None:
+    def __init__(self, directory: Path, config: LogConfig, clock: Clock, io: FileIO = DEFAULT_FILE_IO) -> None:
         self.directory = directory
         self.config = config
         self._clock = clock
+        self.io = io
+        self._fence: _Fence | None = None
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._lock = threading.Lock()
         self._retired: list[Segment] = []
         self._compacting = False
         self._generation = 0
-        self._start_ckpt = OffsetCheckpoint(directory / START_FILE, "log-start-offset")
-        self._hw_ckpt = OffsetCheckpoint(directory / HW_FILE, "high-watermark")
-        self.epoch_cache = LeaderEpochCache(directory / EPOCH_FILE)
+        self._start_ckpt = OffsetCheckpoint(directory / START_FILE, "log-start-offset", io)
+        self._hw_ckpt = OffsetCheckpoint(directory / HW_FILE, "high-watermark", io)
+        self.epoch_cache = LeaderEpochCache(directory / EPOCH_FILE, io=io)
         self.log_start_offset = 0
         self.high_watermark = -1
         self._last_fsync_ns = clock()
@@ -92,34 +118,47 @@ class CommitLog:
     # -- opening and recovery -----------------------------------------
 
     @classmethod
-    def open(cls, directory: str | Path, config: LogConfig | None = None, clock: Clock = time.time_ns) -> CommitLog:
+    def open(
+        cls,
+        directory: str | Path,
+        config: LogConfig | None = None,
+        clock: Clock = time.time_ns,
+        io: FileIO = DEFAULT_FILE_IO,
+    ) -> CommitLog:
         """Open (or create) the log in ``directory``, recovering from a crash.
 
         The newest segment is validated batch by batch and a torn or corrupt
         tail is cut off with a warning; damaged indexes are rebuilt; a
         damaged epoch cache is rebuilt from the batches' leader epochs.
+        Raises (and leaves no file open) when the log cannot be opened.
         """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self = cls(path, config or LogConfig(), clock)
-        self._recover()
+        self = cls(path, config or LogConfig(), clock, io)
+        try:
+            self._recover()
+        except BaseException:
+            for seg in self._segments:
+                seg.close()
+            raise
         return self
 
     def _recover(self) -> None:
+        io = self.io
         for leftover in self.directory.glob("*.tmp"):
-            leftover.unlink()
+            io.unlink(leftover)
         discard_cleaning_dir(self.directory)
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         interval = self.config.index_interval_bytes
         for base in bases[:-1]:
-            self._segments.append(Segment.open_closed(self.directory, base, interval))
+            self._segments.append(Segment.open_closed(self.directory, base, interval, io))
         try:
             start = self._start_ckpt.read()
         except CorruptCheckpoint as exc:
             log.warning("%s; using the first segment's base offset", exc)
             start = None
         if bases:
-            active = Segment.open_active(self.directory, bases[-1], interval)
+            active = Segment.open_active(self.directory, bases[-1], interval, io)
             if not active.size and self._segments and active.base_offset > self._segments[-1].next_offset:
                 # A crash emptied a segment that began after a gap: nothing would cover the
                 # gap's offsets, so the previous segment becomes the active one again.
@@ -129,14 +168,16 @@ class CommitLog:
             else:
                 self._segments.append(active)
         else:
-            self._segments.append(Segment.create(self.directory, start or 0, interval))
+            self._segments.append(Segment.create(self.directory, start or 0, interval, io))
+        if start is not None:
+            self._drop_segments_below(start)
         self._bases = [s.base_offset for s in self._segments]
         first = self._segments[0].base_offset
         self.log_start_offset = min(max(start if start is not None else first, first), self.log_end_offset)
         self._start_ckpt.write(self.log_start_offset)
 
         try:
-            self.epoch_cache = LeaderEpochCache.load(self.directory / EPOCH_FILE)
+            self.epoch_cache = LeaderEpochCache.load(self.directory / EPOCH_FILE, io)
         except CorruptCheckpoint as exc:
             log.warning("%s; rebuilding it from the log", exc)
             self._rebuild_epoch_cache()
@@ -151,8 +192,16 @@ class CommitLog:
         self.high_watermark = self.log_start_offset - 1 if hw is None else hw
         self._clamp_high_watermark()
 
+    def _drop_segments_below(self, start: int) -> None:
+        """Delete segments that retention removed from the log but could not unlink."""
+        while len(self._segments) > 1 and self._segments[0].next_offset <= start:
+            seg = self._segments.pop(0)
+            log.info("%s: below the log start offset %d, deleting it", seg.log_path, start)
+            seg.close()
+            seg.delete()
+
     def _rebuild_epoch_cache(self) -> None:
-        self.epoch_cache = LeaderEpochCache(self.directory / EPOCH_FILE)
+        self.epoch_cache = LeaderEpochCache(self.directory / EPOCH_FILE, io=self.io)
         latest = -1
         for seg in self._segments:
             for header in seg.iter_headers():
@@ -237,6 +286,8 @@ class CommitLog:
         return self.log_end_offset
 
     def _write(self, data: bytes, headers: list[BatchHeader], now: int) -> None:
+        """Write whole batches, all or nothing (see the module docstring)."""
+        self._check_writable()
         seg = self._segments[-1]
         first, last = headers[0], headers[-1]
         if seg.size and (
@@ -248,20 +299,109 @@ class CommitLog:
         elif not seg.size and first.base_offset != seg.base_offset:
             # An empty segment must be named for its first offset (raw appends may skip offsets).
             seg = self._replace_empty_active(first.base_offset)
+        epochs = self.epoch_cache.entries
+        self._assign_epochs(headers, epochs)
+        end = self.log_end_offset
+        try:
+            seg.append(data, headers, now)
+        except TornWrite as exc:
+            self._restore_epochs(epochs)
+            raise self._fenced_by(exc.operation, exc.segment.log_path, exc.cause, exc.segment.repair) from exc
+        except WriteFailed:
+            self._restore_epochs(epochs)
+            raise
+        policy = self.config.fsync
+        if policy is FsyncPolicy.ALWAYS:
+            self._sync_appended(seg, end)
+            self._last_fsync_ns = now
+        elif policy is FsyncPolicy.INTERVAL:
+            try:
+                self.flush_if_due(now)
+            except OSError as exc:
+                # The batch is written and readable; "interval" never promised it was on disk yet.
+                log.error("%s: periodic fsync failed: %s", seg.log_path, exc)
+        if self._retired:
+            self._close_retired()
+
+    def _assign_epochs(self, headers: list[BatchHeader], before: list[EpochEntry]) -> None:
         latest = self.epoch_cache.latest_epoch
         for h in headers:
             if latest is None or h.leader_epoch > latest:
-                self.epoch_cache.assign(h.leader_epoch, h.base_offset)
+                try:
+                    self.epoch_cache.assign(h.leader_epoch, h.base_offset)
+                except OSError as exc:
+                    self._restore_epochs(before)
+                    raise WriteFailed("write", str(self.epoch_cache.path), exc) from exc
                 latest = h.leader_epoch
-        seg.append(data, headers, now)
-        policy = self.config.fsync
-        if policy is FsyncPolicy.ALWAYS:
+
+    def _restore_epochs(self, entries: list[EpochEntry]) -> None:
+        """Put back the epoch cache of before a write that failed."""
+        if self.epoch_cache.entries == entries:
+            return
+        try:
+            self.epoch_cache.replace(entries)
+        except OSError as exc:
+            # Recovery cuts the cache at the log end, so a stale file lasts only until then.
+            log.warning("%s: cannot rewrite the epoch cache (%s)", self.directory, exc)
+            self.epoch_cache.replace(entries, persist=False)
+
+    def _sync_appended(self, seg: Segment, end: int) -> None:
+        """fsync what was just appended; if that fails, take it back off (it may not be on disk)."""
+        try:
             seg.flush()
-            self._last_fsync_ns = now
-        elif policy is FsyncPolicy.INTERVAL:
-            self.flush_if_due(now)
-        if self._retired:
-            self._close_retired()
+        except OSError as exc:
+            log.error("%s: fsync failed (%s); removing the batches it did not make durable", seg.log_path, exc)
+            self._undo_append(end)
+            raise WriteFailed("fsync", str(seg.log_path), exc) from exc
+
+    def _undo_append(self, end: int) -> None:
+        """Cut the log back to ``end`` after a write whose outcome cannot be trusted."""
+        try:
+            self.truncate_to(end)
+        except (WriteFailed, OSError) as exc:
+            seg = self._segments[-1]
+            cause = exc.cause if isinstance(exc, WriteFailed) else exc
+            raise self._fenced_by("truncate", seg.log_path, cause, lambda: self._retry_undo(end)) from exc
+
+    def _retry_undo(self, end: int) -> bool:
+        self._fence = None
+        try:
+            self.truncate_to(end)
+        except (WriteFailed, OSError, LogFenced):
+            return False
+        return True
+
+    # -- fencing -------------------------------------------------------
+
+    @property
+    def fenced(self) -> LogFenced | None:
+        """Why the log refuses writes, None when it takes them."""
+        return self._fence.error if self._fence is not None else None
+
+    def _fenced_by(self, operation: str, path: Path, cause: OSError, repair: Callable[[], bool]) -> LogFenced:
+        error = LogFenced(str(self.directory), operation, str(path), cause, self.log_end_offset)
+        if self._fence is None:
+            log.error("%s", error)
+        self._fence = _Fence(error, repair)
+        return error
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        fence = self._fence
+        if fence is not None:
+            if not fence.repair():
+                raise fence.error
+            if self._fence is fence:
+                self._fence = None
+            log.warning("%s: repaired after %s; writes resume", self.directory, fence.error.cause)
+
+    def repair(self) -> bool:
+        """Try to end a fence now; True if the log takes writes."""
+        try:
+            self._check_writable()
+        except LogFenced:
+            return False
+        return True
 
     def _too_old(self, seg: Segment, now: int) -> bool:
         max_age = self.config.segment_max_age_ms
@@ -275,33 +415,71 @@ class CommitLog:
         return self._roll(self.log_end_offset)
 
     def _roll(self, base: int) -> Segment:
+        """Seal the active segment and start one at ``base``; on failure the log is as before."""
         old = self._segments[-1]
-        # Closed segments must be whole on disk: recovery only repairs the newest one.
-        old.flush()
-        new = Segment.create(self.directory, base, self.config.index_interval_bytes)
+        try:
+            # Closed segments must be whole on disk: recovery only repairs the newest one.
+            old.seal()
+        except OSError as exc:
+            raise WriteFailed("fsync", str(old.log_path), exc) from exc
+        new = self._create_segment(base)
         with self._lock:
             self._segments.append(new)
             self._bases.append(base)
-        fsync_dir(self.directory)
+        try:
+            self.io.fsync_dir(self.directory)
+        except OSError as exc:
+            with self._lock:
+                self._segments.pop()
+                self._bases.pop()
+            self._discard(new)
+            old.sealed = False
+            raise WriteFailed("fsync", str(self.directory), exc) from exc
         return new
+
+    def _create_segment(self, base: int) -> Segment:
+        try:
+            return Segment.create(self.directory, base, self.config.index_interval_bytes, self.io)
+        except OSError as exc:
+            path = self.directory / f"{base:020d}.log"
+            if not isinstance(exc, FileExistsError):
+                with contextlib.suppress(OSError):  # an empty file left behind is harmless
+                    self.io.unlink(path)
+            raise WriteFailed("create", str(path), exc) from exc
+
+    def _discard(self, seg: Segment) -> None:
+        seg.close()
+        try:
+            seg.delete()
+        except OSError as exc:
+            log.warning("%s: cannot remove this empty segment (%s)", seg.log_path, exc)
 
     def _replace_empty_active(self, base: int) -> Segment:
         old = self._segments[-1]
-        new = Segment.create(self.directory, base, self.config.index_interval_bytes)
+        new = self._create_segment(base)
+        if len(self._segments) == 1:
+            try:
+                self._set_log_start(base)
+            except OSError as exc:
+                self._discard(new)
+                raise WriteFailed("write", str(self._start_ckpt.path), exc) from exc
         with self._lock:
             self._segments[-1] = new
             self._bases[-1] = base
             self._generation += 1
-        old.delete()
         self._retire(old)
-        if len(self._segments) == 1:
-            self._set_log_start(base)
+        try:
+            old.delete()
+        except OSError as exc:
+            # Left behind, an empty file below the new segment is removed at the next open.
+            log.warning("%s: cannot remove this empty segment (%s)", old.log_path, exc)
         return new
 
     def flush(self) -> None:
         """fsync the active segment and its indexes, and checkpoint the high watermark."""
         self._check_open()
-        self._segments[-1].flush()
+        if self._fence is None:
+            self._segments[-1].flush()
         self._hw_ckpt.write(self.high_watermark)
         self._last_fsync_ns = self._clock()
 
@@ -446,27 +624,58 @@ class CommitLog:
         A no-op when ``offset`` >= LEO. Below the log start offset it raises
         OffsetOutOfRange; use ``reset`` to empty the log instead.
         """
-        self._check_open()
+        self._check_writable()
         if offset >= self.log_end_offset:
             return
         if offset < self.log_start_offset:
             raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset, what="truncate")
+        keep = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        if self._segments[keep].base_offset == offset and keep > 0:
+            keep -= 1
+        dropped = self._segments[keep + 1 :]
+        # Newest first, so whatever fails leaves a log that ends cleanly (shorter than before).
+        for seg in reversed(dropped):
+            try:
+                seg.delete()
+            except OSError as exc:
+                self._after_truncation(self.log_end_offset)
+                raise self._fenced_by("delete", seg.log_path, exc, lambda: self._retry_truncate(offset)) from exc
+            with self._lock:
+                self._generation += 1
+                self._segments.pop()
+                self._bases.pop()
+            self._retire(seg)
+        try:
+            self._segments[-1].truncate_to(offset)
+        except WriteFailed:
+            self._after_truncation(self.log_end_offset)
+            raise
+        except TornWrite as exc:
+            self._after_truncation(self.log_end_offset)
+            raise self._fenced_by(exc.operation, exc.segment.log_path, exc.cause, exc.segment.repair) from exc
         with self._lock:
             self._generation += 1
-            keep = max(bisect.bisect_right(self._bases, offset) - 1, 0)
-            if self._segments[keep].base_offset == offset and keep > 0:
-                keep -= 1
-            dropped = self._segments[keep + 1 :]
-            del self._segments[keep + 1 :]
-            del self._bases[keep + 1 :]
-        for seg in dropped:
-            seg.delete()
-            self._retire(seg)
-        self._segments[-1].truncate_to(offset)
-        self.epoch_cache.truncate_from_end(offset)
+        self._after_truncation(offset, clamp=False)
         self._fill_gap_to(offset)
         self._clamp_high_watermark()
         self._close_retired()
+
+    def _after_truncation(self, offset: int, clamp: bool = True) -> None:
+        try:
+            self.epoch_cache.truncate_from_end(offset)
+        except OSError as exc:
+            log.warning("%s: cannot rewrite the epoch cache (%s)", self.directory, exc)
+            self.epoch_cache.forget_from(offset)
+        if clamp:
+            self._clamp_high_watermark()
+
+    def _retry_truncate(self, offset: int) -> bool:
+        self._fence = None
+        try:
+            self.truncate_to(offset)
+        except (WriteFailed, OSError, LogFenced):
+            return False
+        return True
 
     def _fill_gap_to(self, offset: int) -> None:
         """Cover offsets from the LEO up to ``offset`` with empty batches.
@@ -484,27 +693,52 @@ class CommitLog:
             self._write(filler, [parse_batch_header(filler)], self._clock())
 
     def reset(self, offset: int) -> None:
-        """Delete everything and restart the log empty at ``offset`` (a follower far behind)."""
-        self._check_open()
+        """Delete everything and restart the log empty at ``offset`` (a follower far behind).
+
+        The new segment and the log start checkpoint come first; once the
+        checkpoint names ``offset`` the old segments are gone for recovery
+        too, so failing to unlink them only leaves files recovery removes.
+        """
+        self._check_writable()
+        active = self._segments[-1]
+        reuse = active.base_offset == offset and not active.size
+        new = active if reuse else self._create_segment(offset)
+        try:
+            self._start_ckpt.write(offset)
+        except OSError as exc:
+            if not reuse:
+                self._discard(new)
+            raise WriteFailed("write", str(self._start_ckpt.path), exc) from exc
         with self._lock:
             self._generation += 1
-            dropped, self._segments, self._bases = self._segments, [], []
-        for seg in dropped:
-            seg.delete()
-            self._retire(seg)
-        new = Segment.create(self.directory, offset, self.config.index_interval_bytes)
-        with self._lock:
+            dropped = [seg for seg in self._segments if seg is not new]
             self._segments, self._bases = [new], [offset]
-        fsync_dir(self.directory)
-        self.epoch_cache.clear()
-        self._set_log_start(offset)
+        for seg in dropped:
+            self._retire(seg)
+            try:
+                seg.delete()
+            except OSError as exc:
+                log.warning("%s: cannot remove it (%s); it is removed at the next open", seg.log_path, exc)
+        try:
+            self.io.fsync_dir(self.directory)
+            self.epoch_cache.clear()
+        except OSError as exc:
+            log.warning("%s: reset to offset %d not fully on disk yet: %s", self.directory, offset, exc)
+            self.epoch_cache.forget_from(0)
+        self.log_start_offset = offset
         self.high_watermark = offset - 1
         self._close_retired()
 
     def _set_log_start(self, offset: int) -> None:
-        self.log_start_offset = offset
+        """Checkpoint the new log start (OSError: nothing changed), then adopt it."""
         self._start_ckpt.write(offset)
-        self.epoch_cache.truncate_from_start(offset)
+        self.log_start_offset = offset
+        try:
+            self.epoch_cache.truncate_from_start(offset)
+        except OSError as exc:
+            # Recovery trims the file the same way, so memory may run ahead of it.
+            log.warning("%s: cannot rewrite the epoch cache (%s)", self.directory, exc)
+            self.epoch_cache.truncate_from_start(offset, persist=False)
         self._clamp_high_watermark()
 
     # -- retention -----------------------------------------------------
@@ -524,7 +758,7 @@ class CommitLog:
             nxt = self._segments[len(deleted) + 1].base_offset
             # A segment compaction emptied has no timestamps: it ages from when it was rewritten, so
             # compaction alone never moves the log start (readers would take that for lost data).
-            stamp = seg.max_timestamp if seg.max_timestamp >= 0 else os.stat(seg.log_path).st_mtime_ns
+            stamp = seg.max_timestamp if seg.max_timestamp >= 0 else _mtime_ns(seg.log_path)
             too_old = cfg.retention_max_age_ms and stamp < now - cfg.retention_max_age_ms * 1_000_000
             too_big = cfg.retention_max_bytes and total_bytes - seg.size >= cfg.retention_max_bytes
             too_many = cfg.retention_max_messages and self.log_end_offset - nxt >= cfg.retention_max_messages
@@ -534,14 +768,22 @@ class CommitLog:
             total_bytes -= seg.size
         if not deleted:
             return 0
+        # The checkpoint first: from then on recovery drops these segments even if unlinking them fails.
+        start = max(self.log_start_offset, self._segments[len(deleted)].base_offset)
+        try:
+            self._set_log_start(start)
+        except OSError as exc:
+            raise WriteFailed("write", str(self._start_ckpt.path), exc) from exc
         with self._lock:
             del self._segments[: len(deleted)]
             del self._bases[: len(deleted)]
-        self._set_log_start(max(self.log_start_offset, self._segments[0].base_offset))
         for seg in deleted:
             log.info("%s: deleted by retention (offsets %d..%d)", seg.log_path, seg.base_offset, seg.next_offset - 1)
-            seg.delete()
             self._retire(seg)
+            try:
+                seg.delete()
+            except OSError as exc:
+                log.warning("%s: cannot remove it (%s); it is removed at the next open", seg.log_path, exc)
         self._close_retired()
         return len(deleted)
 
@@ -589,7 +831,14 @@ class CommitLog:
                         cleaned.discard()
                         log.info("%s: compaction abandoned, the log changed under it", self.directory)
                         break
-                    new = swap_in(seg, cleaned)
+                    try:
+                        new = swap_in(seg, cleaned)
+                    except OSError as exc:
+                        cleaned.discard()
+                        log.warning("%s: compaction stopped, cannot swap in %s: %s", self.directory, seg.log_path, exc)
+                        break
+                    if new is seg:
+                        break
                     i = self._segments.index(seg)
                     self._segments[i] = new
                     self._retired.append(seg)
@@ -623,3 +872,10 @@ class CommitLog:
             f"CommitLog({self.directory}, start={self.log_start_offset}, end={self.log_end_offset}, "
             f"hw={self.high_watermark}, segments={len(self._segments)})"
         )
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0  # gone or unreadable: old enough to go

@@ -3,7 +3,13 @@
 Files are named by the segment's base offset in 20 digits
 (``00000000000000000000.log``, ``.index``, ``.timeindex``). The log file is
 append-only; only truncation (replication) and compaction (which replaces
-the whole file) rewrite it.
+the whole file) rewrite it. The index files are written when the segment
+is sealed (it stops being the active one); until then the indexes live in
+memory and are rebuilt from the log at open.
+
+Writes are all or nothing: a write that fails is cut back off the file and
+raises WriteFailed; if even that fails the segment raises TornWrite, and
+its owner (the log) refuses writes until ``repair`` succeeds.
 
 Not safe to share between threads, except that ``read``/``pread`` may run
 in a worker thread while the owner appends (compaction does this on closed
@@ -12,13 +18,13 @@ segments).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import CorruptBatch, InvalidBatch
+from .errors import CorruptBatch, InvalidBatch, StorageError, WriteFailed
+from .fileio import DEFAULT_FILE_IO, FileIO
 from .index import OffsetIndex, TimeIndex
 from .records import (
     BATCH_HEADER_SIZE,
@@ -31,7 +37,7 @@ from .records import (
     retain_records,
 )
 
-__all__ = ["Segment", "segment_name"]
+__all__ = ["Segment", "TornWrite", "segment_name"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,20 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+class TornWrite(StorageError):
+    """A failed write left bytes in the file that could not be cut off again.
+
+    The segment's ``size`` still names the end of its whole data; ``repair``
+    retries the cut.
+    """
+
+    def __init__(self, segment: Segment, operation: str, cause: OSError) -> None:
+        self.segment = segment
+        self.operation = operation
+        self.cause = cause
+        super().__init__(f"{operation} {segment.log_path} failed ({cause}) and the partial write could not be undone")
+
+
 class Segment:
     """A ``.log`` file with its offset and time indexes.
 
@@ -52,16 +72,25 @@ class Segment:
     offset when empty); ``size`` is the log file's length in bytes.
     """
 
-    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+    ) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
+        self.io = io
         name = segment_name(base_offset)
         self.log_path = directory / f"{name}.log"
         self.index = OffsetIndex(directory / f"{name}.index", base_offset)
         self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset)
-        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self._fd).st_size
+        self._fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        try:
+            self.size = io.size(self._fd)
+        except OSError:
+            io.close(self._fd)
+            raise
+        #: The index files on disk match the entries in memory (set once written or loaded).
+        self.sealed = False
         self.next_offset = base_offset
         self.max_timestamp = -1
         #: Wall-clock ns when the segment got its first batch (for age-based rolling).
@@ -72,16 +101,19 @@ class Segment:
     # -- opening -------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
-        seg = cls(directory, base_offset, index_interval_bytes)
+    def create(
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+    ) -> Segment:
+        seg = cls(directory, base_offset, index_interval_bytes, io)
         if seg.size:
+            seg.close()
             raise FileExistsError(f"segment {seg.log_path} already exists and is not empty")
-        seg.index.rewrite([])
-        seg.time_index.rewrite([])
         return seg
 
     @classmethod
-    def open_closed(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
+    def open_closed(
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+    ) -> Segment:
         """Open a segment that is not the newest: its data must be whole.
 
         Indexes that fail their checks are rebuilt. The tail after the last
@@ -89,16 +121,23 @@ class Segment:
         not point at its batch, the indexes are rebuilt from the whole file.
         A batch that cannot be parsed there is an error, never skipped.
         """
-        seg = cls(directory, base_offset, index_interval_bytes)
-        if not seg.index.load(seg.size) or not seg.time_index.load(seg.index.offsets):
-            log.warning("%s: indexes missing or invalid, rebuilding from the log", seg.index.path)
-            seg.rebuild_indexes(verify=False)
-            return seg
+        seg = cls(directory, base_offset, index_interval_bytes, io)
         try:
-            seg._scan_tail()
-        except CorruptBatch as exc:
-            log.warning("%s: index does not match the log (%s), rebuilding", seg.index.path, exc)
-            seg.rebuild_indexes(verify=False)
+            if not seg.index.load(io, seg.size) or not seg.time_index.load(io, seg.index.offsets):
+                log.warning("%s: indexes missing or invalid, rebuilding from the log", seg.index.path)
+                seg.rebuild_indexes(verify=False)
+                seg.save_indexes()
+                return seg
+            seg.sealed = True
+            try:
+                seg._scan_tail()
+            except CorruptBatch as exc:
+                log.warning("%s: index does not match the log (%s), rebuilding", seg.index.path, exc)
+                seg.rebuild_indexes(verify=False)
+                seg.save_indexes()
+        except BaseException:
+            seg.close()
+            raise
         return seg
 
     def _scan_tail(self) -> None:
@@ -124,10 +163,16 @@ class Segment:
         self._bytes_since_index = since
 
     @classmethod
-    def open_active(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
+    def open_active(
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+    ) -> Segment:
         """Open the newest segment, validating every batch and cutting a torn tail."""
-        seg = cls(directory, base_offset, index_interval_bytes)
-        seg.rebuild_indexes(verify=True)
+        seg = cls(directory, base_offset, index_interval_bytes, io)
+        try:
+            seg.rebuild_indexes(verify=True)
+        except BaseException:
+            seg.close()
+            raise
         return seg
 
     def rebuild_indexes(self, verify: bool) -> None:
@@ -136,7 +181,8 @@ class Segment:
         With ``verify`` (the active segment), a batch that fails its checks
         or offset order ends the valid data: the file is truncated there and
         a warning says how much was dropped. Without it, such a batch is an
-        error naming the file and position.
+        error naming the file and position. The files are the caller's
+        to rewrite (``save_indexes``).
         """
         offsets: list[tuple[int, int]] = []
         times: list[tuple[int, int]] = []
@@ -171,11 +217,29 @@ class Segment:
                 self.size - end,
                 end,
             )
-            os.ftruncate(self._fd, end)
+            self.io.ftruncate(self._fd, end)
             self.size = end
         self._bytes_since_index = since
-        self.index.rewrite(offsets)
-        self.time_index.rewrite(times)
+        self.index.replace(offsets)
+        self.time_index.replace(times)
+
+    def save_indexes(self) -> None:
+        """Write both index files; on failure remove them so no stale copy outlives this one."""
+        try:
+            self.index.save(self.io)
+            self.time_index.save(self.io)
+            self.sealed = True
+        except OSError as exc:
+            log.warning("%s: cannot write the indexes (%s); they will be rebuilt at the next open", self.log_path, exc)
+            self.sealed = False
+            self.remove_index_files()
+
+    def remove_index_files(self) -> None:
+        for path in (self.index.path, self.time_index.path):
+            try:
+                self.io.unlink(path)
+            except OSError as exc:
+                log.warning("%s: cannot remove (%s); a stale index is rebuilt when it fails its checks", path, exc)
 
     def _walk(self, position: int, strict: bool, verify: bool = False) -> Iterator[BatchHeader]:
         """Headers of the batches from ``position`` to the end of the file.
@@ -219,18 +283,16 @@ class Segment:
     # -- writing -------------------------------------------------------
 
     def append(self, data: bytes, headers: list[BatchHeader], now_ns: int) -> None:
-        """Write whole batches (positions in ``headers`` relative to ``data``) in one call."""
+        """Write whole batches (positions in ``headers`` relative to ``data``), all or nothing.
+
+        Raises WriteFailed (the file is as before) or TornWrite (bytes past
+        ``size`` are left over; ``repair`` cuts them).
+        """
         position = self.size
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self._fd, view) :]
-        except OSError:
-            # A full disk can leave part of the batch behind; cut it so the next append lands
-            # where the indexes think it does. The caller reports the error.
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, position)
-            raise
+            self.io.write_all(self._fd, data)
+        except OSError as exc:
+            self._undo("write", exc)
         if self.first_append_ns is None:
             self.first_append_ns = now_ns
         since = self._bytes_since_index
@@ -247,22 +309,40 @@ class Segment:
         self.size = position + len(data)
         self.next_offset = headers[-1].next_offset
 
+    def _undo(self, operation: str, cause: OSError) -> None:
+        """Cut whatever a failed write left past ``size``; always raises."""
+        if self.repair():
+            raise WriteFailed(operation, str(self.log_path), cause) from cause
+        raise TornWrite(self, operation, cause) from cause
+
+    def repair(self) -> bool:
+        """Cut the file back to ``size`` (the end of its whole batches); True if it now ends there."""
+        try:
+            if self.io.size(self._fd) != self.size:
+                self.io.ftruncate(self._fd, self.size)
+            return self.io.size(self._fd) == self.size
+        except OSError as exc:
+            log.debug("%s: repair failed: %s", self.log_path, exc)
+            return False
+
     def flush(self) -> None:
-        os.fsync(self._fd)
-        self.index.flush()
-        self.time_index.flush()
+        """fsync the log file (the indexes are rebuilt from it, see ``seal``)."""
+        self.io.fsync(self._fd)
+
+    def seal(self) -> None:
+        """The segment stops being the active one: make its data durable and write its indexes."""
+        self.flush()
+        self.save_indexes()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            os.close(self._fd)
-            self.index.close()
-            self.time_index.close()
+            self.io.close(self._fd)
 
     def delete(self) -> None:
         """Remove the files; the descriptor stays open until ``close`` for readers still on it."""
         for path in (self.log_path, self.index.path, self.time_index.path):
-            path.unlink(missing_ok=True)
+            self.io.unlink(path)
 
     def truncate_to(self, offset: int) -> None:
         """Remove every record at or above ``offset``.
@@ -285,19 +365,32 @@ class Segment:
                 keep = [o - header.base_offset for o, _ in record_keys(batch, at_zero) if o < offset]
                 lod = offset - header.base_offset - 1
                 tail = retain_records(batch, at_zero, keep, lod) or encode_empty_batch(header.base_offset, lod, epoch)
-            os.ftruncate(self._fd, position)
+            try:
+                self.io.ftruncate(self._fd, position)
+            except OSError as exc:
+                raise WriteFailed("truncate", str(self.log_path), exc) from exc
             self.size = position
+            if self.sealed:  # the files on disk still index the cut data
+                self.sealed = False
+                self.remove_index_files()
             self.index.truncate_from_position(position + 1 if tail else position)
             self.time_index.truncate_from_offset(offset)
             if tail:
-                os.write(self._fd, tail)
+                try:
+                    self.io.write_all(self._fd, tail)
+                except OSError as exc:
+                    # The segment now ends before the straddling batch: shorter than asked, but whole.
+                    self.index.truncate_from_position(position)
+                    self.time_index.truncate_from_offset(header.base_offset)
+                    self._scan_tail()
+                    self._undo("write", exc)
                 self.size += len(tail)
             self._scan_tail()
 
     # -- reading -------------------------------------------------------
 
     def pread(self, position: int, size: int) -> bytes:
-        return os.pread(self._fd, size, position)
+        return self.io.pread(self._fd, size, position)
 
     def header_at(self, position: int) -> BatchHeader:
         raw = self.pread(position, BATCH_HEADER_SIZE)
@@ -321,6 +414,8 @@ class Segment:
                     raise CorruptBatch(str(self.log_path), position, "index and log disagree after a rebuild")
                 log.warning("%s: index entry for offset %d is wrong, rebuilding", self.index.path, indexed_offset)
                 self.rebuild_indexes(verify=False)
+                if self.sealed:
+                    self.save_indexes()
                 return self.find_position(offset, _retried=True)
             first = False
             if header.next_offset > offset:

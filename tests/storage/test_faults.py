@@ -1,0 +1,272 @@
+"""Disk faults under the commit log: every write completes or leaves the log as it was.
+
+The faults come from ``FaultyFileIO``, the object the log is given for its
+file operations: EIO, ENOSPC and EMFILE at chosen calls, writes that stop
+halfway, and power loss (files cut back to what was last fsynced).
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from liftlog.storage import CommitLog, FsyncPolicy, LogConfig, LogFenced, NewRecord, WriteFailed
+from liftlog.storage.faults import FaultyFileIO, power_loss_from_journal
+from liftlog.storage.records import encode_batch
+
+from .conftest import FakeClock
+
+
+def values(log: CommitLog, start: int = 0) -> list[bytes]:
+    return [r.value for r in log.iter_records(max(start, log.log_start_offset))]
+
+
+@pytest.fixture
+def io() -> FaultyFileIO:
+    return FaultyFileIO()
+
+
+def open_log(tmp_path: Path, io: FaultyFileIO, clock: FakeClock, **config: object) -> CommitLog:
+    return CommitLog.open(tmp_path / "log", LogConfig(**config), clock=clock, io=io)  # type: ignore[arg-type]
+
+
+def test_a_write_cut_short_is_undone_and_the_next_batch_is_read_back(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    """The reproduction: bytes of a failed batch stayed behind and the next, acknowledged, batch was lost."""
+    log = open_log(tmp_path, io, clock)
+    log.append([NewRecord(b"first")])
+    io.fail("write", errno.ENOSPC, path="*.log", partial=True)
+    with pytest.raises(WriteFailed, match=r"No space left on device \(ENOSPC\); nothing of this write was stored"):
+        log.append([NewRecord(b"x" * 1000)])
+    assert log.log_end_offset == 1
+    assert log.append([NewRecord(b"after")]) == 2
+    assert values(log) == [b"first", b"after"]
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert values(reopened) == [b"first", b"after"]
+    reopened.close()
+
+
+@pytest.mark.parametrize("error", [errno.EMFILE, errno.ENOSPC, errno.EIO])
+def test_a_roll_that_cannot_create_its_segment_changes_nothing(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock, error: int
+) -> None:
+    log = open_log(tmp_path, io, clock, segment_max_bytes=200)
+    log.append([NewRecord(b"a" * 120)])
+    io.fail("open", error, path="*.log")
+    with pytest.raises(WriteFailed, match="cannot create .*00000000000000000001.log"):
+        log.append([NewRecord(b"b" * 120)])  # would roll
+    assert [s.base_offset for s in log.segments] == [0]
+    assert log.append([NewRecord(b"c" * 120)]) == 2
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert values(reopened) == [b"a" * 120, b"c" * 120]
+    reopened.close()
+
+
+def test_a_torn_write_that_cannot_be_cut_fences_the_log_until_repaired(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path, io, clock)
+    log.append([NewRecord(b"kept")])
+    log.set_high_watermark(0)
+    io.fail("write", errno.ENOSPC, path="*.log", partial=True)
+    io.fail("ftruncate", errno.EIO, times=-1)
+    with pytest.raises(LogFenced) as caught:
+        log.append([NewRecord(b"torn" * 100)])
+    message = str(caught.value)
+    assert "00000000000000000000.log" in message and "ENOSPC" in message
+    assert "offsets below 1 stay readable" in message
+    assert log.fenced is caught.value
+    # Reads still serve what was whole; writes keep refusing while the cause lasts.
+    assert values(log) == [b"kept"]
+    with pytest.raises(LogFenced):
+        log.append([NewRecord(b"refused")])
+    assert not log.repair()
+    io.clear()  # space freed: the next write repairs first
+    assert log.append([NewRecord(b"resumed")]) == 2
+    assert log.fenced is None
+    assert values(log) == [b"kept", b"resumed"]
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert values(reopened) == [b"kept", b"resumed"]
+    reopened.close()
+
+
+def test_a_fenced_log_is_repaired_by_reopening(tmp_path: Path, io: FaultyFileIO, clock: FakeClock) -> None:
+    """A restart is the operator action the fence's message names: recovery cuts the torn bytes."""
+    log = open_log(tmp_path, io, clock)
+    log.append([NewRecord(b"kept")])
+    io.fail("write", errno.EIO, path="*.log", partial=True)
+    io.fail("ftruncate", errno.EIO, times=-1)
+    with pytest.raises(LogFenced):
+        log.append([NewRecord(b"torn" * 100)])
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert values(reopened) == [b"kept"]
+    assert reopened.append([NewRecord(b"next")]) == 2
+    reopened.close()
+
+
+def test_fsync_failure_with_fsync_always_takes_the_batch_back(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path, io, clock, fsync=FsyncPolicy.ALWAYS)
+    log.append([NewRecord(b"durable")])
+    io.fail("fsync", errno.EIO, path="*.log")
+    with pytest.raises(WriteFailed, match="cannot fsync"):
+        log.append([NewRecord(b"maybe not on disk")])
+    assert values(log) == [b"durable"]
+    assert log.append([NewRecord(b"next")]) == 2
+    assert values(log) == [b"durable", b"next"]
+    log.close()
+
+
+def test_a_new_epoch_that_cannot_be_recorded_writes_nothing(tmp_path: Path, io: FaultyFileIO, clock: FakeClock) -> None:
+    log = open_log(tmp_path, io, clock)
+    log.append([NewRecord(b"e0")], leader_epoch=0)
+    io.fail("write", errno.ENOSPC, path="leader-epoch.checkpoint.tmp")
+    with pytest.raises(WriteFailed, match="leader-epoch.checkpoint"):
+        log.append([NewRecord(b"e1")], leader_epoch=1)
+    assert log.log_end_offset == 1
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries] == [(0, 0)]
+    assert log.append([NewRecord(b"e1")], leader_epoch=1) == 2
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries] == [(0, 0), (1, 1)]
+    log.close()
+
+
+def test_raw_appends_are_all_or_nothing(tmp_path: Path, io: FaultyFileIO, clock: FakeClock) -> None:
+    log = open_log(tmp_path, io, clock)
+    data = encode_batch(0, 3, [NewRecord(b"a"), NewRecord(b"b")], clock.now) + encode_batch(
+        2, 4, [NewRecord(b"c")], clock.now
+    )
+    io.fail("write", errno.EIO, path="*.log", partial=True)
+    with pytest.raises(WriteFailed):
+        log.append_raw(data)
+    assert log.log_end_offset == 0
+    assert log.epoch_cache.entries == []
+    assert log.append_raw(data) == 3
+    assert values(log) == [b"a", b"b", b"c"]
+    log.close()
+
+
+def test_truncation_that_cannot_delete_a_segment_fences_and_finishes_on_repair(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path, io, clock, segment_max_bytes=200)
+    for i in range(6):
+        log.append([NewRecord(b"%d" % i * 100)])
+    assert len(log.segments) == 6
+    io.fail("unlink", errno.EIO, path="00000000000000000003.log", times=-1)
+    with pytest.raises(LogFenced, match="delete"):
+        log.truncate_to(2)
+    # Newer segments went first: the log ends cleanly at the one that would not go.
+    assert log.log_end_offset == 4
+    assert len(values(log)) == 4
+    io.clear()
+    assert log.repair()
+    assert log.log_end_offset == 2
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert reopened.log_end_offset == 2
+    reopened.close()
+
+
+def test_retention_that_cannot_unlink_leaves_files_the_next_open_removes(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path, io, clock, segment_max_bytes=200, retention_max_messages=2)
+    for i in range(5):
+        log.append([NewRecord(b"%d" % i * 100)])
+    io.fail("unlink", errno.EIO, path="*.log", times=-1)
+    assert log.enforce_retention() > 0
+    start = log.log_start_offset
+    assert start > 0
+    log.close()
+    assert (tmp_path / "log" / "00000000000000000000.log").exists()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert reopened.log_start_offset == start
+    assert not (tmp_path / "log" / "00000000000000000000.log").exists()
+    reopened.close()
+
+
+def test_retention_that_cannot_checkpoint_the_log_start_deletes_nothing(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path, io, clock, segment_max_bytes=200, retention_max_messages=2)
+    for i in range(5):
+        log.append([NewRecord(b"%d" % i * 100)])
+    io.fail("write", errno.ENOSPC, path="log-start-offset.checkpoint.tmp")
+    with pytest.raises(WriteFailed, match="log-start-offset"):
+        log.enforce_retention()
+    assert log.log_start_offset == 0
+    assert len(values(log)) == 5
+    log.close()
+
+
+def test_a_log_that_cannot_open_leaves_no_descriptor_open(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path, FaultyFileIO(), clock, segment_max_bytes=200)
+    for i in range(4):
+        log.append([NewRecord(b"%d" % i * 100)])
+    log.close()
+    io = FaultyFileIO()
+    io.fail("open", errno.EMFILE, path="00000000000000000003.log")
+    with pytest.raises(OSError, match="Too many open files"):
+        open_log(tmp_path, io, clock)
+    assert io._paths == {}  # every segment opened before the failure was closed again
+
+
+# -- power loss --------------------------------------------------------------------
+
+
+def test_power_loss_with_fsync_always_keeps_every_acknowledged_record(tmp_path: Path, clock: FakeClock) -> None:
+    io = FaultyFileIO()
+    log = open_log(tmp_path, io, clock, fsync=FsyncPolicy.ALWAYS, segment_max_bytes=1000)
+    acked = []
+    for i in range(40):
+        log.append([NewRecord(b"%03d" % i * 10)])
+        acked.append(b"%03d" % i * 10)  # append returned: acknowledged
+    io.power_loss()  # no close: the process and the page cache are gone
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert values(reopened) == acked
+    reopened.close()
+
+
+def test_power_loss_with_fsync_never_loses_what_was_not_flushed(tmp_path: Path, clock: FakeClock) -> None:
+    """What the docs say: with "never", acknowledged records since the last fsync are gone."""
+    io = FaultyFileIO()
+    log = open_log(tmp_path, io, clock, segment_max_bytes=1000)
+    for i in range(40):
+        log.append([NewRecord(b"%03d" % i * 10)])
+    lost = io.power_loss()
+    assert lost, "the active segment was never fsynced"
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    survivors = values(reopened)
+    assert len(survivors) < 40
+    # Sealed segments were fsynced at the roll: what survives is a prefix.
+    assert survivors == [b"%03d" % i * 10 for i in range(len(survivors))]
+    reopened.close()
+
+
+def test_power_loss_from_a_journal(tmp_path: Path, clock: FakeClock) -> None:
+    """The form the cluster fault suite uses for a killed server process."""
+    journal = tmp_path / "journal"
+    io = FaultyFileIO(journal=journal)
+    log = open_log(tmp_path, io, clock, segment_max_bytes=1000)
+    for i in range(10):
+        log.append([NewRecord(b"%03d" % i * 10)])
+    log.flush()
+    for i in range(10, 20):
+        log.append([NewRecord(b"%03d" % i * 10)])
+    lost = power_loss_from_journal(journal)
+    assert lost
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    survivors = [v[:3] for v in values(reopened)]
+    # Everything flushed survives (and whatever a roll fsynced since); the unsynced tail does not.
+    assert 10 <= len(survivors) < 20
+    assert survivors == [b"%03d" % i for i in range(len(survivors))]
+    reopened.close()
