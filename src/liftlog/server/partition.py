@@ -31,7 +31,8 @@ from liftlog.api import api_pb2
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
-from liftlog.storage import CommitLog, LogConfig, RecordTooLarge, StorageError
+from liftlog.storage import CommitLog, FileIO, LogConfig, LogFenced, RecordTooLarge, StorageError
+from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .messages import Incoming, incoming_from_nats, record_size
 
@@ -65,6 +66,7 @@ class PartitionOptions:
         "auto_pause_ns",
         "batch_max",
         "cleaner_interval_ns",
+        "file_io",
         "log_config",
         "min_isr",
         "occ",
@@ -80,8 +82,11 @@ class PartitionOptions:
         auto_pause_disable_if_subscribers: bool = False,
         cleaner_interval_ns: int = 300 * 1_000_000_000,
         min_isr: int = 1,
+        file_io: FileIO = DEFAULT_FILE_IO,
     ) -> None:
         self.log_config = log_config
+        #: What the log does its file operations through (the fault suite passes a failing one).
+        self.file_io = file_io
         self.min_isr = min_isr
         self.cleaner_interval_ns = cleaner_interval_ns
         self.occ = occ
@@ -147,7 +152,9 @@ class Partition:
     def open_log(self) -> None:
         """Open (recover) the log; readers may use it from now on."""
         if self.log is None:
-            self.log = CommitLog.open(self.directory, self.options.log_config, clock=self._clock)
+            self.log = CommitLog.open(
+                self.directory, self.options.log_config, clock=self._clock, io=self.options.file_io
+            )
             if len(self.meta.replicas) == 1:
                 # One replica: everything written is committed. With more, the checkpointed HW stands
                 # until the leader learns better from its followers: the tail may never have been copied.

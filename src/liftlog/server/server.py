@@ -39,7 +39,8 @@ from liftlog.metadata.model import CreateStream, ServerMeta
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
-from liftlog.storage import StorageError
+from liftlog.storage import FileIO, StorageError
+from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from . import ratelimit
 from .acks import AckRouter
@@ -69,9 +70,13 @@ GRPC_MAX_MESSAGE_BYTES = 64 << 20
 class Server:
     """One liftlog server. Not thread-safe; ``start`` and ``stop`` await."""
 
-    def __init__(self, config: ServerConfig, *, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self, config: ServerConfig, *, clock: Callable[[], int] = time.time_ns, file_io: FileIO = DEFAULT_FILE_IO
+    ) -> None:
         self.config = config
         self._clock = clock
+        #: The partition logs' file operations (the fault suite passes one that fails on purpose).
+        self._file_io = file_io
         self.server_id = ""
         self.nats_url = ""
         self.port = config.port
@@ -111,6 +116,7 @@ class Server:
                 batch_max=int(self.config.values["batch.max.messages"]),
                 ack_sink=self._acks.deliver,
                 clock=self._clock,
+                file_io=self._file_io,
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(self._nc)

@@ -39,7 +39,8 @@ from liftlog.metadata import (
     check_stream_usable,
 )
 from liftlog.server.config import StreamsConfig
-from liftlog.storage import LogConfig, StorageError
+from liftlog.storage import FileIO, LogConfig, StorageError
+from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .partition import AckSink, Partition, PartitionOptions
 from .replicator import Replicator
@@ -79,8 +80,10 @@ class StreamManager:
         batch_max: int,
         ack_sink: AckSink,
         clock: Callable[[], int] = time.time_ns,
+        file_io: FileIO = DEFAULT_FILE_IO,
     ) -> None:
         self.server_id = server_id
+        self._file_io = file_io
         self._dir = data_dir / "streams"
         self._namespace = namespace
         #: Streams (name, creation time) skipped because an older version let in a name or subject
@@ -477,6 +480,7 @@ class StreamManager:
             if s.auto_pause_disable_if_subscribers is not None
             else d.auto_pause_disable_if_subscribers,
             min_isr=s.min_isr if s.min_isr is not None else self.min_isr_default,
+            file_io=self._file_io,
         )
         return Partition(
             meta,
