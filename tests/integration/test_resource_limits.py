@@ -184,20 +184,22 @@ async def test_garbage_on_internal_subjects_logs_a_few_lines_with_counts(
         start = server.log_path.stat().st_size
         nc = await nats.connect(nats_server.url)
         try:
-            ns = "liftbridge-default"
+            prefix = f"liftbridge-default.raft.metadata.{server.server_id}"
+            subjects = [prefix, f"{prefix}.propose", "liftbridge-default.raft.metadata.join"]
+            subjects.append(f"liftbridge-default.notify.{server.server_id}")
             for i in range(2064):
-                subject = f"{ns}.raft.metadata.{server.server_id}" if i % 2 else f"{ns}.notify.{server.server_id}"
-                await nc.publish(subject, os.urandom(i % 30 + 1))
+                await nc.publish(subjects[i % len(subjects)], b"\xff" + os.urandom(i % 30))
             await nc.flush()
         finally:
             await nc.close()
         await asyncio.sleep(2.5)  # past the interval: the counts are logged without further garbage
         with open(server.log_path, "rb") as f:
             f.seek(start)
-            lines = [line for line in f.read().decode(errors="replace").splitlines() if "malformed" in line]
-    raft = [line for line in lines if "malformed Raft message" in line]
-    notify = [line for line in lines if "malformed notification" in line]
-    assert 1 <= len(raft) <= 4 and 1 <= len(notify) <= 4, "\n".join(lines)
-    dropped = [line for line in lines if "more dropped" in line]
-    counts = sum(int(line.split("(and ")[1].split()[0]) for line in dropped)
-    assert counts + len(raft) + len(notify) == 2064, "\n".join(lines)
+            text = f.read().decode(errors="replace")
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if "malformed" in line]
+    for kind in ("Raft message", "metadata change", "join request", "notification"):
+        assert 1 <= len([line for line in lines if f"malformed {kind}" in line]) <= 4, "\n".join(lines)
+    logged = len(lines)
+    dropped = sum(int(line.split("(and ")[1].split()[0]) for line in lines if "more dropped" in line)
+    assert logged + dropped == 2064, "\n".join(lines)

@@ -56,6 +56,7 @@ from liftlog.raft import NotLeader, ProposalDropped, Role
 
 from .failover import Failover
 from .metadata_raft import MetadataRaft, RaftSettings
+from .ratelimit import LogLimiter
 from .streams import StreamManager
 
 __all__ = [
@@ -67,6 +68,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
+_warn = LogLimiter(log)
 
 NO_LEADER_MESSAGE = "no known metadata leader"
 #: How long a change waits for a leader to appear, and for the leader to answer.
@@ -169,6 +172,20 @@ def _error_from_dict(data: dict[str, Any]) -> MetadataError:
     if kind == "failed":
         return ControllerFailedError(str(data.get("message", "the controller failed")))
     return MetadataError(str(data.get("message", "metadata change failed")))
+
+
+def _json_object(msg: Any, what: str) -> dict[str, Any] | None:
+    """The JSON object a request carries; None (and a rate-limited warning) for anything else."""
+    try:
+        body = json.loads(msg.data)
+    except ValueError as exc:  # UnicodeDecodeError too
+        body, problem = None, str(exc)
+    else:
+        problem = f"a JSON {type(body).__name__}, not an object"
+    if isinstance(body, dict):
+        return body
+    _warn.warning("ignoring a malformed %s on %s: %s", what, msg.subject, problem, key=what)
+    return None
 
 
 class MetadataService:
@@ -423,8 +440,10 @@ class MetadataService:
         self._spawn(self._answer_propose(msg))
 
     async def _answer_propose(self, msg: Any) -> None:
+        body = _json_object(msg, "metadata change")
+        if body is None:
+            return
         try:
-            body = json.loads(msg.data)
             # Within the forwarding server's deadline, so it hears the outcome rather than a timeout.
             timeout = min(float(body.pop("timeout", CHANGE_TIMEOUT_S)), CHANGE_TIMEOUT_S)
             if not self.raft.is_leader:
@@ -605,8 +624,11 @@ class MetadataService:
         self._spawn(self._answer_join(msg))
 
     async def _answer_join(self, msg: Any) -> None:
+        body = _json_object(msg, "join request")
+        if body is None or "id" not in body:
+            return
         try:
-            server_id = str(json.loads(msg.data)["id"])
+            server_id = str(body["id"])
             if server_id not in self.voters:
                 log.info("adding server %s to the metadata group", server_id)
                 await self.raft.add_voter(server_id)
