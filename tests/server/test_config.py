@@ -112,3 +112,18 @@ def test_clustering_settings_and_their_conflicts() -> None:
         load_config(None, {"clustering.raft.bootstrap.peers": "a", "clustering.raft.bootstrap.seed": True}, env={})
     with pytest.raises(ConfigError, match=r"at least twice clustering\.raft\.heartbeat\.interval"):
         load_config(None, {"clustering.raft.election.timeout": "150ms"}, env={})
+
+
+def test_resource_limit_settings(tmp_path: Path) -> None:
+    defaults = load_config(env={}).values
+    assert defaults["subscribe.buffer.max.bytes"] == 32 << 10 and defaults["subscribe.fetch.max.messages"] == 128
+    assert defaults["subscribe.max.concurrent"] == 4096 and defaults["subscribe.max.concurrent.per.connection"] == 1024
+    assert defaults["publish.async.max.inflight"] == 1024 and defaults["logging.warnings.interval"] == 10_000
+    path = write(tmp_path, "subscribe:\n  buffer.max.bytes: 1MiB\n  max.concurrent: 0\nlogging.warnings.interval: 1s\n")
+    values = load_config(path, env={"LIFTLOG_PUBLISH_ASYNC_MAX_INFLIGHT": "64"}).values
+    assert values["subscribe.buffer.max.bytes"] == 1 << 20 and values["subscribe.max.concurrent"] == 0
+    assert values["publish.async.max.inflight"] == 64 and values["logging.warnings.interval"] == 1000
+    with pytest.raises(ConfigError, match=r"'publish.async.max.inflight': must be >= 1, got 0"):
+        load_config(overrides={"publish.async.max.inflight": 0}, env={})
+    with pytest.raises(ConfigError, match=r"'subscribe.fetch.max.messages': must be >= 1"):
+        load_config(overrides={"subscribe.fetch.max.messages": "0"}, env={})
