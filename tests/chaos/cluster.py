@@ -1,9 +1,13 @@
 """Three ``liftlog server`` processes, each reaching the shared nats-server through its own ``TcpProxy``.
 
-A ``ChaosCluster`` can crash (kill -9), restart, freeze (SIGSTOP) and thaw any server, and cut, blackhole or
-slow one server's NATS link while its process keeps running. Every server is started with short replication
-timeouts so ISR changes and failovers happen within a few seconds. ``close()`` (or leaving the ``with`` block)
-resumes, kills and stops everything, whatever state a failed test left it in.
+Each server runs through ``tests/chaos/faulty_server.py``: the production server with a ``FaultyFileIO``
+and an adjustable clock, steered through a control file per server. A ``ChaosCluster`` can crash (kill -9),
+restart, freeze (SIGSTOP) and thaw any server, cut, blackhole, slow or half-cut (one direction) one server's
+NATS link while its process keeps running, fail a share of its disk operations, cut its files back to what
+was fsynced (power loss), jump its clock, and kill and restart the nats-server itself. Every server is
+started with short replication timeouts so ISR changes and failovers happen within a few seconds.
+``close()`` (or leaving the ``with`` block) resumes, kills and stops everything, whatever state a failed
+test left it in.
 
 Leaders and ISRs are read from the freshest metadata any reachable server has (the highest Raft applied
 index), so a server that is cut off and still believes in an old layout does not mislead the workload.
@@ -12,6 +16,8 @@ index), so a server that is cut off and still believes in an old layout does not
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +26,24 @@ from types import TracebackType
 import grpc
 
 from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
-from tests.integration.harness import LiftlogProcess, NatsProcess, eventually
+from liftlog.server.embedded_nats import find_nats_server_binary
+from liftlog.storage.faults import power_loss_from_journal
+from tests.integration.harness import LiftlogProcess, NatsProcess, eventually, wait_for_port
 
-from .faults import Fault, FaultEvent, kill9, pause, resume
+from .faults import DISK_PROFILES, Fault, FaultEvent, kill9, pause, resume
+from .faulty_server import Control, read_status, write_control
 from .proxy import TcpProxy
 
-__all__ = ["IDS", "SETTINGS", "ChaosCluster", "PartitionView", "channel_options"]
+__all__ = [
+    "IDS",
+    "SETTINGS",
+    "ChaosCluster",
+    "FaultyServerProcess",
+    "PartitionView",
+    "channel_options",
+    "restart_nats",
+    "stop_nats",
+]
 
 IDS = ("a", "b", "c")
 
@@ -43,6 +61,67 @@ SETTINGS = (
 
 
 _namespaces = itertools.count()
+WRAPPER = Path(__file__).with_name("faulty_server.py")
+
+
+class FaultyServerProcess(LiftlogProcess):
+    """``liftlog server`` with the same options, run through the wrapper: a failing disk and a movable clock."""
+
+    def __init__(self, data_dir: Path, *args: str, **kwargs: str | None) -> None:
+        super().__init__(data_dir, *args, **kwargs)  # type: ignore[arg-type, unused-ignore]
+        self.control = data_dir.parent / f"{data_dir.name}.control.json"
+        #: Fsynced lengths of the data files, outside the data directory (it is not the server's).
+        self.journal = data_dir.parent / f"{data_dir.name}.fsync-journal"
+        self.wanted = Control()
+        #: Failures injected by earlier lives of the process (the status file restarts at 0).
+        self.injected_before = 0
+        write_control(self.control, self.wanted)
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        assert cmd[1:4] == ["-m", "liftlog.cli.main", "server"], cmd
+        ours = ["--control", str(self.control), "--journal", str(self.journal)]
+        return [sys.executable, str(WRAPPER), *ours, *cmd[4:]]
+
+    def steer(self, **changes: object) -> None:
+        """Change the control file (rates, errors, clock_offset_ms); the process follows within ~0.1 s."""
+        for key, value in changes.items():
+            setattr(self.wanted, key, value)
+        write_control(self.control, self.wanted)
+
+    def injected(self) -> int:
+        """Disk failures injected so far, over every life of this server."""
+        return self.injected_before + int(read_status(self.control).get("injected", 0))
+
+    def forget_status(self) -> None:
+        """Before a restart: keep the count, drop the dead process's status."""
+        self.injected_before = self.injected()
+        Path(str(self.control) + ".status").unlink(missing_ok=True)
+
+
+def stop_nats(nats: NatsProcess) -> None:
+    """kill -9 the nats-server: every client connection drops at once."""
+    kill9(nats.proc)
+
+
+def restart_nats(nats: NatsProcess, timeout: float = 10.0) -> None:
+    """Start the nats-server again on the same port (and log)."""
+    if nats.proc.poll() is None:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        nats.proc = subprocess.Popen(
+            [str(find_nats_server_binary()), "-a", "127.0.0.1", "-p", str(nats.port)],
+            stdout=nats._log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for_port(nats.port, 3.0)
+            return
+        except TimeoutError:
+            kill9(nats.proc)
+            if time.monotonic() > deadline:
+                raise
 
 
 def channel_options() -> list[tuple[str, int]]:
@@ -74,14 +153,21 @@ class ChaosCluster:
         self.ids = ids
         self.namespace = f"chaos-{next(_namespaces)}-{int(time.time() * 1000) % 1_000_000}"
         self.proxies: dict[str, TcpProxy] = {}
-        self.servers: dict[str, LiftlogProcess] = {}
+        self.servers: dict[str, FaultyServerProcess] = {}
         self.paused: set[str] = set()
         self.faulted: set[str] = set()  # cut, blackholed or delayed links
+        #: Server -> times (monotonic) it was killed or lost power: a LEADER ack it gave before may be lost.
+        self.crashes: dict[str, list[float]] = {sid: [] for sid in ids}
+        #: What was done, for the report: fault kind -> count.
+        self.injected: dict[str, int] = {}
+        #: Bytes cut from data files by power losses, and how many files were cut.
+        self.power_lost_bytes = 0
+        self.power_lost_files = 0
         self._channels: dict[str, grpc.Channel] = {}
         for sid in ids:
             proxy = TcpProxy("127.0.0.1", nats.port).start()
             self.proxies[sid] = proxy
-            self.servers[sid] = LiftlogProcess(
+            self.servers[sid] = FaultyServerProcess(
                 root / sid,
                 "--namespace",
                 self.namespace,
@@ -110,6 +196,8 @@ class ChaosCluster:
             self.paused.discard(sid)
         for proxy in self.proxies.values():
             proxy.stop()
+        if self.nats.proc.poll() is not None:
+            restart_nats(self.nats)  # the next cluster on this nats-server needs it
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
@@ -141,12 +229,45 @@ class ChaosCluster:
         if proc is not None:
             kill9(proc)
         self.paused.discard(sid)
+        self.crashes[sid].append(time.monotonic())
+
+    def power_off(self, sid: str) -> dict[Path, int]:
+        """kill -9, then every data file loses what was not fsynced (the metadata Raft log always fsyncs)."""
+        self.kill(sid)
+        server = self.servers[sid]
+        lost = power_loss_from_journal(server.journal) if server.journal.exists() else {}
+        self.power_lost_bytes += sum(lost.values())
+        self.power_lost_files += len(lost)
+        return lost
 
     def restart(self, sid: str, timeout: float = 30.0) -> None:
-        """Start a killed server again with the same data directory, port and proxy."""
+        """Start a killed server again with the same data directory, port and proxy (disk and clock healthy)."""
         if self.running(sid):
             raise RuntimeError(f"{sid} is still running")
-        self.servers[sid].start(timeout)
+        server = self.servers[sid]
+        server.forget_status()
+        server.steer(rates={}, clock_offset_ms=0)
+        server.start(timeout)
+
+    def disk_faults(self, sid: str, operations: tuple[str, ...], rate: float, errors: list[str]) -> None:
+        """Fail ``rate`` of ``sid``'s calls of ``operations`` with one of ``errors`` (names: EIO, ENOSPC...)."""
+        self.servers[sid].steer(rates={op: rate for op in operations}, errors=errors)
+
+    def disk_ok(self, sid: str) -> None:
+        self.servers[sid].steer(rates={})
+
+    def shift_clock(self, sid: str, seconds: float) -> None:
+        """Jump ``sid``'s wall clock to ``seconds`` away from the real time (0: back to the real time)."""
+        self.servers[sid].steer(clock_offset_ms=int(seconds * 1000))
+
+    def disk_failures_injected(self) -> int:
+        return sum(server.injected() for server in self.servers.values())
+
+    def stop_nats(self) -> None:
+        stop_nats(self.nats)
+
+    def start_nats(self) -> None:
+        restart_nats(self.nats)
 
     def pause(self, sid: str) -> None:
         proc = self.servers[sid].proc
@@ -172,38 +293,80 @@ class ChaosCluster:
         self.proxies[sid].delay(seconds)
         self.faulted.add(sid)
 
+    def oneway(self, sid: str, direction: str) -> None:
+        """``direction`` "up": the server's bytes to NATS are lost; "down": what NATS sends it is lost."""
+        self.proxies[sid].oneway(direction)
+        self.faulted.add(sid)
+
     def heal(self, sid: str) -> None:
         self.proxies[sid].heal()
         self.faulted.discard(sid)
 
     def apply(self, event: FaultEvent) -> None:
         """Start a scheduled fault."""
-        sid = event.target
-        if event.action is Fault.KILL:
+        self.injected[event.action.value] = self.injected.get(event.action.value, 0) + 1
+        if event.action is Fault.TWO:
+            sub = Fault(event.kind.partition(":")[0])
+            for sid in event.targets:
+                self._apply_one(sub, sid, event)
+        else:
+            self._apply_one(event.action, event.target, event)
+
+    def _apply_one(self, action: Fault, sid: str, event: FaultEvent) -> None:
+        if action is Fault.KILL:
             self.kill(sid)
-        elif event.action is Fault.PAUSE:
+        elif action is Fault.PAUSE:
             self.pause(sid)
-        elif event.action is Fault.CUT:
+        elif action is Fault.CUT:
             self.cut(sid)
-        elif event.action is Fault.BLACKHOLE:
+        elif action is Fault.BLACKHOLE:
             self.blackhole(sid)
-        elif event.action is Fault.DELAY:
+        elif action is Fault.DELAY:
             self.delay(sid, event.latency)
+        elif action is Fault.ONEWAY:
+            self.oneway(sid, event.direction)
+        elif action is Fault.DISK:
+            profile, _, error = event.kind.partition(":")
+            self.disk_faults(sid, DISK_PROFILES[profile], event.rate, [error or "EIO"])
+        elif action is Fault.POWER:
+            self.power_off(sid)
+        elif action is Fault.CLOCK:
+            self.shift_clock(sid, event.shift_s)
+        elif action is Fault.NATS:
+            self.stop_nats()
 
     def undo(self, event: FaultEvent) -> None:
-        """End a scheduled fault: restart, resume or heal."""
-        sid = event.target
-        if event.action is Fault.KILL:
+        """End a scheduled fault: restart, resume, heal, clear the disk, put the clock right."""
+        if event.action is Fault.TWO:
+            sub = Fault(event.kind.partition(":")[0])
+            for sid in event.targets:
+                self._undo_one(sub, sid)
+        else:
+            self._undo_one(event.action, event.target)
+
+    def _undo_one(self, action: Fault, sid: str) -> None:
+        if action in (Fault.KILL, Fault.POWER):
             self.restart(sid)
-        elif event.action is Fault.PAUSE:
+        elif action is Fault.PAUSE:
             self.resume(sid)
+        elif action is Fault.DISK:
+            self.disk_ok(sid)
+        elif action is Fault.CLOCK:
+            self.shift_clock(sid, 0)
+        elif action is Fault.NATS:
+            self.start_nats()
         else:
             self.heal(sid)
 
     def heal_all(self) -> None:
-        """Undo every fault: heal links, resume frozen servers, restart dead ones."""
+        """Undo every fault: NATS back, heal links, healthy disks and clocks, resume frozen servers, restart
+        dead ones."""
+        if self.nats.proc.poll() is not None:
+            self.start_nats()
         for sid in self.ids:
             self.heal(sid)
+            if self.running(sid):
+                self.servers[sid].steer(rates={}, clock_offset_ms=0)
             if sid in self.paused:
                 self.resume(sid)
         for sid in self.ids:
@@ -290,6 +453,10 @@ class ChaosCluster:
             return first if all(len(v.isr) == rf and v.leader for v in first.values()) else None
 
         return self.eventually(agreed, 20, f"agreement on stream {name}")
+
+    def fenced(self, sid: str, timeout: float = 2.0) -> list[cluster_pb2.PartitionStatus]:
+        """``sid``'s fenced replicas, as its cluster status reports them."""
+        return list(self.status(sid, timeout).fenced)
 
     def logs(self) -> dict[str, str]:
         """The tail of every server's log, for failure messages."""

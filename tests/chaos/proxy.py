@@ -13,6 +13,9 @@ Modes (one at a time; ``delay`` is independent of them):
 * ``blackhole()``: connections stay open, but bytes read from either side are dropped (counted in
   ``bytes_dropped``), EOFs are not passed on, and new connections are accepted but never connected upstream.
   Clients see silence only, never an error, until their own timeouts fire.
+* ``oneway("up")`` / ``oneway("down")``: like a blackhole in one direction only: bytes from the client to
+  the target ("up") or from the target to the client ("down") are dropped, the other way flows. A server
+  that can hear NATS but not be heard (or the reverse).
 * ``heal()``: back to normal, ``delay`` back to 0. Leaving a blackhole aborts every connection open at that
   moment: each lost bytes mid-stream, so its protocol state is garbage and the only honest continuation is a
   reset (like a partition outlasting TCP's retransmission timeout). Clients then reconnect through the proxy.
@@ -35,6 +38,10 @@ T = TypeVar("T")
 NORMAL = "normal"
 CUT = "cut"
 BLACKHOLE = "blackhole"
+UP_DROPPED = "oneway-up"
+DOWN_DROPPED = "oneway-down"
+#: Modes that lose bytes mid-stream: leaving one resets every connection.
+_LOSSY = (BLACKHOLE, UP_DROPPED, DOWN_DROPPED)
 
 _CHUNK = 64 * 1024
 #: Chunks queued per direction before reading stops: backpressure, bounded memory under delay.
@@ -152,6 +159,12 @@ class TcpProxy:
         """Keep connections up but drop every byte both ways until ``heal()``, which then resets them."""
         self._call(lambda: self._set_mode(BLACKHOLE))
 
+    def oneway(self, direction: str) -> None:
+        """Drop every byte going ``direction`` ("up": client to target, "down": target to client) until ``heal()``."""
+        if direction not in ("up", "down"):
+            raise ValueError("direction is 'up' or 'down'")
+        self._call(lambda: self._set_mode(UP_DROPPED if direction == "up" else DOWN_DROPPED))
+
     def delay(self, seconds: float) -> None:
         """Hold every chunk read from now on ``seconds`` before writing it, both ways; 0 removes the delay.
 
@@ -232,7 +245,7 @@ class TcpProxy:
 
     def _set_mode(self, mode: str) -> None:
         previous, self.mode = self.mode, mode
-        if mode == CUT or (previous == BLACKHOLE and mode != BLACKHOLE):
+        if mode == CUT or (previous in _LOSSY and mode != previous):
             for link in list(self._links):
                 link.abort()
 
@@ -262,9 +275,9 @@ class TcpProxy:
                 up: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUE_CHUNKS)
                 down: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUE_CHUNKS)
                 link.tasks = [
-                    asyncio.create_task(self._read(link, reader, up)),
+                    asyncio.create_task(self._read(link, reader, up, upward=True)),
                     asyncio.create_task(self._write(link, upstream, up, upward=True)),
-                    asyncio.create_task(self._read(link, up_reader, down)),
+                    asyncio.create_task(self._read(link, up_reader, down, upward=False)),
                     asyncio.create_task(self._write(link, client, down, upward=False)),
                 ]
             # A connection accepted during a blackhole is held silent until heal() or cut() aborts it.
@@ -293,14 +306,23 @@ class TcpProxy:
         link.upstream = upstream
         return up_reader, upstream
 
+    def _dropping(self, upward: bool) -> bool:
+        """Bytes going this way are lost now."""
+        return self.mode == BLACKHOLE or self.mode == (UP_DROPPED if upward else DOWN_DROPPED)
+
     async def _read(
-        self, link: _Link, reader: asyncio.StreamReader, queue: asyncio.Queue[tuple[float, bytes] | None]
+        self,
+        link: _Link,
+        reader: asyncio.StreamReader,
+        queue: asyncio.Queue[tuple[float, bytes] | None],
+        *,
+        upward: bool,
     ) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:
                 data = await reader.read(_CHUNK)
-                if self.mode == BLACKHOLE:
+                if self._dropping(upward):
                     self.bytes_dropped += len(data)
                     if not data:
                         return  # the FIN is lost in the partition; heal() resets the link
@@ -330,7 +352,7 @@ class TcpProxy:
                 due, data = item
                 if (wait := due - loop.time()) > 0:
                     await asyncio.sleep(wait)
-                if self.mode == BLACKHOLE:  # still queued when the blackhole began
+                if self._dropping(upward):  # still queued when the blackhole began
                     self.bytes_dropped += len(data)
                     continue
                 writer.write(data)

@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 
 from tests.integration.harness import NatsProcess
 
-from .faults import Fault, kill9, pause, paused, process_state, random_schedule, resume
+from .faults import EXCLUSIVE, Fault, kill9, pause, paused, process_state, random_schedule, resume
 from .proxy import TcpProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -252,15 +252,30 @@ def test_random_schedule_is_deterministic_per_seed_and_respects_its_bounds() -> 
 
     assert len(schedule) > 5
     assert [e.at for e in schedule] == sorted(e.at for e in schedule)
-    assert {e.target for e in schedule} <= set(servers)
+    assert {t for e in schedule for t in e.targets} <= {*servers, "nats"}
     for event in schedule:
         assert event.at > 0 and 0.5 <= event.duration <= 5.0 and event.ends <= 60.0
-        assert (event.latency > 0) == (event.action is Fault.DELAY)
+        delays = event.action is Fault.DELAY or (event.action is Fault.TWO and event.kind == "delay")
+        assert (event.latency > 0) == delays
+        assert (event.shift_s != 0) == (event.action is Fault.CLOCK)
+        assert (event.rate > 0) == (event.action is Fault.DISK)
+        assert (event.second != "") == (event.action is Fault.TWO)
         overlapping = [o for o in schedule if o.at <= event.at < o.ends]
-        assert len(overlapping) <= 2  # a minority of five
-        assert len({o.target for o in overlapping}) == len(overlapping)  # one fault per server at a time
+        if any(o.action in EXCLUSIVE for o in overlapping):
+            assert overlapping == [event]  # nothing else while NATS is down or two servers are faulted
+        else:
+            assert len(overlapping) <= 2  # a minority of five
+        targets = [t for o in overlapping for t in o.targets]
+        assert len(set(targets)) == len(targets)  # one fault per server at a time
 
     only = random_schedule(3, ["x", "y", "z"], 30.0, [Fault.PAUSE, "cut"])
     assert only and {e.action for e in only} <= {Fault.PAUSE, Fault.CUT}
     with pytest.raises(ValueError):
         random_schedule(1, [], 10.0)
+
+
+def test_a_short_schedule_can_be_made_to_include_chosen_kinds() -> None:
+    for seed in range(1, 30):
+        schedule = random_schedule(seed, ["a", "b", "c"], 20.0, required=[Fault.DISK, Fault.POWER])
+        assert {Fault.DISK, Fault.POWER} <= {e.action for e in schedule}, (seed, schedule)
+        assert schedule == random_schedule(seed, ["a", "b", "c"], 20.0, required=[Fault.DISK, Fault.POWER])
