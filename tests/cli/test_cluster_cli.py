@@ -31,12 +31,12 @@ def status_response(controller: str = "b") -> cluster_pb2.ClusterStatusResponse:
     resp = cluster_pb2.ClusterStatusResponse(
         serverId="a", controller=controller, term=7, commitIndex=120, appliedIndex=118, streamCount=3, partitionCount=9
     )
-    resp.servers.add(id="c", host="10.0.0.3", port=9294, alive=False, livenessChanged=1_700_000_000_000_000_000)
+    resp.servers.add(id="c", host="127.0.1.3", port=9294, alive=False, livenessChanged=1_700_000_000_000_000_000)
     resp.servers.add(
-        id="b", host="10.0.0.2", port=9293, rack="r2", alive=True, voter=True, controller=True, partitionCount=6
+        id="b", host="127.0.1.2", port=9293, rack="r2", alive=True, voter=True, controller=True, partitionCount=6
     )
     resp.servers.add(
-        id="a", host="10.0.0.1", port=9292, rack="r1", alive=True, voter=True, partitionCount=9, leaderCount=5
+        id="a", host="127.0.1.1", port=9292, rack="r1", alive=True, voter=True, partitionCount=9, leaderCount=5
     )
     return resp
 
@@ -99,16 +99,18 @@ def test_table(fake: tuple[FakeCluster, str]) -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        "controller b  term 7  commit 120  applied 118  3 streams, 9 partitions  answered by a (10.0.0.1:9292)"
+        "controller b  term 7  commit 120  applied 118  3 streams, 9 partitions  answered by a (127.0.1.1:9292)"
     )
     assert result.stderr == ""
     header = next(line for line in lines if "ADDRESS" in line)
     assert header.split() == ["ID", "ADDRESS", "RACK", "ROLE", "LIVE", "PARTITIONS", "LEADERS"]
     rows = [line.split() for line in lines[lines.index(header) + 2 :] if line.strip()]
+    # The live server that does not answer (nothing listens at b's address) is named, not guessed about.
+    assert " ".join(rows.pop()) == "fenced replicas unknown for b (did not answer)"
     assert rows == [
-        ["a", "10.0.0.1:9292", "r1", "voter", "yes", "9", "5"],
-        ["b", "10.0.0.2:9293", "r2", "controller", "yes", "6", "0"],
-        ["c", "10.0.0.3:9294", "—", "—", "no", "0", "0"],
+        ["a", "127.0.1.1:9292", "r1", "voter", "yes", "9", "5"],
+        ["b", "127.0.1.2:9293", "r2", "controller", "yes", "6", "0"],
+        ["c", "127.0.1.3:9294", "—", "—", "no", "0", "0"],
     ]
 
 
@@ -119,16 +121,17 @@ def test_table_at_80_columns_keeps_ids_and_addresses_whole(fake: tuple[FakeClust
     result = invoke("cluster", "status", "-a", address, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("controller b  term 7") and lines[0].endswith("(10.0.0.1:9292)")  # not wrapped
+    assert lines[0].startswith("controller b  term 7") and lines[0].endswith("(127.0.1.1:9292)")  # not wrapped
     assert max(len(line) for line in lines[1:]) <= 80
     header = next(line for line in lines if "ADDRESS" in line)
     assert header.split() == ["ID", "ADDRESS", "RACK", "ROLE", "LIVE", "PARTITIONS", "LEADERS"]  # not cut
     rows = [line.split() for line in lines[lines.index(header) + 2 :] if line.strip()]
+    assert rows.pop()[:3] == ["fenced", "replicas", "unknown"]  # b's address does not answer
     # One line per server: the 16-character id and the address whole.
     assert [(row[0], row[1]) for row in rows] == [
-        (long_id, "10.0.0.3:9294"),
-        ("a", "10.0.0.1:9292"),
-        ("b", "10.0.0.2:9293"),
+        (long_id, "127.0.1.3:9294"),
+        ("a", "127.0.1.1:9292"),
+        ("b", "127.0.1.2:9293"),
     ]
 
 
@@ -176,11 +179,14 @@ def test_json(fake: tuple[FakeCluster, str]) -> None:
         "stream_count": 3,
         "partition_count": 9,
         "attention": [],
+        "fenced": [],
+        "unreachable": ["b"],
+        "open_files_limit": 0,
     }
     assert [s["id"] for s in obj["servers"]] == ["a", "b", "c"]  # sorted by id, like the table
     assert obj["servers"][2] == {
         "id": "c",
-        "host": "10.0.0.3",
+        "host": "127.0.1.3",
         "port": 9294,
         "rack": "",
         "alive": False,
@@ -250,6 +256,7 @@ def test_partitions_needing_attention_get_their_own_table_and_json(fake: tuple[F
     lines = out.splitlines()
     title = next(i for i, line in enumerate(lines) if "Partitions needing attention" in line)
     rows = [line.split() for line in lines[title + 3 :] if line.strip() and not line.strip().startswith("─")]
+    assert rows.pop()[:3] == ["fenced", "replicas", "unknown"]  # b's address does not answer
     assert rows == [
         ["orders", "2", "candidate-found", "(c)", "a", "b,c", "a,b,c"],
         ["logs", "0", "online", "b", "b", "b,c"],
@@ -263,6 +270,8 @@ def test_partitions_needing_attention_get_their_own_table_and_json(fake: tuple[F
         "candidate": "c",
         "replicas": ["a", "b", "c"],
         "isr": ["b", "c"],
+        "server": "",
+        "reason": "",
     }
     status = ClusterStatus.from_proto(servicer.response)
     assert [p.under_replicated for p in status.attention] == [True, True]

@@ -38,7 +38,11 @@ async def test_status_counts_replicas_and_lists_partitions_needing_attention() -
     cluster: Any = SimpleNamespace(
         metadata=metadata(), raft=SimpleNamespace(node=None), leader_id="a", voters=("a", "b"), server_id="b"
     )
-    resp = await ClusterStatusService(cluster, None).Status(None, None)  # type: ignore[arg-type]
+    meta = cluster.metadata
+    healthy = SimpleNamespace(fenced=None, meta=meta.partition("orders", 0))
+    fenced = SimpleNamespace(fenced="log ... is fenced: write ... failed (ENOSPC)", meta=meta.partition("orders", 1))
+    streams: Any = SimpleNamespace(partitions={("orders", 0): healthy, ("orders", 1): fenced})
+    resp = await ClusterStatusService(cluster, streams).Status(None, None)
     assert (resp.serverId, resp.controller, resp.streamCount, resp.partitionCount) == ("b", "a", 1, 3)
     assert [(s.id, s.voter, s.controller, s.partitionCount, s.leaderCount) for s in resp.servers] == [
         ("a", True, True, 3, 1),
@@ -48,4 +52,8 @@ async def test_status_counts_replicas_and_lists_partitions_needing_attention() -
     assert [(p.partition, p.state, list(p.isr)) for p in resp.attention] == [
         (1, "online", ["b", "c"]),
         (2, "offline", ["c", "a", "b"]),
+    ]
+    # This server's fenced replicas, with the reason; the healthy one is not listed.
+    assert [(p.stream, p.partition, p.state, p.server, p.reason) for p in resp.fenced] == [
+        ("orders", 1, "fenced", "b", "log ... is fenced: write ... failed (ENOSPC)")
     ]

@@ -57,7 +57,7 @@ def test_a_roll_that_cannot_create_its_segment_changes_nothing(
     log = open_log(tmp_path, io, clock, segment_max_bytes=200)
     log.append([NewRecord(b"a" * 120)])
     io.fail("open", error, path="*.log")
-    with pytest.raises(WriteFailed, match="cannot create .*00000000000000000001.log"):
+    with pytest.raises(WriteFailed, match=r"cannot create .*00000000000000000001\.log"):
         log.append([NewRecord(b"b" * 120)])  # would roll
     assert [s.base_offset for s in log.segments] == [0]
     assert log.append([NewRecord(b"c" * 120)]) == 2
@@ -130,7 +130,7 @@ def test_a_new_epoch_that_cannot_be_recorded_writes_nothing(tmp_path: Path, io: 
     log = open_log(tmp_path, io, clock)
     log.append([NewRecord(b"e0")], leader_epoch=0)
     io.fail("write", errno.ENOSPC, path="leader-epoch.checkpoint.tmp")
-    with pytest.raises(WriteFailed, match="leader-epoch.checkpoint"):
+    with pytest.raises(WriteFailed, match=r"leader-epoch\.checkpoint"):
         log.append([NewRecord(b"e1")], leader_epoch=1)
     assert log.log_end_offset == 1
     assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries] == [(0, 0)]

@@ -99,6 +99,16 @@ def attention_table(status: ClusterStatus) -> Table:
     return table
 
 
+def fenced_table(status: ClusterStatus) -> Table:
+    """Replicas whose logs refuse writes, with the file and OS error that caused it."""
+    table = Table(title="Fenced replicas (refusing writes)", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for heading in ("STREAM", "PART.", "SERVER", "LEADER", "REASON"):
+        table.add_column(heading, overflow="fold")
+    for p in status.fenced:
+        table.add_row(Text(p.stream), str(p.partition), Text(p.server), Text(p.leader), Text(p.reason, style="red"))
+    return table
+
+
 def status_json(status: ClusterStatus) -> str:
     """One JSON object with the fields of :class:`~liftlog.client.ClusterStatus`, servers sorted by id."""
     obj: dict[str, Any] = dataclasses.asdict(status)
@@ -140,3 +150,9 @@ def status(as_json: bool) -> None:
     console.print(status_table(result))
     if result.attention:
         console.print(attention_table(result))
+    if result.fenced:
+        console.print(fenced_table(result))
+    if result.unreachable:
+        console.print(
+            Text(f"fenced replicas unknown for {', '.join(result.unreachable)} (did not answer)", style="yellow")
+        )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import weakref
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
@@ -37,7 +38,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, cluster_pb2
-from liftlog.client.cluster import ClusterStatus, not_offered
+from liftlog.client.cluster import ClusterStatus, PartitionStatus, not_offered
 from liftlog.client.errors import (
     AckTimeoutError,
     ConfigurationError,
@@ -505,7 +506,24 @@ class Client(Routing):
             if replacement is None:
                 raise
             raise replacement from err
-        return ClusterStatus.from_proto(resp)
+        status = ClusterStatus.from_proto(resp)
+        # Fenced replicas are each server's own knowledge: ask the other live servers for theirs.
+        others = [s for s in status.servers if s.alive and s.id != status.server_id]
+        answers = await asyncio.gather(
+            *(
+                self._stub(f"{s.host}:{s.port}").cluster_status(cluster_pb2.ClusterStatusRequest(), timeout=2.0)
+                for s in others
+            ),
+            return_exceptions=True,
+        )
+        fenced = list(status.fenced)
+        unreachable = []
+        for server, answer in zip(others, answers, strict=True):
+            if isinstance(answer, BaseException):
+                unreachable.append(server.id)
+            else:
+                fenced.extend(PartitionStatus.from_proto(p) for p in answer.fenced)
+        return dataclasses.replace(status, fenced=tuple(fenced), unreachable=tuple(unreachable))
 
     # ------------------------------------------------------------------ plain NATS
 

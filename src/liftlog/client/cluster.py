@@ -62,7 +62,11 @@ class ServerStatus:
 
 @dataclass(frozen=True, slots=True)
 class PartitionStatus:
-    """A partition that needs attention: ``state`` is not "online", or ``isr`` is smaller than ``replicas``."""
+    """A partition that needs attention: ``state`` is not "online", or ``isr`` is smaller than ``replicas``.
+
+    For a fenced replica ``state`` is "fenced", ``server`` the server holding it and ``reason`` why its log
+    refuses writes.
+    """
 
     stream: str
     partition: int
@@ -71,6 +75,8 @@ class PartitionStatus:
     candidate: str
     replicas: tuple[str, ...]
     isr: tuple[str, ...]
+    server: str = ""
+    reason: str = ""
 
     @property
     def under_replicated(self) -> bool:
@@ -78,7 +84,9 @@ class PartitionStatus:
 
     @classmethod
     def from_proto(cls, p: cluster_pb2.PartitionStatus) -> PartitionStatus:
-        return cls(p.stream, p.partition, p.state, p.leader, p.candidate, tuple(p.replicas), tuple(p.isr))
+        return cls(
+            p.stream, p.partition, p.state, p.leader, p.candidate, tuple(p.replicas), tuple(p.isr), p.server, p.reason
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +98,10 @@ class ClusterStatus:
     ``commit_index`` and ``applied_index`` are the answering server's Raft
     state: an applied index lagging the commit index means its view is behind.
     ``servers`` keeps the order the server sent; ``attention`` lists the
-    partitions that are not online or are under-replicated.
+    partitions that are not online or are under-replicated; ``fenced`` the
+    fenced replicas of every server that answered (``unreachable`` names the
+    live servers that did not); ``open_files_limit`` is the answering
+    server's.
     """
 
     server_id: str
@@ -102,6 +113,9 @@ class ClusterStatus:
     stream_count: int
     partition_count: int
     attention: tuple[PartitionStatus, ...] = ()
+    fenced: tuple[PartitionStatus, ...] = ()
+    unreachable: tuple[str, ...] = ()
+    open_files_limit: int = 0
 
     def server(self, id: str) -> ServerStatus | None:
         """The server with this id, or None."""
@@ -123,6 +137,9 @@ class ClusterStatus:
             resp.streamCount,
             resp.partitionCount,
             tuple(PartitionStatus.from_proto(p) for p in resp.attention),
+            tuple(PartitionStatus.from_proto(p) for p in resp.fenced),
+            (),
+            resp.openFilesLimit,
         )
 
 

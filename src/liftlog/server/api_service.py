@@ -403,6 +403,7 @@ class ApiService(api_pb2_grpc.APIServicer):
                 firstTimestamp=meta.readonly_timestamps.first, latestTimestamp=meta.readonly_timestamps.latest
             ),
             logStartOffset=api_pb2.NullableInt64(value=log.log_start_offset) if log is not None else None,
+            fenced=part.fenced or "" if part is not None else "",
         )
 
     async def FetchPartitionMetadata(self, request: Any, context: Any) -> api_pb2.FetchPartitionMetadataResponse:

@@ -58,6 +58,21 @@ class ClusterStatusService(cluster_pb2_grpc.ClusterServicer):
                             isr=p.isr,
                         )
                     )
+        for (name, pid), part in sorted(self._streams.partitions.items()):
+            if part.fenced is not None:
+                meta = part.meta
+                out.fenced.append(
+                    cluster_pb2.PartitionStatus(
+                        stream=name,
+                        partition=pid,
+                        state="fenced",
+                        leader=meta.leader,
+                        replicas=meta.replicas,
+                        isr=meta.isr,
+                        server=cluster.server_id,
+                        reason=part.fenced,
+                    )
+                )
         for server in sorted(metadata.servers.values(), key=lambda s: s.id):
             out.servers.append(
                 cluster_pb2.ServerStatus(

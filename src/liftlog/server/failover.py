@@ -84,6 +84,13 @@ class Failover:
         meta = self._metadata().partition(str(body["name"]), int(body["partition"]))
         if meta.state is not PartitionState.ONLINE or meta.leader != body.get("leader"):
             return
+        if body.get("fenced") and body.get("reporter") == meta.leader and int(body["epoch"]) == meta.epoch:
+            # The leader's own log refuses writes: an in-sync replica elsewhere can take over. With none,
+            # it keeps leading (readable, refusing publishes) rather than the partition going offline.
+            alive = {s.id for s in self._metadata().servers.values() if s.alive}
+            if rank_candidates(meta, alive, {}):
+                await self.elect(meta, f"leader {meta.leader} is fenced: {body['fenced']}")
+            return
         enough = self.reports.report(
             meta, str(body["reporter"]), int(body["epoch"]), int(body["leader_epoch"]), self._clock()
         )

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 AckSink = Callable[[api_pb2.Ack], None]
 #: Carries out a leader's ISR proposals and follower notifications (server-level work). Must not block.
 LeaderActionSink = Callable[["Partition", Sequence[LeaderAction]], None]
+#: Told when the log of a partition this replica leads fenced itself (server-level: hand leadership over).
+FencedSink = Callable[["Partition"], None]
 
 
 class PartitionClosed(Exception):
@@ -124,8 +126,10 @@ class Partition:
         self.last_cleaned = clock()
         self._sub: Any = None
         self._pending: list[Incoming] = []
-        #: Why this replica refuses writes and cannot serve (its log failed to open, ...); None when healthy.
+        #: Why this replica refuses writes (its log failed to open, or fenced itself after a write it could
+        #: not undo); None when healthy.
         self.fenced: str | None = None
+        self.on_fenced: FencedSink | None = None
         #: Why the last write failed (a full disk, ...); None after a write succeeds.
         self.write_error: str | None = None
         self._commit_waiters: deque[api_pb2.Ack] = deque()
@@ -253,11 +257,11 @@ class Partition:
                 self._append_one_by_one(accepted, now)
                 accepted = []
             except (StorageError, OSError) as exc:
-                self._write_failed(exc)
+                self.write_failed(exc)
                 rejected.extend((item, api_pb2.Ack.UNKNOWN) for item in accepted)
                 accepted = []
             else:
-                self.write_error = None
+                self.write_succeeded()
         if accepted:
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
@@ -375,7 +379,7 @@ class Partition:
                 if isinstance(exc, RecordTooLarge):
                     self._refused(item, api_pb2.Ack.TOO_LARGE, now)
                 else:
-                    self._write_failed(exc)
+                    self.write_failed(exc)
                     self._refused(item, api_pb2.Ack.UNKNOWN, now)
                 continue
             self.messages_received = self.messages_received.record(now)
@@ -397,10 +401,28 @@ class Partition:
             ack.ackError = error  # type: ignore[assignment]
             self._ack_sink(ack)
 
-    def _write_failed(self, exc: Exception) -> None:
+    def write_failed(self, exc: Exception) -> None:
         # Nothing of the batch is acknowledged; publishers get an error ack and may retry.
         self.write_error = f"cannot write to partition {self.stream}/{self.id}: {exc}"
-        log.error("%s", self.write_error)
+        if isinstance(exc, LogFenced):
+            if self.fenced is None:
+                self.fenced = str(exc)
+                log.error("partition %s/%d is fenced: %s", self.stream, self.id, exc)
+                if self.leader is not None and self.on_fenced is not None:
+                    self.on_fenced(self)
+        else:
+            log.error("%s", self.write_error)
+
+    def write_succeeded(self) -> None:
+        self.write_error = None
+        if self.fenced is not None and self.log is not None and self.log.fenced is None:
+            log.warning("partition %s/%d takes writes again (it was fenced: %s)", self.stream, self.id, self.fenced)
+            self.fenced = None
+
+    def try_repair(self) -> None:
+        """A fenced log retries its repair (writes do too; this covers a partition nobody writes to)."""
+        if self.fenced is not None and self.log is not None and self.log.fenced is not None and self.log.repair():
+            self.write_succeeded()
 
     def _ack(self, item: Incoming, offset: int, now: int) -> api_pb2.Ack:
         return api_pb2.Ack(

@@ -379,6 +379,7 @@ class Replicator:
                 if actions and isinstance(actions[0], Append):
                     assert part.log is not None
                     part.log.append_raw(reply.batches)
+                    part.write_succeeded()
                     part.appended()
                     actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())
                 self._carry_out(member, actions)
@@ -402,6 +403,12 @@ class Replicator:
                 self._out_of_range(part, core, refused.error)
                 return
             log.debug("%s: %s refused a fetch: %s", part, core.leader, refused)
+            self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+        except (StorageError, OSError) as exc:
+            if part.follower is not core:
+                return
+            # The log is as it was (or fenced, and repairs itself on the next write): fetch again later.
+            part.write_failed(exc)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
         except Exception as exc:
             if part.follower is not core:

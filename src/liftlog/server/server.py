@@ -291,6 +291,22 @@ class Server:
         }
         await self._tell_controller(part, body, f"reporting leader {report.leader} failed")
 
+    async def _resign(self, part: Partition, reason: str) -> None:
+        meta = part.meta
+        if meta.leader != self.server_id or len(meta.isr) < 2:
+            return  # nobody in sync to hand over to: lead on, refusing publishes, until the log repairs
+        body = {
+            "kind": "report_leader",
+            "name": part.stream,
+            "partition": part.id,
+            "reporter": self.server_id,
+            "leader": self.server_id,
+            "epoch": meta.epoch,
+            "leader_epoch": meta.leader_epoch,
+            "fenced": reason,
+        }
+        await self._tell_controller(part, body, "handing leadership over from a fenced log")
+
     async def _tell_controller(self, part: Partition, body: dict[str, Any], failed: str) -> None:
         """Send a replica's request to the controller; a failure is only logged (each caller retries its way)."""
         if self.cluster is None:
@@ -331,6 +347,7 @@ class Server:
             limits=self.config.stream_limits(),
         )
         self.streams.request_pause = self.cluster.pause
+        self.streams.resign = self._resign
 
     async def _start_metadata(self) -> None:
         assert self.cluster is not None
@@ -485,6 +502,7 @@ class Server:
 
         async def checkpoint() -> None:
             streams.checkpoint_high_watermarks()
+            streams.repair_fenced()
 
         # A restart after a crash resumes from this, not from -1 (seed 000: followers checkpoint the HW).
         self._tasks.append(loop.create_task(self._every(5.0, checkpoint), name="hw-checkpoint"))

@@ -108,6 +108,8 @@ class StreamManager:
         self.request_pause: PauseRequest | None = None
         #: Replication of partitions with several replicas; None runs every partition unreplicated.
         self.replicator: Replicator | None = None
+        #: Asks the controller to move leadership away from a replica whose log fenced itself.
+        self.resign: Callable[[Partition, str], Awaitable[None]] | None = None
         #: Tells the controller this replica is ready to lead (an election picked it).
         self.confirm_candidate: Callable[[Partition], Awaitable[None]] | None = None
         #: False until this server has caught up with the cluster's metadata: a restarted server must not
@@ -482,7 +484,7 @@ class StreamManager:
             min_isr=s.min_isr if s.min_isr is not None else self.min_isr_default,
             file_io=self._file_io,
         )
-        return Partition(
+        part = Partition(
             meta,
             directory=self._dir / stream.name / str(meta.id),
             options=options,
@@ -490,6 +492,19 @@ class StreamManager:
             ack_sink=self._ack_sink,
             clock=self._clock,
         )
+        part.on_fenced = self._fenced_while_leading
+        return part
+
+    def _fenced_while_leading(self, part: Partition) -> None:
+        if self.resign is not None and part.fenced is not None:
+            task = asyncio.ensure_future(self.resign(part, part.fenced))
+            self._confirmations.add(task)
+            task.add_done_callback(self._confirmations.discard)
+
+    def repair_fenced(self) -> None:
+        """Fenced logs retry their repair, so a partition nobody writes to resumes too."""
+        for part in self.partitions.values():
+            part.try_repair()
 
     def _log_config(self, s: StreamSettings) -> LogConfig:
         """The server's ``streams.*`` log settings with the stream's overrides."""

@@ -448,7 +448,7 @@ class PartitionEventTimestamps(_message.Message):
     def __init__(self, firstTimestamp: _Optional[int] = ..., latestTimestamp: _Optional[int] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
-    __slots__ = ("id", "leader", "replicas", "isr", "highWatermark", "newestOffset", "paused", "readonly", "messagesReceivedTimestamps", "pauseTimestamps", "readonlyTimestamps", "logStartOffset")
+    __slots__ = ("id", "leader", "replicas", "isr", "highWatermark", "newestOffset", "paused", "readonly", "messagesReceivedTimestamps", "pauseTimestamps", "readonlyTimestamps", "logStartOffset", "fenced")
     ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -461,6 +461,7 @@ class PartitionMetadata(_message.Message):
     PAUSETIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
     READONLYTIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
     LOGSTARTOFFSET_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
     id: int
     leader: str
     replicas: _containers.RepeatedScalarFieldContainer[str]
@@ -473,7 +474,8 @@ class PartitionMetadata(_message.Message):
     pauseTimestamps: PartitionEventTimestamps
     readonlyTimestamps: PartitionEventTimestamps
     logStartOffset: NullableInt64
-    def __init__(self, id: _Optional[int] = ..., leader: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., highWatermark: _Optional[int] = ..., newestOffset: _Optional[int] = ..., paused: _Optional[bool] = ..., readonly: _Optional[bool] = ..., messagesReceivedTimestamps: _Optional[_Union[PartitionEventTimestamps, _Mapping]] = ..., pauseTimestamps: _Optional[_Union[PartitionEventTimestamps, _Mapping]] = ..., readonlyTimestamps: _Optional[_Union[PartitionEventTimestamps, _Mapping]] = ..., logStartOffset: _Optional[_Union[NullableInt64, _Mapping]] = ...) -> None: ...
+    fenced: str
+    def __init__(self, id: _Optional[int] = ..., leader: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., highWatermark: _Optional[int] = ..., newestOffset: _Optional[int] = ..., paused: _Optional[bool] = ..., readonly: _Optional[bool] = ..., messagesReceivedTimestamps: _Optional[_Union[PartitionEventTimestamps, _Mapping]] = ..., pauseTimestamps: _Optional[_Union[PartitionEventTimestamps, _Mapping]] = ..., readonlyTimestamps: _Optional[_Union[PartitionEventTimestamps, _Mapping]] = ..., logStartOffset: _Optional[_Union[NullableInt64, _Mapping]] = ..., fenced: _Optional[str] = ...) -> None: ...
 
 class FetchPartitionMetadataRequest(_message.Message):
     __slots__ = ("stream", "partition")
