@@ -31,9 +31,10 @@ test: lint typecheck unit
 run: install
 	$(BIN)/liftlog server --embedded-nats --data-dir ./data $(RUN_ARGS)
 
-# Starts its own server (temporary data, free ports) unless BENCH_ARGS has --addr.
+# Starts its own server (temporary data, free ports), once per fsync policy in BENCH_FSYNC, and compares them.
+BENCH_FSYNC ?= never,interval,always
 bench: install
-	$(BIN)/liftlog bench --start-server $(BENCH_ARGS)
+	$(BIN)/liftlog bench --start-server --fsync $(BENCH_FSYNC) $(BENCH_ARGS)
 
 # The seeded Raft simulation over many seeds (CI runs its default count as part of `make test`).
 SEEDS ?= 100000

@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from liftlog.cli.bench import CLUSTER_SCENARIOS, choose_scenarios, cluster_report
+from liftlog.cli.bench import CLUSTER_SCENARIOS, choose_fsync, choose_scenarios, cluster_report, fsync_comparison
 from liftlog.cli.bench_cluster import CLUSTER_DEFAULT_COUNTS, comparison, order_scenarios, server_ids
 from liftlog.cli.bench_scenarios import SCENARIOS
 from liftlog.cli.main import main
@@ -121,3 +121,16 @@ def test_cluster_report_shape() -> None:
     assert (report["size"], report["window"], report["partitions"]) == (256, 100, 1)
     assert report["scenarios"] is results
     assert report["comparison"] == {"failover_s": 6.0, "failover_goal_s": 5.0, "failover_met": False}
+
+
+def test_fsync_policies_and_their_comparison() -> None:
+    assert choose_fsync("never, always,never") == ["never", "always"]
+    by_policy = {
+        "never": {"async": {"msgs_per_s": 4000.0}, "sync": {"msgs_per_s": 1000.0}, "bad": {"error": "x"}},
+        "interval": {"async": {"msgs_per_s": 3900.0}, "sync": {"error": "timed out"}},
+        "always": {"async": {"msgs_per_s": 1800.0}, "sync": {"msgs_per_s": 600.0}},
+    }
+    assert fsync_comparison(by_policy) == {
+        "async": {"interval_vs_never": 0.975, "always_vs_never": 0.45, "goal": 0.5, "met": False},
+        "sync": {"always_vs_never": 0.6, "goal": 0.5, "met": True},
+    }

@@ -190,6 +190,8 @@ def test_size_and_duration_types() -> None:
         ("publish", "s", "a", "b", "--expected-offset", "3"),
         ("publish", "s", "--ack-policy", "some", "x"),
         ("bench", "--scenarios", "sync,warp"),
+        ("bench", "--start-server", "--fsync", "never,sometimes"),
+        ("bench", "--fsync", "always"),  # the policy of a server it does not start
     ],
 )
 def test_bad_values_are_usage_errors(args: tuple[str, ...]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import shutil
 import socket
@@ -116,8 +117,11 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def spawned_server() -> AsyncIterator[tuple[str, str]]:
-    """A server with embedded NATS on free ports in a temporary directory: yields (address, NATS URL)."""
+async def spawned_server(settings: tuple[str, ...] = ()) -> AsyncIterator[tuple[str, str]]:
+    """A server with embedded NATS on free ports in a temporary directory: yields (address, NATS URL).
+
+    ``settings`` are KEY=VALUE server settings (``--set``).
+    """
     from liftlog.client import Client, LiftlogError
 
     root = Path(tempfile.mkdtemp(prefix="liftlog-bench-"))
@@ -127,6 +131,8 @@ async def spawned_server() -> AsyncIterator[tuple[str, str]]:
     command = [sys.executable, "-m", "liftlog.cli.main", "server", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--embedded-nats", "--embedded-nats-port", str(nats_port), "--data-dir", str(root / "data")]
     command += ["--log-level", "warn"]
+    for setting in settings:
+        command += ["--set", setting]
     with open(log_path, "wb") as log:
         # A session of its own: Ctrl-C reaches only us, and we stop the server in order below.
         proc = subprocess.Popen(
@@ -170,6 +176,66 @@ def _table(results: dict[str, Any], title: str = "liftlog bench") -> Table:
             cells = (format_latency_us(ref_latency.get(q)) for q in quantiles)
             table.add_row("  Liftbridge", format_rate(ref["msgs_per_s"]), *cells, ref["notes"], style="dim")
     return table
+
+
+FSYNC_POLICIES = ("never", "interval", "always")
+#: The issue's goal: with group commit, "always" keeps at least half the PublishAsync throughput of "never".
+FSYNC_GOAL = 0.5
+
+
+def choose_fsync(value: str) -> list[str]:
+    chosen = list(dict.fromkeys(p.strip().lower() for p in value.split(",") if p.strip()))
+    unknown = [p for p in chosen if p not in FSYNC_POLICIES]
+    if unknown or not chosen:
+        raise click.BadParameter(
+            f"unknown fsync polic(ies) {', '.join(unknown) or '(none given)'}; choose from {', '.join(FSYNC_POLICIES)}",
+            param_hint="--fsync",
+        )
+    return chosen
+
+
+def fsync_comparison(by_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per scenario: each policy's throughput as a fraction of "never"'s, and whether "always" meets the goal."""
+    never = by_policy.get("never", {})
+    out: dict[str, Any] = {}
+    for scenario, base in never.items():
+        base_rate = base.get("msgs_per_s")
+        if not base_rate:
+            continue
+        row: dict[str, Any] = {}
+        for policy, results in by_policy.items():
+            rate = results.get(scenario, {}).get("msgs_per_s")
+            if policy != "never" and rate:
+                row[f"{policy}_vs_never"] = round(rate / base_rate, 3)
+        if "always_vs_never" in row:
+            row["goal"] = FSYNC_GOAL
+            row["met"] = row["always_vs_never"] >= FSYNC_GOAL
+        out[scenario] = row
+    return out
+
+
+def _fsync_table(by_policy: dict[str, dict[str, Any]]) -> Table:
+    """msgs/s and p99 of every scenario under each fsync policy, side by side."""
+    policies = list(by_policy)
+    table = Table("Scenario", *(f"{p} msgs/s" for p in policies), *(f"{p} p99" for p in policies))
+    table.title = "liftlog bench: fsync policies side by side (streams.fsync.policy)"
+    scenarios = list(dict.fromkeys(name for results in by_policy.values() for name in results))
+    for scenario in scenarios:
+        rates, p99s = [], []
+        for policy in policies:
+            result = by_policy[policy].get(scenario, {})
+            if "error" in result or not result:
+                rates.append(Text("error", style="red"))
+                p99s.append("-")
+            else:
+                rates.append(Text(format_rate(result["msgs_per_s"] or 0)))
+                p99s.append(format_latency_us((result["latency_us"] or {}).get("p99")))
+        table.add_row(scenario, *rates, *p99s)
+    return table
+
+
+def _prefixed(show: Callable[[str], None], prefix: str, text: str) -> None:
+    show(prefix + text)
 
 
 def _given(ctx: click.Context, name: str) -> bool:
@@ -317,6 +383,17 @@ def _goal_lines(summary: dict[str, Any]) -> list[str]:
         f"with --start-cluster: {','.join(CLUSTER_SCENARIOS)}]."
     ),
 )
+@click.option(
+    "--fsync",
+    "fsync",
+    default="never",
+    show_default=True,
+    metavar="POLICIES",
+    help=(
+        "With --start-server: the streams.fsync.policy of the started server; a comma-separated list "
+        "(never,interval,always) runs the scenarios once per policy on a server of its own and compares them."
+    ),
+)
 @click.option("--json-only", is_flag=True, help="Print only the JSON line.")
 @click.pass_context
 def bench(
@@ -333,6 +410,7 @@ def bench(
     concurrency: int,
     nats_url: str | None,
     scenarios: str | None,
+    fsync: str,
     json_only: bool,
 ) -> None:
     """Measure publish and consume throughput and latency.
@@ -373,6 +451,9 @@ def bench(
     """
     check_cluster_options(ctx, start_cluster, start_server)
     check_server_settings(server_set)
+    policies = choose_fsync(fsync)
+    if _given(ctx, "fsync") and not start_server:
+        raise click.UsageError("--fsync sets the policy of the server it starts: it needs --start-server")
     chosen = choose_scenarios(scenarios, start_cluster, servers)
     console = err_console()
     settings = Settings(
@@ -414,18 +495,33 @@ def bench(
             raise click.exceptions.Exit(1)
         return
 
-    async def go() -> tuple[str, dict[str, Any]]:
+    async def go() -> tuple[str, dict[str, dict[str, Any]]]:
         with status or contextlib.nullcontext():
             if not start_server:
-                return ", ".join(addresses()), await _run_all(list(addresses()), settings, chosen, show)
-            show("starting a server")
-            async with spawned_server() as (address, url):
-                settings.nats_url = nats_url or url
-                return "started", await _run_all([address], settings, chosen, show)
+                return ", ".join(addresses()), {"": await _run_all(list(addresses()), settings, chosen, show)}
+            by_policy: dict[str, dict[str, Any]] = {}
+            for policy in policies:
+                show(f"starting a server (fsync {policy})")
+                async with spawned_server((f"streams.fsync.policy={policy}",)) as (address, url):
+                    settings.nats_url = nats_url or url
+                    prefix = f"fsync {policy}: " if len(policies) > 1 else ""
+                    by_policy[policy] = await _run_all(
+                        [address], settings, chosen, functools.partial(_prefixed, show, prefix)
+                    )
+            return "started", by_policy
 
-    server, results = run_loop(go())
+    server, by_policy = run_loop(go())
+    results = next(iter(by_policy.values()))
     if not json_only:
-        console.print(_table(results))
+        console.print(_table(results, "liftlog bench" + (f" (fsync {policies[0]})" if start_server else "")))
+        if len(by_policy) > 1:
+            console.print(_fsync_table(by_policy))
+            for scenario, row in fsync_comparison(by_policy).items():
+                if "met" in row:
+                    print_note(
+                        f"{scenario}: fsync always runs at {row['always_vs_never']:.2f}x of never "
+                        f"(goal >= {FSYNC_GOAL}: {'met' if row['met'] else 'NOT met'})"
+                    )
     report = {
         "bench": "liftlog",
         "size": size,
@@ -437,6 +533,11 @@ def bench(
         "scenarios": results,
         "liftbridge_reference": {name: ref for name, ref in REFERENCE.items() if name in results},
     }
+    if start_server:
+        report["fsync_policy"] = policies[0]
+    if len(by_policy) > 1:
+        report["fsync"] = by_policy
+        report["fsync_comparison"] = fsync_comparison(by_policy)
     click.echo(json.dumps(report))
-    if any("error" in result for result in results.values()):
+    if any("error" in result for results in by_policy.values() for result in results.values()):
         raise click.exceptions.Exit(1)

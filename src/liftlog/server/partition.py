@@ -46,6 +46,9 @@ AckSink = Callable[[api_pb2.Ack], None]
 LeaderActionSink = Callable[["Partition", Sequence[LeaderAction]], None]
 #: Told when the log of a partition this replica leads fenced itself (server-level: hand leadership over).
 FencedSink = Callable[["Partition"], None]
+#: Told that this partition appended batches that wait for an fsync (fsync policy "always"): the group
+#: committer fsyncs every such log once at the end of the event-loop turn, then calls ``synced``.
+SyncSink = Callable[["Partition"], None]
 
 
 class PartitionClosed(Exception):
@@ -130,6 +133,10 @@ class Partition:
         #: not undo); None when healthy.
         self.fenced: str | None = None
         self.on_fenced: FencedSink | None = None
+        #: Group commit (fsync "always"): when set, a leader's appends are fsynced by the committer in one
+        #: fsync per turn; their LEADER acks and the commit (HW) wait for ``synced``.
+        self.group_commit: SyncSink | None = None
+        self._unsynced_acks: list[api_pb2.Ack] = []
         #: Why the last write failed (a full disk, ...); None after a write succeeds.
         self.write_error: str | None = None
         self._commit_waiters: deque[api_pb2.Ack] = deque()
@@ -185,6 +192,7 @@ class Partition:
     async def close(self, reason: str) -> None:
         """Stop intake, close the log (checkpointing the HW) and end every reader."""
         await self.stop_intake()
+        self._sync_now()
         self.leader = None
         self.follower = None
         self.fail_commit_waiters(reason)
@@ -250,6 +258,8 @@ class Partition:
                 next_offset += 1
         base = log_.log_end_offset
         if accepted:
+            # Group commit: the fsync waits for the end of this event-loop turn, shared with other batches.
+            log_.defer_fsync = self.group_commit is not None
             try:
                 log_.append([item.record for item in accepted], self._write_epoch, now)
             except RecordTooLarge:
@@ -262,6 +272,8 @@ class Partition:
                 accepted = []
             else:
                 self.write_succeeded()
+            finally:
+                log_.defer_fsync = False
         if accepted:
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
@@ -269,7 +281,9 @@ class Partition:
             self._written(item, offset, now)
         for item, error in rejected:
             self._refused(item, error, now)
-        if log_.log_end_offset > base:
+        if log_.unsynced and self.group_commit is not None:
+            self.group_commit(self)
+        elif log_.log_end_offset > base:
             self._log_grew(now)
         if too_few_copies:
             log.warning(
@@ -355,6 +369,7 @@ class Partition:
 
     def become_follower(self) -> None:
         """Stop leading; the replicator sets ``follower`` when it starts fetching."""
+        self._sync_now()  # acks held for an fsync go out (or fail) as a leader's would
         self.leader = None
         self._deposed = True
         self.fail_commit_waiters("the partition has a new leader")
@@ -390,10 +405,59 @@ class Partition:
         """Ack a written message now (LEADER) or once committed (ALL)."""
         if item.ack_inbox and item.ack_policy != api_pb2.NONE:
             ack = self._ack(item, offset, now)
-            if item.ack_policy == api_pb2.LEADER:
-                self._ack_sink(ack)
-            else:
+            if item.ack_policy != api_pb2.LEADER:
                 self._commit_waiters.append(ack)
+            elif self.log is not None and self.log.unsynced:
+                self._unsynced_acks.append(ack)
+            else:
+                self._ack_sink(ack)
+
+    # -- group commit ------------------------------------------------------
+
+    def synced(self, error: OSError | None) -> None:
+        """The group committer fsynced this log (or failed to, ``error``): ack and commit, or refuse."""
+        log_ = self.log
+        held, self._unsynced_acks = self._unsynced_acks, []
+        if log_ is None:  # closed: close() synced first, so nothing is held
+            return
+        if error is None and not held and not log_.unsynced:
+            return
+        try:
+            log_.finish_sync(error)
+        except (StorageError, OSError) as exc:
+            # The batches that waited were taken back off the log (or it fenced): none may be acked.
+            self.write_failed(exc)
+            for ack in held:
+                ack.ackError = api_pb2.Ack.UNKNOWN
+                ack.offset = -1
+                self._ack_sink(ack)
+            self._fail_waiters_from(log_.log_end_offset, f"the fsync of partition {self.stream}/{self.id} failed")
+            return
+        for ack in held:
+            self._ack_sink(ack)
+        self._log_grew(self._clock())
+
+    def _sync_now(self) -> None:
+        if self.log is not None and self.log.unsynced:
+            error: OSError | None = None
+            try:
+                self.log.fsync_unsynced()
+            except OSError as exc:
+                error = exc
+            self.synced(error)
+
+    def _fail_waiters_from(self, offset: int, reason: str) -> None:
+        """Ack-ALL messages at or past ``offset`` (no longer in the log) are told they failed."""
+        waiters = self._commit_waiters
+        failed = 0
+        while waiters and waiters[-1].offset >= offset:
+            ack = waiters.pop()
+            ack.ackError = api_pb2.Ack.UNKNOWN
+            ack.offset = -1
+            self._ack_sink(ack)
+            failed += 1
+        if failed:
+            log.warning("%s: %d ack-ALL messages not acknowledged: %s", self, failed, reason)
 
     def _refused(self, item: Incoming, error: int, now: int) -> None:
         if item.ack_inbox:

@@ -39,9 +39,10 @@ from liftlog.metadata import (
     check_stream_usable,
 )
 from liftlog.server.config import StreamsConfig
-from liftlog.storage import FileIO, LogConfig, StorageError
+from liftlog.storage import FileIO, FsyncPolicy, LogConfig, StorageError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
+from .group_commit import GroupCommitter
 from .partition import AckSink, Partition, PartitionOptions
 from .replicator import Replicator
 
@@ -84,6 +85,8 @@ class StreamManager:
     ) -> None:
         self.server_id = server_id
         self._file_io = file_io
+        #: One fsync per log per event-loop turn for partitions with the "always" fsync policy.
+        self.committer = GroupCommitter()
         self._dir = data_dir / "streams"
         self._namespace = namespace
         #: Streams (name, creation time) skipped because an older version let in a name or subject
@@ -142,6 +145,7 @@ class StreamManager:
                 await part.close("the server is shutting down")
             except Exception:
                 log.exception("closing %s", part)
+        self.committer.close()
 
     # -- following the metadata -----------------------------------------
 
@@ -493,6 +497,8 @@ class StreamManager:
             clock=self._clock,
         )
         part.on_fenced = self._fenced_while_leading
+        if options.log_config.fsync is FsyncPolicy.ALWAYS:
+            part.group_commit = self.committer.add
         return part
 
     def _fenced_while_leading(self, part: Partition) -> None:

@@ -101,6 +101,10 @@ class CommitLog:
         self._clock = clock
         self.io = io
         self._fence: _Fence | None = None
+        #: With ``defer_fsync`` (and the ``always`` policy) appends leave the fsync to ``sync``, so that the
+        #: batches of one event-loop turn share one (group commit); the log end before the first of them.
+        self.defer_fsync = False
+        self._unsynced_from: int | None = None
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._lock = threading.Lock()
@@ -311,7 +315,10 @@ class CommitLog:
             self._restore_epochs(epochs)
             raise
         policy = self.config.fsync
-        if policy is FsyncPolicy.ALWAYS:
+        if policy is FsyncPolicy.ALWAYS and self.defer_fsync:
+            if self._unsynced_from is None:
+                self._unsynced_from = end
+        elif policy is FsyncPolicy.ALWAYS:
             self._sync_appended(seg, end)
             self._last_fsync_ns = now
         elif policy is FsyncPolicy.INTERVAL:
@@ -344,6 +351,51 @@ class CommitLog:
             # Recovery cuts the cache at the log end, so a stale file lasts only until then.
             log.warning("%s: cannot rewrite the epoch cache (%s)", self.directory, exc)
             self.epoch_cache.replace(entries, persist=False)
+
+    # -- group commit ----------------------------------------------------
+
+    @property
+    def unsynced(self) -> bool:
+        """Appends wait for ``sync`` (deferred fsync)."""
+        return self._unsynced_from is not None
+
+    @property
+    def durable_end(self) -> int:
+        """The log end offset up to which appends were fsynced (the LEO unless some wait for ``sync``)."""
+        return self.log_end_offset if self._unsynced_from is None else self._unsynced_from
+
+    def fsync_unsynced(self) -> None:
+        """fsync the active segment; the one call of group commit that may run in a worker thread.
+
+        Raises OSError; pass it to ``finish_sync`` on the owner thread. Rolled segments were fsynced
+        when they were sealed, so the active one is the only file with unsynced appends.
+        """
+        self._segments[-1].flush()
+
+    def finish_sync(self, error: OSError | None) -> None:
+        """After ``fsync_unsynced``: the deferred appends are durable, or (``error``) taken back off.
+
+        Raises WriteFailed, or LogFenced when they cannot be taken back.
+        """
+        start, self._unsynced_from = self._unsynced_from, None
+        if start is None:
+            return
+        self._last_fsync_ns = self._clock()
+        if error is not None:
+            log.error("%s: fsync failed (%s); removing the batches it did not make durable", self.directory, error)
+            self._undo_append(start)
+            raise WriteFailed("fsync", str(self._segments[-1].log_path), error) from error
+
+    def sync(self) -> None:
+        """``fsync_unsynced`` and ``finish_sync`` in one call, on the owner thread."""
+        if self._unsynced_from is None:
+            return
+        try:
+            self.fsync_unsynced()
+        except OSError as exc:
+            self.finish_sync(exc)
+        else:
+            self.finish_sync(None)
 
     def _sync_appended(self, seg: Segment, end: int) -> None:
         """fsync what was just appended; if that fails, take it back off (it may not be on disk)."""
@@ -480,6 +532,7 @@ class CommitLog:
         self._check_open()
         if self._fence is None:
             self._segments[-1].flush()
+            self._unsynced_from = None
         self._hw_ckpt.write(self.high_watermark)
         self._last_fsync_ns = self._clock()
 
@@ -661,6 +714,8 @@ class CommitLog:
         self._close_retired()
 
     def _after_truncation(self, offset: int, clamp: bool = True) -> None:
+        if self._unsynced_from is not None and self._unsynced_from >= self.log_end_offset:
+            self._unsynced_from = None  # what waited for an fsync is gone
         try:
             self.epoch_cache.truncate_from_end(offset)
         except OSError as exc:
@@ -727,6 +782,7 @@ class CommitLog:
             self.epoch_cache.forget_from(0)
         self.log_start_offset = offset
         self.high_watermark = offset - 1
+        self._unsynced_from = None
         self._close_retired()
 
     def _set_log_start(self, offset: int) -> None:
