@@ -113,3 +113,25 @@ async def test_power_loss_after_group_commit_keeps_every_acknowledged_message(tm
     assert acked <= kept
     assert len(acked) == 60 and len(kept) == 60  # the last turn (19) was synced by the sleep after it
     committer.close()
+
+
+async def test_followers_are_served_only_what_is_durable(tmp_path: Path) -> None:
+    """A batch waiting for its group fsync may still be taken back: a follower must not copy it."""
+    io = FaultyFileIO()
+    acks: list[api_pb2.Ack] = []
+    committer = GroupCommitter()
+    meta = PartitionMeta("rep", 0, "rep", "s1", ["s1", "s2"], ["s1", "s2"])
+    options = PartitionOptions(LogConfig(fsync=FsyncPolicy.ALWAYS), file_io=io)
+    part = Partition(meta, directory=tmp_path / "rep", options=options, queue_group="", ack_sink=acks.append)
+    part.group_commit = committer.add
+    part.open_log()
+    part.become_leader("s1", 0, max_lag_ns=10**10)
+    part.append([incoming(b"synced", "0")])
+    await asyncio.sleep(0)
+    part.append([incoming(b"waiting", "1")])  # not yet fsynced
+    _, data = part.serve_fetch("s2", 0, meta.leader_epoch, 1 << 20)
+    assert b"synced" in data and b"waiting" not in data
+    await asyncio.sleep(0)
+    _, data = part.serve_fetch("s2", 0, meta.leader_epoch, 1 << 20)
+    assert b"waiting" in data
+    committer.close()

@@ -339,7 +339,8 @@ class Partition:
         """A follower's fetch: what to answer and the raw batches (empty when it is caught up)."""
         assert self.leader is not None and self.log is not None
         answer = self.leader.fetch(follower, offset, epoch, self._clock())
-        data = b"" if answer.empty else self.log.read_raw(offset, max_bytes)
+        # Only what is durable: a batch waiting for its group fsync may still be taken back if that fails.
+        data = b"" if answer.empty else self.log.read_raw(offset, max_bytes, max_offset=self.log.durable_end)
         self._leader_did(list(answer.actions))
         return answer, data
 
