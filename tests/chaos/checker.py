@@ -15,10 +15,12 @@ high watermark), reads every partition from every replica, and compares that wit
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -28,11 +30,26 @@ from liftlog.api import api_pb2, api_pb2_grpc
 
 from .cluster import ChaosCluster, channel_options
 
-__all__ = ["Attempt", "Logs", "Outcome", "Publication", "Report", "Served", "Workload", "check"]
+__all__ = [
+    "Attempt",
+    "Deposals",
+    "Key",
+    "Logs",
+    "Outcome",
+    "Publication",
+    "Report",
+    "Served",
+    "Workload",
+    "check",
+    "evaluate",
+    "fences_in_log",
+]
 
 
+#: A partition: (stream, partition id).
+Key = tuple[str, int]
 #: Partition -> server -> offset -> value: what each replica holds.
-Logs = dict[int, dict[str, dict[int, bytes]]]
+Logs = dict[Key, dict[str, dict[int, bytes]]]
 
 
 class Outcome(StrEnum):
@@ -56,6 +73,13 @@ class Publication:
     value: bytes
     partition: int
     attempts: list[Attempt] = field(default_factory=list)
+    stream: str = ""
+    #: api_pb2.ALL, LEADER or NONE: what an ack promises (NONE gets none: its attempts are UNKNOWN).
+    policy: int = api_pb2.ALL
+
+    @property
+    def key(self) -> Key:
+        return (self.stream, self.partition)
 
     @property
     def ack(self) -> Attempt | None:
@@ -79,6 +103,13 @@ class Served:
     value: bytes
     server: str
     at: float
+    consumer: str = "consumer"
+    stream: str = ""
+    partition: int = 0
+
+    @property
+    def key(self) -> Key:
+        return (self.stream, self.partition)
 
 
 def classify(exc: grpc.RpcError) -> Outcome:
@@ -173,6 +204,14 @@ class Workload:
         for thread in self._threads:
             thread.join(self.publish_timeout * 2 + 5)
 
+    @property
+    def keys(self) -> list[Key]:
+        return [(self.stream, p) for p in range(self.partitions)]
+
+    @property
+    def streams(self) -> list[str]:
+        return [self.stream]
+
     # -- figures --------------------------------------------------------------------------------------------
 
     def acked_between(self, start: float, end: float = float("inf")) -> int:
@@ -211,7 +250,7 @@ class Workload:
             if self._stop.is_set():
                 return
             partition = (producer + seq) % self.partitions
-            pub = Publication(b"p%d-%d" % (producer, seq), partition)
+            pub = Publication(b"p%d-%d" % (producer, seq), partition, stream=self.stream)
             self.publications.append(pub)
             try:
                 self._publish(stubs, pub)
@@ -269,7 +308,7 @@ class Workload:
                 for i, msg in enumerate(call):
                     if i == 0:
                         continue  # the empty message that opens every subscription
-                    self.served.append(Served(msg.offset, msg.value, leader, time.monotonic()))
+                    self.served.append(Served(msg.offset, msg.value, leader, time.monotonic(), stream=self.stream))
                     next_offset = msg.offset + 1
             except grpc.RpcError as exc:
                 if exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -285,16 +324,23 @@ class Workload:
 
 @dataclass
 class Report:
-    """What the cluster kept, against what the workload was told and served. The first five must be 0."""
+    """What the cluster kept, against what the workload was told and served. The INVARIANTS must be 0."""
 
-    acked_lost: int = 0  # acked values missing from the leader's log
+    acked_lost: int = 0  # ack-ALL values missing from the leader's log
     acked_misplaced: int = 0  # acked values not at the offset their ack named
     divergent: int = 0  # offsets holding different committed values on different replicas
-    served_then_truncated: int = 0  # served to the consumer, later gone or replaced
+    served_then_truncated: int = 0  # served to a consumer, later gone or replaced
     duplicates_of_acked: int = 0  # values stored twice although every publish attempt had a clear answer
     phantoms: int = 0  # values stored although every attempt was certainly refused
+    offsets_backwards: int = 0  # a consumer was served an offset not above the one before
+    leader_acked_lost: int = 0  # ack-LEADER values lost although their leader neither crashed nor was deposed
+    fenced_unreported: int = 0  # a replica fenced (by its server's log) that the cluster status never showed
     duplicates_of_unknown: int = 0  # allowed: a publish timed out or was retried
-    converged: bool = True  # the ISR filled up and every replica reached the leader's HW
+    leader_acked_lost_allowed: int = 0  # allowed: ack-LEADER values lost with their leader
+    leader_acked_moved_allowed: int = 0  # allowed: ack-LEADER values whose leader was deposed, now elsewhere
+    acked_lost_tolerated: int = 0  # ack-ALL values lost in a run that measures loss (power loss, fsync never)
+    converged: bool = True  # every partition has a leader, full ISR, every replica at the leader's HW
+    convergence_s: float = -1.0  # how long that took after the faults stopped
     published: int = 0
     acked: int = 0
     refused: int = 0
@@ -302,7 +348,11 @@ class Report:
     retried: int = 0
     served: int = 0
     stored: int = 0  # values in the leaders' logs
-    replica_lengths: dict[str, dict[str, int]] = field(default_factory=dict)  # "partition" -> server -> length
+    acked_by_policy: dict[str, int] = field(default_factory=dict)
+    none_published: int = 0  # ack NONE: nothing to check but divergence; how many were stored
+    none_stored: int = 0
+    fenced: list[str] = field(default_factory=list)  # every fenced replica the cluster reported
+    replica_lengths: dict[str, dict[str, int]] = field(default_factory=dict)  # "stream/partition" -> server -> length
     samples: dict[str, list[str]] = field(default_factory=dict)  # a few examples of each violation
     workload_errors: list[str] = field(default_factory=list)
 
@@ -313,6 +363,9 @@ class Report:
         "served_then_truncated",
         "duplicates_of_acked",
         "phantoms",
+        "offsets_backwards",
+        "leader_acked_lost",
+        "fenced_unreported",
     )
 
     def violations(self) -> list[str]:
@@ -331,14 +384,22 @@ class Report:
         out.update(
             ok=self.ok,
             converged=self.converged,
+            convergence_s=self.convergence_s,
             duplicates_of_unknown=self.duplicates_of_unknown,
+            leader_acked_lost_allowed=self.leader_acked_lost_allowed,
+            leader_acked_moved_allowed=self.leader_acked_moved_allowed,
+            acked_lost_tolerated=self.acked_lost_tolerated,
             published=self.published,
             acked=self.acked,
+            acked_by_policy=self.acked_by_policy,
             refused=self.refused,
             unknown=self.unknown,
             retried=self.retried,
             served=self.served,
             stored=self.stored,
+            none_published=self.none_published,
+            none_stored=self.none_stored,
+            fenced=self.fenced[:20],
             replica_lengths=self.replica_lengths,
         )
         if self.samples:
@@ -383,32 +444,143 @@ def read_replica(cluster: ChaosCluster, sid: str, stream: str, partition: int) -
         stopPosition=api_pb2.STOP_LATEST,
         readISRReplica=True,
     )
-    messages = list(cluster.api(sid).Subscribe(req, timeout=30))[1:]
+    messages = list(cluster.api(sid).Subscribe(req, timeout=60))[1:]
     return {m.offset: m.value for m in messages}
 
 
-def check(cluster: ChaosCluster, workload: Workload, partitions: int, timeout: float = 60.0) -> tuple[Report, Logs]:
-    """Wait for the healed cluster to converge, read every replica, and compare. Returns the report and logs."""
-    stream = workload.stream
+class Deposals:
+    """When leaders stopped leading: a lost ack-LEADER message is allowed only if its leader crashed or was
+    deposed after the ack was asked for. ``history``: (time, key, leader) each time a key's leader changed."""
+
+    def __init__(self, crashes: dict[str, list[float]], history: list[tuple[float, Key, str]]) -> None:
+        self.crashes = crashes
+        self.history = history
+
+    def excuses(self, pub: Publication) -> bool:
+        ack = pub.ack
+        if ack is None:
+            return True
+        if any(t >= ack.started for t in self.crashes.get(ack.server, [])):
+            return True
+        return any(t >= ack.started and key == pub.key and leader != ack.server for t, key, leader in self.history)
+
+
+#: ``partition chaos0/1 is fenced: ...`` and its kin in a server's log; the time is the line's first 23 chars.
+_FENCE_START = re.compile(r"partition (\S+)/(\d+) is (?:fenced|unavailable):")
+_FENCE_END = re.compile(r"partition (\S+)/(\d+) (?:takes writes again|opened after all)")
+#: The wrapper's first line in each life of a server: a restart ends every fence of the life before.
+_RESTART = "faulty server starting"
+#: A fence shorter than this may fall between two looks at the cluster status.
+FENCE_MIN_SEEN_S = 2.0
+
+
+def fences_in_log(text: str) -> list[tuple[Key, float, float | None]]:
+    """(key, start, end or None if it never ended in this log) of every fence a server logged."""
+    found: list[tuple[Key, float, float | None]] = []
+    open_: dict[Key, float] = {}
+    for line in text.splitlines():
+        start = _FENCE_START.search(line)
+        end = _FENCE_END.search(line)
+        match = start or end
+        if match is None and _RESTART not in line:
+            continue
+        try:
+            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if match is None:
+            found.extend((key, began, at) for key, began in open_.items())
+            open_.clear()
+            continue
+        key = (match.group(1), int(match.group(2)))
+        if start is not None:
+            open_.setdefault(key, at)
+        elif key in open_:
+            found.append((key, open_.pop(key), at))
+    found.extend((key, at, None) for key, at in open_.items())
+    return found
+
+
+def check_fences(
+    report: Report, cluster: ChaosCluster, seen: dict[tuple[str, str, int], str], streams: list[str]
+) -> None:
+    """Every fence a server logged that lasted ``FENCE_MIN_SEEN_S`` must have shown in the cluster status
+    (``seen``: (server, stream, partition) -> reason, gathered while the run went on), and whatever is still
+    fenced now must be in the status now. A fence still on after healing means the cluster did not converge."""
+    for server, stream, pid in sorted(seen):
+        report.fenced.append(f"{server}:{stream}/{pid}: {seen[(server, stream, pid)]}")
+    for sid in cluster.ids:
+        try:
+            now = {(p.stream, p.partition): p for p in cluster.fenced(sid)}
+        except grpc.RpcError:
+            now = {}
+        for (stream, pid), p in now.items():
+            if stream in streams:
+                report.converged = False
+                report._note("still_fenced", f"{sid}:{stream}/{pid}: {p.reason}")
+        log_path = cluster.servers[sid].log_path
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        for (stream, pid), start, end in fences_in_log(text):
+            if stream not in streams:
+                continue
+            if end is None and (stream, pid) not in now and cluster.running(sid):
+                # Fenced and never lifted in the log, yet not fenced now: only a restart (which starts a
+                # fresh log section) may end a fence silently.
+                lasted_long = True
+            else:
+                lasted_long = end is not None and end - start >= FENCE_MIN_SEEN_S
+            if lasted_long and (sid, stream, pid) not in seen:
+                report.fenced_unreported += 1
+                report._note("fenced_unreported", f"{sid}:{stream}/{pid} fenced at {start:.1f} until {end}")
+
+
+def check(
+    cluster: ChaosCluster,
+    workload: Any,
+    partitions: int | None = None,
+    timeout: float = 60.0,
+    *,
+    deposals: Deposals | None = None,
+    fenced_seen: dict[tuple[str, str, int], str] | None = None,
+    tolerate_loss: bool = False,
+) -> tuple[Report, Logs]:
+    """Wait for the healed cluster to converge, read every replica, and compare. Returns the report and logs.
+
+    ``workload`` has ``publications``, ``served``, ``errors``, ``keys`` (its partitions) and ``streams``.
+    ``tolerate_loss``: count lost ack-ALL values as ``acked_lost_tolerated`` instead of failing (a run that
+    measures what power loss without fsync costs).
+    """
+    keys: list[Key] = list(workload.keys)
+    streams: list[str] = list(workload.streams)
     report = Report(workload_errors=list(workload.errors))
+    began = time.monotonic()
     try:
-        cluster.eventually(lambda: converged(cluster, stream), timeout, f"{stream} to converge")
+        for stream in streams:
+            cluster.eventually(lambda s=stream: converged(cluster, s), timeout, f"{stream} to converge")  # type: ignore[misc]
+        report.convergence_s = round(time.monotonic() - began, 2)
     except AssertionError:
         report.converged = False
-    view = cluster.freshest(stream) or {}
+    if fenced_seen is not None:
+        check_fences(report, cluster, fenced_seen, streams)
+    leaders: dict[Key, str] = {}
+    for stream in streams:
+        view = cluster.freshest(stream) or {}
+        leaders.update({(stream, pid): p.leader for pid, p in view.items()})
     logs: Logs = {}
-    for pid in range(partitions):
-        logs[pid] = {}
+    for key in keys:
+        logs[key] = {}
         for sid in cluster.ids:
             try:
-                logs[pid][sid] = read_replica(cluster, sid, stream, pid)
+                logs[key][sid] = read_replica(cluster, sid, *key)
             except grpc.RpcError as exc:
-                report._note("unreadable", f"{sid}/{pid}: {exc.code().name}")
+                report._note("unreadable", f"{sid}/{key}: {exc.code().name}")
                 report.converged = False
-        report.replica_lengths[str(pid)] = {sid: len(log) for sid, log in logs[pid].items()}
-    leaders = {pid: view[pid].leader if pid in view else "" for pid in range(partitions)}
-    evaluate(report, workload.publications, workload.served, logs, leaders)
+        report.replica_lengths[f"{key[0]}/{key[1]}"] = {sid: len(log) for sid, log in logs[key].items()}
+    evaluate(report, workload.publications, workload.served, logs, leaders, deposals, tolerate_loss=tolerate_loss)
     return report, logs
+
+
+_POLICY_NAMES = {api_pb2.ALL: "all", api_pb2.LEADER: "leader", api_pb2.NONE: "none"}
 
 
 def evaluate(
@@ -416,18 +588,27 @@ def evaluate(
     publications: list[Publication],
     served: list[Served],
     logs: Logs,
-    leaders: dict[int, str],
+    leaders: dict[Key, str],
+    deposals: Deposals | None = None,
+    *,
+    tolerate_loss: bool = False,
 ) -> None:
-    """Fill ``report`` from the workload's records and the replicas' logs (partition -> server -> offset -> value)."""
+    """Fill ``report`` from the workload's records and the replicas' logs (partition -> server -> offset -> value).
+
+    Ack ALL: never lost, never moved. Ack LEADER: lost only if its leader crashed or was deposed after the
+    publish began (``deposals``; without it any loss is allowed and counted). Ack NONE: only counted.
+    """
     pubs = list(publications)
     report.published = len(pubs)
-    statuses = Counter(p.status for p in pubs)
+    checked = [p for p in pubs if p.policy != api_pb2.NONE]
+    statuses = Counter(p.status for p in checked)
     report.acked, report.refused, report.unknown = (statuses[o] for o in Outcome)
     report.retried = sum(1 for p in pubs if len(p.attempts) > 1)
     report.served = len(served)
+    report.acked_by_policy = dict(Counter(_POLICY_NAMES.get(p.policy, "?") for p in checked if p.ack is not None))
 
     # Divergence: any offset two replicas both hold (both below their HW) with different values.
-    for pid, replicas in logs.items():
+    for key, replicas in logs.items():
         names = sorted(replicas)
         for i, x in enumerate(names):
             for y in names[i + 1 :]:
@@ -435,24 +616,45 @@ def evaluate(
                     if replicas[x][offset] != replicas[y][offset]:
                         report.divergent += 1
                         report._note(
-                            "divergent", f"{pid}@{offset}: {x}={replicas[x][offset]!r} {y}={replicas[y][offset]!r}"
+                            "divergent",
+                            f"{key}@{offset}: {x}={replicas[x][offset]!r} {y}={replicas[y][offset]!r}",
                         )
 
     # The leader's copy is the partition's log from now on.
-    truth = {pid: logs[pid].get(leaders.get(pid, ""), {}) for pid in logs}
-    where: dict[tuple[int, bytes], list[int]] = defaultdict(list)
-    for pid, log in truth.items():
+    truth = {key: logs[key].get(leaders.get(key, ""), {}) for key in logs}
+    where: dict[tuple[Key, bytes], list[int]] = defaultdict(list)
+    for key, log in truth.items():
         report.stored += len(log)
         for offset, value in log.items():
-            where[(pid, value)].append(offset)
+            where[(key, value)].append(offset)
 
     for pub in pubs:
-        offsets = where.get((pub.partition, pub.value), [])
+        offsets = where.get((pub.key, pub.value), [])
+        if pub.policy == api_pb2.NONE:
+            report.none_published += 1
+            report.none_stored += bool(offsets)
+            continue
         ack = pub.ack
         if ack is not None:
             if not offsets:
-                report.acked_lost += 1
-                report._note("acked_lost", f"{pub.value!r}@{pub.partition}/{ack.offset} acked by {ack.server}")
+                example = f"{pub.value!r}@{pub.key}/{ack.offset} acked by {ack.server}"
+                if pub.policy == api_pb2.LEADER and (deposals is None or deposals.excuses(pub)):
+                    report.leader_acked_lost_allowed += 1
+                elif pub.policy == api_pb2.LEADER:
+                    report.leader_acked_lost += 1
+                    report._note("leader_acked_lost", example)
+                elif tolerate_loss:
+                    report.acked_lost_tolerated += 1
+                    report._note("acked_lost_tolerated", example)
+                else:
+                    report.acked_lost += 1
+                    report._note("acked_lost", example)
+            elif (
+                ack.offset not in offsets
+                and pub.policy == api_pb2.LEADER
+                and (deposals is None or deposals.excuses(pub))
+            ):
+                report.leader_acked_moved_allowed += 1  # its leader's copy was lost; the value came back
             elif ack.offset not in offsets:
                 report.acked_misplaced += 1
                 report._note(
@@ -468,11 +670,19 @@ def evaluate(
             report.phantoms += 1
             report._note("phantoms", f"{pub.value!r} at {offsets}: {[a.detail for a in pub.attempts]}")
 
-    log0 = truth.get(0, {})
+    last: dict[str, int] = {}
     for s in served:
-        if log0.get(s.offset) != s.value:
+        if truth.get(s.key, {}).get(s.offset) != s.value:
             report.served_then_truncated += 1
-            report._note("served_then_truncated", f"{s.value!r}@{s.offset} from {s.server}, now {log0.get(s.offset)!r}")
+            report._note(
+                "served_then_truncated",
+                f"{s.value!r}@{s.key}/{s.offset} from {s.server}, now {truth.get(s.key, {}).get(s.offset)!r}",
+            )
+        before = last.get(s.consumer)
+        if before is not None and s.offset <= before:
+            report.offsets_backwards += 1
+            report._note("offsets_backwards", f"{s.consumer}: {s.offset} after {before} (from {s.server})")
+        last[s.consumer] = s.offset
 
 
 def _attempts(pub: Publication) -> str:

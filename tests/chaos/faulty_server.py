@@ -142,6 +142,7 @@ async def serve(config: Any, control_path: Path, journal: Path) -> int:
     from liftlog.server.server import Server
     from liftlog.storage.faults import FaultyFileIO
 
+    log.warning("faulty server starting (control %s)", control_path)  # the checker's mark of a new life
     raise_open_files_limit()
     file_io = FaultyFileIO(seed=os.getpid(), journal=journal)
     clock = OffsetClock()

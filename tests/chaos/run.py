@@ -2,11 +2,17 @@
 
     python -m tests.chaos.run --seeds 5 --duration 30        # seeds 1..5
     python -m tests.chaos.run --seed 7 --duration 30         # replay seed 7
+    python -m tests.chaos.run --seed 7 --fsync never --power-all   # measure what losing power everywhere costs
 
-For each seed: a fresh cluster (servers a, b, c, each behind its own NATS proxy), a 2-partition rf=3 stream,
-the ``Workload`` (producers with ack ALL, a committed-read consumer), and ``random_schedule(seed, ...)`` of
-kill/pause/cut/blackhole/delay faults over ``--duration`` seconds, never more than one server at a time. Then
-every fault is undone, the cluster must acknowledge again, and the checker reads every replica.
+For each seed: a fresh cluster (servers a, b, c, each behind its own NATS proxy and running on a
+``FaultyFileIO`` with a movable clock), three 2-partition rf=3 streams, the ``LoadWorkload`` (windowed
+PublishAsync with ack ALL on every partition, ack LEADER and NONE on some, concurrent committed-read
+consumers) and ``random_schedule(seed, ...)`` of faults over ``--duration`` seconds: kill, pause, cut,
+blackhole, delay, oneway (one server at a time), disk (failing file operations), power (kill, then cut the
+files back to what was fsynced), clock (jumps of seconds to minutes), nats (the nats-server dies and comes
+back) and two (two servers at once). Then every fault is undone (with ``--power-all``, after all three
+servers lose power at once), the cluster must converge and acknowledge again, and the checker reads every
+replica.
 
 stdout gets one JSON line per seed (its checker summary) and a final JSON summary; progress goes to stderr.
 Exits 1 if any seed broke an invariant, printing how to replay it. Data and logs of failed seeds are kept.
@@ -21,7 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +36,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tests.integration.harness import NatsProcess
 
-from .checker import Workload, check
+from .checker import Deposals, check
 from .cluster import IDS, ChaosCluster
 from .faults import Fault, FaultEvent, random_schedule
+from .load import LoadSpec, LoadWorkload, Monitor
 
-STREAM = "chaos"
-PARTITIONS = 2
 #: Acks the healed cluster must give before the check (it recovered).
-RECOVERY_ACKS = 20
+RECOVERY_ACKS = 100
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,7 @@ class Step:
     event: FaultEvent
 
     def describe(self) -> str:
-        e = self.event
-        what = f"{e.action.value} {e.target}" + (f" {e.latency:.3f}s" if e.action is Fault.DELAY else "")
+        what = self.event.describe()
         return f"end {what}" if self.undo else what
 
 
@@ -58,33 +62,56 @@ def steps_of(schedule: list[FaultEvent]) -> list[Step]:
     return sorted(steps, key=lambda s: (s.at, not s.undo))
 
 
+@dataclass(frozen=True)
+class Options:
+    duration: float
+    kinds: tuple[Fault, ...] = tuple(Fault)
+    required: tuple[Fault, ...] = ()
+    fsync: str = "always"
+    power_all: bool = False
+    spec: LoadSpec = field(default_factory=LoadSpec)
+
+
 def run_seed(
-    seed: int, duration: float, nats: NatsProcess, root: Path, progress: Progress, kinds: list[Fault]
+    seed: int, opts: Options, nats: NatsProcess, root: Path, progress: Progress | None = None
 ) -> dict[str, Any]:
-    schedule = random_schedule(seed, IDS, duration, kinds)
+    """One seed, start to check; returns its figures (``ok`` False if an invariant broke)."""
+    duration = opts.duration
+    schedule = random_schedule(seed, IDS, duration, opts.kinds, required=opts.required)
     steps = steps_of(schedule)
-    task = progress.add_task(f"seed {seed}", total=duration, status="starting")
-    result: dict[str, Any] = {
-        "seed": seed,
-        "faults": [f"{e.at}s {e.action.value} {e.target} {e.duration}s" for e in schedule],
-    }
-    cluster = ChaosCluster(root, nats)
-    workload: Workload | None = None
+    task = progress.add_task(f"seed {seed}", total=duration, status="starting") if progress else None
+
+    def show(completed: float, status: str | None = None) -> None:
+        if progress is not None and task is not None:
+            progress.update(task, completed=completed, **({"status": status} if status else {}))
+
+    result: dict[str, Any] = {"seed": seed, "fsync": opts.fsync, "faults": [str(e) for e in schedule]}
+    cluster = ChaosCluster(root, nats, "--set", f"streams.fsync.policy={opts.fsync}")
+    workload: LoadWorkload | None = None
+    monitor: Monitor | None = None
     try:
         cluster.start()
-        cluster.create_stream(STREAM, partitions=PARTITIONS, rf=3)
-        workload = Workload(cluster, STREAM, PARTITIONS).start()
+        for stream in opts.spec.streams:
+            cluster.create_stream(stream, partitions=opts.spec.partitions, rf=3)
+        monitor = Monitor(cluster, list(opts.spec.streams)).start()
+        workload = LoadWorkload(cluster, monitor, opts.spec).start()
         started = time.monotonic()
         for step in steps:
             while (now := time.monotonic() - started) < step.at:
-                progress.update(task, completed=now)
+                show(now)
                 time.sleep(min(0.1, step.at - now))
-            progress.update(task, completed=step.at, status=step.describe())
+            show(step.at, step.describe())
             (cluster.undo if step.undo else cluster.apply)(step.event)
         while (now := time.monotonic() - started) < duration:
-            progress.update(task, completed=now)
+            show(now)
             time.sleep(0.1)
-        progress.update(task, completed=duration, status="healing")
+        loaded = time.monotonic() - started
+        result["acks_per_s_under_faults"] = round(workload.acked_between(started) / max(loaded, 1e-9))
+        if opts.power_all:
+            show(duration, "power loss of every server")
+            for sid in cluster.ids:
+                cluster.power_off(sid)
+        show(duration, "healing")
         cluster.heal_all()
         healed = time.monotonic()
         try:
@@ -93,20 +120,53 @@ def run_seed(
         except AssertionError as exc:
             result["recovered"] = False
             result["error"] = str(exc)
-        progress.update(task, status="checking")
+        show(duration, "checking")
         workload.stop()
-        report, _ = check(cluster, workload, PARTITIONS)
+        monitor.stop()
+        tolerate = opts.power_all and opts.fsync != "always"
+        report, _ = check(
+            cluster,
+            workload,
+            deposals=Deposals(cluster.crashes, monitor.history),
+            fenced_seen=monitor.fenced_seen,
+            tolerate_loss=tolerate,
+        )
         result.update(report.summary())
         result["ok"] = report.ok and result["recovered"]
+        result["injected"] = dict(cluster.injected)
+        result["disk_failures_injected"] = cluster.disk_failures_injected()
+        result["power_lost_bytes"] = cluster.power_lost_bytes
+        result["power_lost_files"] = cluster.power_lost_files
+        result["publish_calls"] = workload.calls
     except Exception:
         result["ok"] = False
         result["error"] = traceback.format_exc(limit=5)
     finally:
         if workload is not None:
             workload.stop()
+        if monitor is not None:
+            monitor.stop()
         cluster.close()
-        progress.update(task, status="ok" if result.get("ok") else "FAILED", visible=not result.get("ok"))
+        if progress is not None and task is not None:
+            progress.update(task, status="ok" if result.get("ok") else "FAILED", visible=not result.get("ok"))
     return result
+
+
+#: Figures summed over seeds in the final summary.
+TOTALS = (
+    "published",
+    "acked",
+    "unknown",
+    "refused",
+    "duplicates_of_unknown",
+    "leader_acked_lost_allowed",
+    "acked_lost_tolerated",
+    "none_published",
+    "none_stored",
+    "disk_failures_injected",
+    "power_lost_bytes",
+    *(name for name in ("acked_lost", "divergent", "offsets_backwards", "leader_acked_lost", "fenced_unreported")),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,10 +177,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kinds", default=",".join(f.value for f in Fault), help="fault kinds, comma-separated (default: all)"
     )
+    parser.add_argument(
+        "--require", default="", help="fault kinds every schedule must include, comma-separated (e.g. disk,power)"
+    )
+    parser.add_argument(
+        "--fsync", choices=("always", "interval", "never"), default="always", help="streams.fsync.policy"
+    )
+    parser.add_argument(
+        "--power-all",
+        action="store_true",
+        help="after the schedule, every server loses power at once (with fsync other than always, lost acked "
+        "messages are measured, not failed)",
+    )
+    parser.add_argument("--window", type=int, default=LoadSpec.window, help="PublishAsync window per publisher")
     parser.add_argument("--keep", action="store_true", help="keep every seed's data and logs, not only failed ones")
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else list(range(1, args.seeds + 1))
-    kinds = [Fault(k.strip()) for k in args.kinds.split(",") if k.strip()]
+    opts = Options(
+        duration=args.duration,
+        kinds=tuple(Fault(k.strip()) for k in args.kinds.split(",") if k.strip()),
+        required=tuple(Fault(k.strip()) for k in args.require.split(",") if k.strip()),
+        fsync=args.fsync,
+        power_all=args.power_all,
+        spec=LoadSpec(window=args.window),
+    )
 
     console = Console(stderr=True)
     base = Path(tempfile.mkdtemp(prefix="liftlog-chaos-"))
@@ -138,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds:
                 root = base / f"seed-{seed}"
                 root.mkdir()
-                result = run_seed(seed, args.duration, nats, root, progress, kinds)
+                result = run_seed(seed, opts, nats, root, progress)
                 results.append(result)
                 print(json.dumps(result), flush=True)
                 if result["ok"] and not args.keep:
@@ -149,18 +229,30 @@ def main(argv: list[str] | None = None) -> int:
         nats.stop()
 
     failed = [r["seed"] for r in results if not r["ok"]]
-    total = {
+    elapsed = time.monotonic() - began
+    total: dict[str, Any] = {
         "seeds": len(results),
         "failed_seeds": failed,
         "duration_s": args.duration,
-        "elapsed_s": round(time.monotonic() - began, 1),
+        "fsync": args.fsync,
+        "power_all": args.power_all,
+        "elapsed_s": round(elapsed, 1),
     }
-    for key in ("published", "acked", "unknown", "refused", "retried", "duplicates_of_unknown", "acked_lost"):
+    for key in TOTALS:
         total[key] = sum(int(r.get(key, 0)) for r in results)
+    injected: dict[str, int] = {}
+    for r in results:
+        for kind, n in r.get("injected", {}).items():
+            injected[kind] = injected.get(kind, 0) + n
+    total["faults_injected"] = injected
+    if results:
+        total["acked_per_seed"] = round(total["acked"] / len(results))
+        total["acked_projected_50_seeds"] = total["acked_per_seed"] * 50
     print(json.dumps({"summary": total}), flush=True)
     if failed:
         for seed in failed:
-            replay = f"make chaos SEED={seed} DURATION={args.duration:g}"
+            extra = f" FSYNC={args.fsync}" if args.fsync != "always" else ""
+            replay = f"make chaos SEED={seed} DURATION={args.duration:g}{extra}"
             console.print(f"[red]invariant failed for seed {seed}[/red]; replay: {replay}")
         return 1
     if not args.keep:

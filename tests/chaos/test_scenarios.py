@@ -20,7 +20,20 @@ import pytest
 from liftlog.api import api_pb2
 from tests.integration.harness import NatsProcess
 
-from .checker import Attempt, Logs, Outcome, Publication, Report, Served, Workload, check, evaluate, read_replica
+from .checker import (
+    Attempt,
+    Deposals,
+    Logs,
+    Outcome,
+    Publication,
+    Report,
+    Served,
+    Workload,
+    check,
+    evaluate,
+    fences_in_log,
+    read_replica,
+)
 from .cluster import ChaosCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(90)]
@@ -151,7 +164,7 @@ def test_a_leader_cut_off_from_nats_stops_acknowledging(cluster: ChaosCluster, w
     ]
     view = cluster.freshest(STREAM)
     assert view is not None
-    kept = {(pid, v) for pid in logs for v in logs[pid][view[pid].leader].values()}
+    kept = {(key[1], v) for key in logs for v in logs[key][view[key[1]].leader].values()}
     assert [p.value for p in acked_by_old if (p.partition, p.value) not in kept] == []
     # While cut off, it acknowledged nothing sent to it after the cut (once healed, it may relay acks again).
     late = [p for p in acked_by_old if p.ack is not None and p.ack.started > cut_at + 1.0 and p.ack.ended < healed_at]
@@ -226,13 +239,60 @@ def test_the_checker_counts_each_kind_of_violation() -> None:
     ]
     leader = {0: b"kept", 1: b"other", 2: b"twice", 3: b"retried", 4: b"retried", 5: b"twice", 6: b"moved"}
     follower = {**leader, 6: b"diverged"}
-    logs: Logs = {0: {"a": {**leader, 7: b"refused"}, "b": follower}}
+    logs: Logs = {("", 0): {"a": {**leader, 7: b"refused"}, "b": follower}}
     served = [Served(0, b"kept", "a", 0.0), Served(1, b"gone", "a", 0.0), Served(8, b"beyond", "a", 0.0)]
+    served += [Served(2, b"twice", "a", 0.0, "other"), Served(2, b"twice", "a", 0.0, "other")]  # offset again
     report = Report()
-    evaluate(report, publications, served, logs, {0: "a"})
+    evaluate(report, publications, served, logs, {("", 0): "a"})
     assert (report.acked_lost, report.acked_misplaced, report.divergent) == (1, 1, 1)
     assert (report.duplicates_of_acked, report.duplicates_of_unknown, report.phantoms) == (1, 1, 1)
-    assert report.served_then_truncated == 2
+    assert report.served_then_truncated == 2 and report.offsets_backwards == 1
     assert (report.published, report.acked, report.refused, report.unknown, report.retried) == (6, 5, 1, 0, 1)
-    assert not report.ok and len(report.violations()) == 6
+    assert not report.ok and len(report.violations()) == 7
     assert json.loads(json.dumps(report.summary()))["acked_lost"] == 1
+
+
+def test_the_checker_holds_each_ack_policy_to_its_promise() -> None:
+    """Ack ALL: never lost. Ack LEADER: lost only with its leader. Ack NONE: counted. Loss can be measured."""
+
+    def pub(value: bytes, policy: int, server: str = "a", started: float = 1.0, partition: int = 0) -> Publication:
+        attempt = Attempt(server, Outcome.ACKED, started, started + 0.1, 0)
+        attempts = [attempt] if policy != api_pb2.NONE else []
+        return Publication(value, partition, attempts, stream="s", policy=policy)
+
+    publications = [
+        pub(b"all-lost", api_pb2.ALL),
+        pub(b"leader-lost-with-a", api_pb2.LEADER, "a", 1.0),  # a crashed at 5.0
+        pub(b"leader-lost-b-kept-leading", api_pb2.LEADER, "b", 1.0, partition=1),
+        pub(b"leader-lost-after-deposal", api_pb2.LEADER, "c", 1.0),  # c lost s/0 at 3.0
+        pub(b"none-stored", api_pb2.NONE),
+        pub(b"none-lost", api_pb2.NONE),
+    ]
+    logs: Logs = {("s", 0): {"a": {0: b"none-stored"}}, ("s", 1): {"b": {}}}
+    deposals = Deposals({"a": [5.0], "b": [], "c": []}, [(0.5, ("s", 0), "c"), (3.0, ("s", 0), "a")])
+    report = Report()
+    evaluate(report, publications, [], logs, {("s", 0): "a", ("s", 1): "b"}, deposals)
+    assert (report.acked_lost, report.leader_acked_lost, report.leader_acked_lost_allowed) == (1, 1, 2)
+    assert (report.none_published, report.none_stored, report.acked) == (2, 1, 4)
+    assert report.acked_by_policy == {"all": 1, "leader": 3}
+    measured = Report()
+    evaluate(measured, publications, [], logs, {("s", 0): "a", ("s", 1): "b"}, deposals, tolerate_loss=True)
+    assert (measured.acked_lost, measured.acked_lost_tolerated) == (0, 1)
+
+
+def test_a_fence_the_log_shows_is_found_with_its_duration() -> None:
+    log = "\n".join(
+        [
+            "2026-01-01 10:00:00,000 ERROR liftlog.server.partition: partition s/0 is fenced: EIO",
+            "2026-01-01 10:00:03,500 WARNING liftlog.server.partition: partition s/0 takes writes again (...)",
+            "2026-01-01 10:00:04,000 ERROR liftlog.server.streams: partition s/1 is unavailable: EMFILE",
+            "2026-01-01 10:00:05,000 WARNING liftlog.faulty: faulty server starting (control x)",
+            "2026-01-01 10:00:06,000 ERROR liftlog.server.partition: partition t/2 is fenced: ENOSPC",
+        ]
+    )
+    fences = fences_in_log(log)
+    assert [(key, round(end - start, 1) if end else None) for key, start, end in fences] == [
+        (("s", 0), 3.5),
+        (("s", 1), 1.0),
+        (("t", 2), None),
+    ]

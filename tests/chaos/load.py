@@ -1,0 +1,341 @@
+"""A heavy workload for chaos runs: windowed PublishAsync on every partition of several streams, with every ack
+policy, and concurrent committed-read consumers, all on one asyncio loop in a thread; and the ``Monitor``
+that tracks leaders (for the publishers and for the checker's ack-LEADER rule) and fenced replicas.
+
+Every message is recorded as a ``Publication`` with its outcome: acked (offset, acking server, times),
+unknown (its call broke before the ack came, or the ack carried an error that may follow a write), refused
+(an async error that certainly precedes the write). Nothing is resent: a value is published once, so any
+duplicate in a log is a violation, and an unknown outcome only excuses its absence. Ack NONE messages get
+no answer: they are published at a bounded rate and only counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio  # type: ignore[import-untyped, unused-ignore]
+
+from liftlog.api import api_pb2, api_pb2_grpc
+
+from .checker import Attempt, Key, Outcome, Publication, Served
+from .cluster import ChaosCluster, channel_options
+
+__all__ = ["LoadSpec", "LoadWorkload", "Monitor"]
+
+PAE = api_pb2.PublishAsyncError
+#: Async errors given before the message is written: it is certainly not stored.
+_REFUSALS = {PAE.BAD_REQUEST, PAE.READONLY, PAE.PERMISSION_DENIED}
+
+
+class Monitor:
+    """Every ``interval`` s: the freshest leader of every partition, their changes, and every fenced replica."""
+
+    def __init__(self, cluster: ChaosCluster, streams: list[str], interval: float = 0.25) -> None:
+        self.cluster = cluster
+        self.streams = streams
+        self.interval = interval
+        self.leaders: dict[Key, str] = {}
+        #: (monotonic time, key, leader) whenever a key's leader changed (including to none: "").
+        self.history: list[tuple[float, Key, str]] = []
+        #: (server, stream, partition) -> reason, for every fenced replica any status answer listed.
+        self.fenced_seen: dict[tuple[str, str, int], str] = {}
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
+
+    def start(self) -> Monitor:
+        self._poll()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._poll()
+            except Exception:  # the next look may work; the monitor must not die
+                time.sleep(self.interval)
+
+    def _poll(self) -> None:
+        self.polls += 1
+        best: tuple[int, Any] | None = None
+        for sid in self.cluster.reachable():
+            try:
+                status = self.cluster.status(sid, 0.5)
+                for p in status.fenced:
+                    self.fenced_seen.setdefault((p.server or sid, p.stream, p.partition), p.reason)
+                meta = self.cluster.api(sid).FetchMetadata(
+                    api_pb2.FetchMetadataRequest(streams=self.streams), timeout=0.5
+                )
+            except grpc.RpcError:
+                continue
+            if best is None or status.appliedIndex > best[0]:
+                best = (status.appliedIndex, meta)
+        if best is None:
+            return
+        now = time.monotonic()
+        fresh: dict[Key, str] = {}
+        for sm in best[1].streamMetadata:
+            for pid, p in sm.partitions.items():
+                fresh[(sm.name, pid)] = p.leader
+        for key, leader in fresh.items():
+            if self.leaders.get(key) != leader:
+                self.history.append((now, key, leader))
+        self.leaders = {k: v for k, v in fresh.items() if v}
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to run. Every partition of every stream gets an ack-ALL publisher; ``leader_streams`` also an
+    ack-LEADER one, ``none_streams`` also an ack-NONE one (at ``none_rate`` messages/s); ``consumers`` of the
+    streams' partitions (round robin) follow them with committed reads."""
+
+    streams: tuple[str, ...] = ("chaos0", "chaos1", "chaos2")
+    partitions: int = 2
+    window: int = 200
+    leader_streams: tuple[str, ...] = ("chaos1", "chaos2")
+    none_streams: tuple[str, ...] = ("chaos2",)
+    none_rate: float = 200.0
+    consumers: int = 4
+    #: Seconds without an ack while some are owed before a call is given up (its messages: unknown).
+    stall_s: float = 5.0
+
+
+class LoadWorkload:
+    """Runs a ``LoadSpec`` against a cluster until ``stop()``; exposes what the checker needs."""
+
+    def __init__(self, cluster: ChaosCluster, monitor: Monitor, spec: LoadSpec = LoadSpec()) -> None:
+        self.cluster = cluster
+        self.monitor = monitor
+        self.spec = spec
+        self.publications: list[Publication] = []
+        self.served: list[Served] = []
+        self.errors: list[str] = []
+        #: time.monotonic() of every ack, in order (for wait_acked).
+        self.ack_times: list[float] = []
+        self.calls = 0  # PublishAsync calls opened
+        self._stop = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),), daemon=True)
+        self._channels: dict[str, Any] = {}
+
+    @property
+    def keys(self) -> list[Key]:
+        return [(s, p) for s in self.spec.streams for p in range(self.spec.partitions)]
+
+    @property
+    def streams(self) -> list[str]:
+        return list(self.spec.streams)
+
+    def start(self) -> LoadWorkload:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop publishing, wait for the outstanding acks (or the calls to give up), and close."""
+        if self._stop:
+            return
+        self._stop = True
+        self._thread.join(self.spec.stall_s + 15)
+        if self._thread.is_alive():
+            self.errors.append("the workload's loop did not stop in time")
+        now = time.monotonic()
+        for pub in self.publications:
+            if not pub.attempts:  # only if the loop did not finish: its answer never came
+                pub.attempts.append(Attempt("", Outcome.UNKNOWN, now, now, detail="unanswered at the end"))
+
+    def acked_between(self, start: float, end: float = float("inf")) -> int:
+        return bisect.bisect_left(self.ack_times, end) - bisect.bisect_left(self.ack_times, start)
+
+    def wait_acked(self, count: int, after: float, timeout: float = 20.0) -> float:
+        """Wait until ``count`` messages were acked after ``after``; return how long it took."""
+        started = time.monotonic()
+        while self.acked_between(after) < count:
+            if time.monotonic() - started > timeout:
+                raise AssertionError(
+                    f"only {self.acked_between(after)} of {count} acks within {timeout}s; errors: {self.errors[-3:]}"
+                )
+            time.sleep(0.05)
+        return time.monotonic() - started
+
+    # -- the loop -------------------------------------------------------------------------------------------
+
+    def _stub(self, sid: str) -> Any:
+        channel = self._channels.get(sid)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(self.cluster.address(sid), options=channel_options())
+            self._channels[sid] = channel
+        return api_pb2_grpc.APIStub(channel)
+
+    async def _main(self) -> None:
+        spec = self.spec
+        tasks = []
+        for n, key in enumerate(self.keys):
+            tasks.append(self._publisher(f"a{n}", key, api_pb2.ALL))
+            if key[0] in spec.leader_streams:
+                tasks.append(self._publisher(f"l{n}", key, api_pb2.LEADER))
+            if key[0] in spec.none_streams:
+                tasks.append(self._publisher(f"n{n}", key, api_pb2.NONE))
+        keys = self.keys
+        for c in range(spec.consumers):
+            tasks.append(self._consumer(f"consumer-{c}", keys[(c * 3) % len(keys)]))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for channel in self._channels.values():
+                await channel.close()
+
+    async def _publisher(self, name: str, key: Key, policy: int) -> None:
+        seq = 0
+        while not self._stop:
+            leader = self.monitor.leaders.get(key)
+            if leader is None:
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                seq = await self._publish_call(name, key, policy, leader, seq)
+            except Exception as exc:  # a bug in the workload must not look like a quiet cluster
+                self.errors.append(f"{name}: {exc!r}")
+            if not self._stop:
+                await asyncio.sleep(0.1)
+
+    async def _publish_call(self, name: str, key: Key, policy: int, leader: str, seq: int) -> int:
+        """One PublishAsync call to ``leader`` until it breaks, stalls, the leader moves or the run stops."""
+        spec = self.spec
+        stream, partition = key
+        call = self._stub(leader).PublishAsync()
+        self.calls += 1
+        pending: dict[str, tuple[Publication, float]] = {}
+        window = asyncio.Semaphore(spec.window)
+        progress = time.monotonic()
+        ended = asyncio.Event()
+        why = ""
+
+        async def writer() -> None:
+            nonlocal seq
+            while not self._stop and not ended.is_set():
+                if policy == api_pb2.NONE:
+                    await asyncio.sleep(1 / spec.none_rate)
+                else:
+                    await window.acquire()
+                    if self._stop or ended.is_set():
+                        return
+                value = b"%s-%d" % (name.encode(), seq)
+                cid = value.decode()  # unique across calls: the server routes acks by correlation id
+                seq += 1
+                pub = Publication(value, partition, stream=stream, policy=policy)
+                self.publications.append(pub)
+                started = time.monotonic()
+                if policy == api_pb2.NONE:
+                    pub.attempts.append(Attempt(leader, Outcome.UNKNOWN, started, started, detail="ack NONE"))
+                else:
+                    pending[cid] = (pub, started)
+                req = api_pb2.PublishRequest(
+                    stream=stream, partition=partition, value=value, ackPolicy=policy, correlationId=cid
+                )
+                await call.write(req)
+            if not ended.is_set():
+                await call.done_writing()
+
+        async def watchdog() -> None:
+            nonlocal why
+            moved_since: float | None = None
+            while not ended.is_set():
+                await asyncio.sleep(0.25)
+                now = time.monotonic()
+                if pending and now - progress > spec.stall_s:
+                    why = f"no ack for {spec.stall_s}s"
+                    call.cancel()
+                    return
+                current = self.monitor.leaders.get(key)
+                moved_since = (moved_since or now) if current not in (None, leader) else None
+                if moved_since is not None and now - moved_since > 1.0:
+                    why = f"leader moved to {current}"
+                    call.cancel()
+                    return
+                if self._stop and not pending:
+                    call.cancel()
+                    return
+
+        write_task = asyncio.ensure_future(writer())
+        dog = asyncio.ensure_future(watchdog())
+        try:
+            async for resp in call:
+                item = pending.pop(resp.correlationId, None)
+                if item is None:
+                    continue
+                pub, started = item
+                now = time.monotonic()
+                progress = now
+                window.release()
+                if resp.HasField("asyncError"):
+                    err = resp.asyncError
+                    outcome = Outcome.REFUSED if err.code in _REFUSALS else Outcome.UNKNOWN
+                    detail = f"asyncError {PAE.Code.Name(err.code)}: {err.message}"
+                    pub.attempts.append(Attempt(leader, outcome, started, now, detail=detail))
+                elif resp.ack.ackError != api_pb2.Ack.OK:
+                    detail = f"ackError {resp.ack.ackError}"
+                    pub.attempts.append(Attempt(leader, Outcome.UNKNOWN, started, now, detail=detail))
+                else:
+                    pub.attempts.append(Attempt(leader, Outcome.ACKED, started, now, resp.ack.offset))
+                    self.ack_times.append(now)
+                if self._stop and not pending:
+                    break
+        except grpc.aio.AioRpcError as exc:
+            why = why or f"{exc.code().name}: {exc.details()}"
+        except asyncio.CancelledError:
+            if not why:
+                raise
+        finally:
+            ended.set()
+            call.cancel()
+            for task in (write_task, dog):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            now = time.monotonic()
+            for pub, started in pending.values():
+                pub.attempts.append(Attempt(leader, Outcome.UNKNOWN, started, now, detail=why or "call ended"))
+            pending.clear()
+        return seq
+
+    async def _consumer(self, name: str, key: Key) -> None:
+        stream, partition = key
+        next_offset = 0
+        while not self._stop:
+            leader = self.monitor.leaders.get(key)
+            if leader is None:
+                await asyncio.sleep(0.1)
+                continue
+            req = api_pb2.SubscribeRequest(
+                stream=stream, partition=partition, startPosition=api_pb2.OFFSET, startOffset=next_offset
+            )
+            # Bounded: a leader that is frozen or cut off serves nothing, so look again now and then.
+            call = self._stub(leader).Subscribe(req, timeout=3.0)
+            try:
+                first = True
+                async for msg in call:
+                    if first:
+                        first = False  # the empty message that opens every subscription
+                        continue
+                    self.served.append(Served(msg.offset, msg.value, leader, time.monotonic(), name, stream, partition))
+                    next_offset = msg.offset + 1
+                    if self._stop:
+                        call.cancel()
+                        break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                    await asyncio.sleep(0.1)
+            except Exception as exc:
+                self.errors.append(f"{name}: {exc!r}")
+                await asyncio.sleep(0.1)
