@@ -182,6 +182,8 @@ def test_json(fake: tuple[FakeCluster, str]) -> None:
         "fenced": [],
         "unreachable": ["b"],
         "open_files_limit": 0,
+        "segment_files_open": 0,
+        "segment_files_budget": 0,
     }
     assert [s["id"] for s in obj["servers"]] == ["a", "b", "c"]  # sorted by id, like the table
     assert obj["servers"][2] == {

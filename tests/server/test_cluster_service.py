@@ -18,6 +18,7 @@ from liftlog.metadata import (
     StreamSettings,
 )
 from liftlog.server.cluster_service import ClusterStatusService
+from liftlog.storage.descriptors import DescriptorBudget
 
 
 def metadata() -> Metadata:
@@ -41,9 +42,12 @@ async def test_status_counts_replicas_and_lists_partitions_needing_attention() -
     meta = cluster.metadata
     healthy = SimpleNamespace(fenced=None, meta=meta.partition("orders", 0))
     fenced = SimpleNamespace(fenced="log ... is fenced: write ... failed (ENOSPC)", meta=meta.partition("orders", 1))
-    streams: Any = SimpleNamespace(partitions={("orders", 0): healthy, ("orders", 1): fenced})
+    streams: Any = SimpleNamespace(
+        partitions={("orders", 0): healthy, ("orders", 1): fenced}, descriptors=DescriptorBudget(300)
+    )
     resp = await ClusterStatusService(cluster, streams).Status(None, None)
     assert (resp.serverId, resp.controller, resp.streamCount, resp.partitionCount) == ("b", "a", 1, 3)
+    assert (resp.segmentFilesOpen, resp.segmentFilesBudget) == (0, 300)
     assert [(s.id, s.voter, s.controller, s.partitionCount, s.leaderCount) for s in resp.servers] == [
         ("a", True, True, 3, 1),
         ("b", True, False, 3, 1),

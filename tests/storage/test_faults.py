@@ -8,11 +8,13 @@ halfway, and power loss (files cut back to what was last fsynced).
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
 
 from liftlog.storage import CommitLog, FsyncPolicy, LogConfig, LogFenced, NewRecord, WriteFailed
+from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.faults import FaultyFileIO, power_loss_from_journal
 from liftlog.storage.records import encode_batch
 
@@ -270,3 +272,66 @@ def test_power_loss_from_a_journal(tmp_path: Path, clock: FakeClock) -> None:
     assert 10 <= len(survivors) < 20
     assert survivors == [b"%03d" % i for i in range(len(survivors))]
     reopened.close()
+
+
+# -- descriptors -------------------------------------------------------------------
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_sealed_segments_share_a_descriptor_budget(tmp_path: Path, clock: FakeClock) -> None:
+    """Descriptors no longer grow with segments on disk: 3 logs of 40 segments each hold at most 4 + 3."""
+    budget = DescriptorBudget(4)
+    before = open_descriptors()
+    logs = []
+    for name in ("a", "b", "c"):
+        log = CommitLog.open(tmp_path / name, LogConfig(segment_max_bytes=200), clock=clock, budget=budget)
+        for i in range(40):
+            log.append([NewRecord(b"%s%03d" % (name.encode(), i) * 20)])
+        logs.append(log)
+    assert len(logs[0].segments) == 40
+    for log in logs:  # reading everything opens sealed segments on demand, least recently used closed first
+        assert [r.value[:4] for r in log.iter_records(0)] == [
+            b"%s%03d" % (log.directory.name.encode(), i) for i in range(40)
+        ]
+        assert budget.open_count <= 4
+    assert open_descriptors() - before <= 4 + 3  # the budget, plus each log's active segment
+    for log in logs:
+        log.close()
+    assert budget.open_count == 0
+    # Reopened with the budget, the same holds after recovery.
+    reopened = CommitLog.open(tmp_path / "a", LogConfig(segment_max_bytes=200), clock=clock, budget=budget)
+    assert len(list(reopened.iter_records(0))) == 40
+    assert budget.open_count <= 4
+    reopened.close()
+
+
+def test_a_descriptor_in_use_is_not_closed_under_its_reader(tmp_path: Path, clock: FakeClock) -> None:
+    budget = DescriptorBudget(1)
+    log = CommitLog.open(tmp_path / "log", LogConfig(segment_max_bytes=200), clock=clock, budget=budget)
+    for i in range(10):
+        log.append([NewRecord(b"%03d" % i * 30)])
+    first, second = log.segments[0], log.segments[1]
+    entry = budget._acquire(log.io, first._key, first.log_path)  # a reader (compaction's thread) holds it
+    second.pread(0, 10)  # over budget: the held one must survive
+    assert os.pread(entry.fd, 3, 60) != b""
+    budget._release(log.io, entry)
+    assert budget.open_count == 1
+    log.close()
+
+
+def test_emfile_while_opening_a_sealed_segment_gives_descriptors_back(tmp_path: Path, clock: FakeClock) -> None:
+    io = FaultyFileIO()
+    budget = DescriptorBudget(3)
+    log = CommitLog.open(tmp_path / "log", LogConfig(segment_max_bytes=200), clock=clock, io=io, budget=budget)
+    for i in range(10):
+        log.append([NewRecord(b"%03d" % i * 30)])
+    assert len(list(log.iter_records(0))) == 10  # segment 0 was read first, so it is closed again by now
+    assert budget.open_count == 3
+    io.fail("open", errno.EMFILE, path="00000000000000000000.log")
+    assert log.segments[0].pread(0, 8) == (0).to_bytes(8, "big")  # evicted the others, opened on a retry
+    assert io.injected == [f"open {log.segments[0].log_path}: EMFILE"]
+    assert budget.open_count == 1
+    log.close()

@@ -1,7 +1,9 @@
 """The model test of the commit log with disk faults as extra rules.
 
 ``FaultyLogMachine`` is ``CommitLogMachine`` with its log on a
-``FaultyFileIO`` and fsync ``always``. Its fault rule arms one fault (an
+``FaultyFileIO``, fsync ``always``, and sealed segments reading through a
+descriptor budget of two (so descriptors are closed and reopened all the
+time, compaction included). Its fault rule arms one fault (an
 operation, an error, how many matching calls pass first, whether a write
 stops halfway, whether the fault stays until cleared), runs one of the
 machine's write rules under it, and checks the outcome against the model:
@@ -21,6 +23,7 @@ from hypothesis import HealthCheck, event, note, settings
 from hypothesis.stateful import rule
 
 from liftlog.storage import CommitLog, FsyncPolicy, LogFenced, WriteFailed
+from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.faults import FaultyFileIO
 
 from .test_log_model import CommitLogMachine, epoch_bumps, picks, record_lists
@@ -35,11 +38,12 @@ class FaultyLogMachine(CommitLogMachine):
     def __init__(self) -> None:
         super().__init__()
         self.io = FaultyFileIO()
+        self.budget = DescriptorBudget(2)
 
     def open(self) -> None:
         assert self.dir is not None
         self.config = replace(self.config, fsync=FsyncPolicy.ALWAYS)  # so that fsync faults have work
-        self.log = CommitLog.open(self.dir, self.config, clock=self.clock, io=self.io)
+        self.log = CommitLog.open(self.dir, self.config, clock=self.clock, io=self.io, budget=self.budget)
 
     def _snapshot(self) -> tuple[object, ...]:
         return (dict(self.records), self.start, self.leo, self.hw, list(self.epochs))

@@ -152,6 +152,15 @@ def status(as_json: bool) -> None:
         console.print(attention_table(result))
     if result.fenced:
         console.print(fenced_table(result))
+    if result.segment_files_budget:
+        limit = result.open_files_limit or "unlimited"
+        console.print(
+            Text(
+                f"{result.server_id}: open-file limit {limit}; sealed segments hold {result.segment_files_open} "
+                f"of {result.segment_files_budget} descriptors (streams.segment.files.max)",
+                style="dim",
+            )
+        )
     if result.unreachable:
         console.print(
             Text(f"fenced replicas unknown for {', '.join(result.unreachable)} (did not answer)", style="yellow")

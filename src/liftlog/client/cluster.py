@@ -116,6 +116,8 @@ class ClusterStatus:
     fenced: tuple[PartitionStatus, ...] = ()
     unreachable: tuple[str, ...] = ()
     open_files_limit: int = 0
+    segment_files_open: int = 0
+    segment_files_budget: int = 0
 
     def server(self, id: str) -> ServerStatus | None:
         """The server with this id, or None."""
@@ -140,6 +142,8 @@ class ClusterStatus:
             tuple(PartitionStatus.from_proto(p) for p in resp.fenced),
             (),
             resp.openFilesLimit,
+            resp.segmentFilesOpen,
+            resp.segmentFilesBudget,
         )
 
 

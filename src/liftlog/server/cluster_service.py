@@ -43,6 +43,8 @@ class ClusterStatusService(cluster_pb2_grpc.ClusterServicer):
             streamCount=len(metadata.streams),
             partitionCount=partitions,
             openFilesLimit=open_files_limit(),
+            segmentFilesOpen=self._streams.descriptors.open_count,
+            segmentFilesBudget=self._streams.descriptors.limit,
         )
         for stream in sorted(metadata.streams.values(), key=lambda s: s.name):
             for p in stream.partitions.values():

@@ -261,6 +261,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("streams.max.message.bytes", parse_size, 1 << 20, "largest message accepted"),
     _s("streams.fsync.policy", _choice("never", "interval", "always"), "never", "when the log is fsynced"),
     _s("streams.fsync.interval", parse_duration_ms, 1000, "fsync interval with the interval policy"),
+    _s(
+        "streams.segment.files.max",
+        _int(0),
+        0,
+        "descriptors sealed segments may hold open, least recently read closed first (0: half the open-file limit)",
+    ),
     _s("clustering.server.id", _name, "", "this server's id (default: the one kept in its data dir, else random)"),
     _s("clustering.namespace", _name, "liftbridge-default", "cluster namespace, a prefix of internal subjects"),
     _s("clustering.raft.snapshot.retain", _int(1), 2, "Raft snapshots kept on disk"),

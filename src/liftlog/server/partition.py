@@ -32,6 +32,7 @@ from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
 from liftlog.storage import CommitLog, FileIO, LogConfig, LogFenced, RecordTooLarge, StorageError
+from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .messages import Incoming, incoming_from_nats, record_size
@@ -71,6 +72,7 @@ class PartitionOptions:
         "auto_pause_ns",
         "batch_max",
         "cleaner_interval_ns",
+        "descriptors",
         "file_io",
         "log_config",
         "min_isr",
@@ -88,8 +90,11 @@ class PartitionOptions:
         cleaner_interval_ns: int = 300 * 1_000_000_000,
         min_isr: int = 1,
         file_io: FileIO = DEFAULT_FILE_IO,
+        descriptors: DescriptorBudget | None = None,
     ) -> None:
         self.log_config = log_config
+        #: The server's budget of descriptors for sealed segments (None: every segment keeps its own).
+        self.descriptors = descriptors
         #: What the log does its file operations through (the fault suite passes a failing one).
         self.file_io = file_io
         self.min_isr = min_isr
@@ -164,7 +169,11 @@ class Partition:
         """Open (recover) the log; readers may use it from now on."""
         if self.log is None:
             self.log = CommitLog.open(
-                self.directory, self.options.log_config, clock=self._clock, io=self.options.file_io
+                self.directory,
+                self.options.log_config,
+                clock=self._clock,
+                io=self.options.file_io,
+                budget=self.options.descriptors,
             )
             if len(self.meta.replicas) == 1:
                 # One replica: everything written is committed. With more, the checkpointed HW stands

@@ -28,6 +28,15 @@ def open_files_limit() -> int:
     return 0 if soft == resource.RLIM_INFINITY else soft
 
 
+def segment_files_budget(configured: int) -> int:
+    """Descriptors for sealed segments: the setting, else half the open-file limit (the rest serves active
+    segments, sockets and the metadata), at least 64."""
+    if configured:
+        return configured
+    limit = open_files_limit() or 1 << 20
+    return max(64, limit // 2)
+
+
 def raise_open_files_limit() -> tuple[int, int]:
     """Raise the soft open-file limit to the hard one; returns (before, after) soft limits (0: unlimited)."""
     before = open_files_limit()

@@ -117,6 +117,7 @@ class Server:
                 ack_sink=self._acks.deliver,
                 clock=self._clock,
                 file_io=self._file_io,
+                segment_files=int(self.config.values["streams.segment.files.max"]),
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(self._nc)

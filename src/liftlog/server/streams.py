@@ -40,11 +40,13 @@ from liftlog.metadata import (
 )
 from liftlog.server.config import StreamsConfig
 from liftlog.storage import FileIO, FsyncPolicy, LogConfig, StorageError
+from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .group_commit import GroupCommitter
 from .partition import AckSink, Partition, PartitionOptions
 from .replicator import Replicator
+from .rlimits import segment_files_budget
 
 __all__ = ["StreamManager"]
 
@@ -82,9 +84,12 @@ class StreamManager:
         ack_sink: AckSink,
         clock: Callable[[], int] = time.time_ns,
         file_io: FileIO = DEFAULT_FILE_IO,
+        segment_files: int = 0,
     ) -> None:
         self.server_id = server_id
         self._file_io = file_io
+        #: Descriptors of sealed segments, shared by every hosted log (streams.segment.files.max).
+        self.descriptors = DescriptorBudget(segment_files_budget(segment_files))
         #: One fsync per log per event-loop turn for partitions with the "always" fsync policy.
         self.committer = GroupCommitter()
         self._dir = data_dir / "streams"
@@ -487,6 +492,7 @@ class StreamManager:
             else d.auto_pause_disable_if_subscribers,
             min_isr=s.min_isr if s.min_isr is not None else self.min_isr_default,
             file_io=self._file_io,
+            descriptors=self.descriptors,
         )
         part = Partition(
             meta,

@@ -146,7 +146,7 @@ def swap_in(old: Segment, cleaned: CleanedSegment) -> Segment:
     except OSError as exc:
         log.warning("%s: compacted, but its indexes are not in place (%s); they are rebuilt", old.log_path, exc)
     try:
-        return Segment.open_closed(old.directory, old.base_offset, old.index_interval_bytes, io)
+        return Segment.open_closed(old.directory, old.base_offset, old.index_interval_bytes, io, old.budget)
     except OSError as exc:
         log.warning("%s: cannot open the compacted segment yet (%s); serving the old copy", old.log_path, exc)
         return old

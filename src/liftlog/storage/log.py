@@ -42,6 +42,7 @@ from pathlib import Path
 from .checkpoint import CorruptCheckpoint, EpochEntry, LeaderEpochCache, OffsetCheckpoint
 from .compaction import build_key_map, clean_segment, discard_cleaning_dir, swap_in
 from .config import FsyncPolicy, LogConfig
+from .descriptors import DescriptorBudget
 from .errors import (
     InvalidBatch,
     LogClosed,
@@ -95,11 +96,20 @@ class _Fence:
 class CommitLog:
     """A segmented, append-only log of record batches. Create with ``open``."""
 
-    def __init__(self, directory: Path, config: LogConfig, clock: Clock, io: FileIO = DEFAULT_FILE_IO) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        clock: Clock,
+        io: FileIO = DEFAULT_FILE_IO,
+        budget: DescriptorBudget | None = None,
+    ) -> None:
         self.directory = directory
         self.config = config
         self._clock = clock
         self.io = io
+        #: Where sealed segments keep their descriptors (shared by a server's logs); None: each keeps its own.
+        self.budget = budget
         self._fence: _Fence | None = None
         #: With ``defer_fsync`` (and the ``always`` policy) appends leave the fsync to ``sync``, so that the
         #: batches of one event-loop turn share one (group commit); the log end before the first of them.
@@ -128,6 +138,7 @@ class CommitLog:
         config: LogConfig | None = None,
         clock: Clock = time.time_ns,
         io: FileIO = DEFAULT_FILE_IO,
+        budget: DescriptorBudget | None = None,
     ) -> CommitLog:
         """Open (or create) the log in ``directory``, recovering from a crash.
 
@@ -138,7 +149,7 @@ class CommitLog:
         """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self = cls(path, config or LogConfig(), clock, io)
+        self = cls(path, config or LogConfig(), clock, io, budget)
         try:
             self._recover()
         except BaseException:
@@ -155,14 +166,14 @@ class CommitLog:
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
         interval = self.config.index_interval_bytes
         for base in bases[:-1]:
-            self._segments.append(Segment.open_closed(self.directory, base, interval, io))
+            self._segments.append(Segment.open_closed(self.directory, base, interval, io, self.budget))
         try:
             start = self._start_ckpt.read()
         except CorruptCheckpoint as exc:
             log.warning("%s; using the first segment's base offset", exc)
             start = None
         if bases:
-            active = Segment.open_active(self.directory, bases[-1], interval, io)
+            active = Segment.open_active(self.directory, bases[-1], interval, io, self.budget)
             if not active.size and self._segments and active.base_offset > self._segments[-1].next_offset:
                 # A crash emptied a segment that began after a gap: nothing would cover the
                 # gap's offsets, so the previous segment becomes the active one again.
@@ -172,7 +183,7 @@ class CommitLog:
             else:
                 self._segments.append(active)
         else:
-            self._segments.append(Segment.create(self.directory, start or 0, interval, io))
+            self._segments.append(Segment.create(self.directory, start or 0, interval, io, self.budget))
         if start is not None:
             self._drop_segments_below(start)
         self._bases = [s.base_offset for s in self._segments]
@@ -491,7 +502,7 @@ class CommitLog:
 
     def _create_segment(self, base: int) -> Segment:
         try:
-            return Segment.create(self.directory, base, self.config.index_interval_bytes, self.io)
+            return Segment.create(self.directory, base, self.config.index_interval_bytes, self.io, self.budget)
         except OSError as exc:
             path = self.directory / f"{base:020d}.log"
             if not isinstance(exc, FileExistsError):

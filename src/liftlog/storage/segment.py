@@ -18,11 +18,13 @@ segments).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from .descriptors import DescriptorBudget
 from .errors import CorruptBatch, InvalidBatch, StorageError, WriteFailed
 from .fileio import DEFAULT_FILE_IO, FileIO
 from .index import OffsetIndex, TimeIndex
@@ -45,6 +47,7 @@ _SCAN_CHUNK = 1 << 20
 _HEADER_CHUNK = 16384
 #: Offsets inside a segment are stored relative to its base in 32 bits.
 MAX_RELATIVE_OFFSET = 2**32 - 2
+_keys = itertools.count()
 
 
 def segment_name(base_offset: int) -> str:
@@ -73,17 +76,25 @@ class Segment:
     """
 
     def __init__(
-        self, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+        self,
+        directory: Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        io: FileIO = DEFAULT_FILE_IO,
+        budget: DescriptorBudget | None = None,
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         self.io = io
+        #: Sealed segments give their descriptor up to this budget and read through it (None: keep it).
+        self.budget = budget
+        self._key = next(_keys)
         name = segment_name(base_offset)
         self.log_path = directory / f"{name}.log"
         self.index = OffsetIndex(directory / f"{name}.index", base_offset)
         self.time_index = TimeIndex(directory / f"{name}.timeindex", base_offset)
-        self._fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        self._fd: int | None = io.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         try:
             self.size = io.size(self._fd)
         except OSError:
@@ -102,9 +113,14 @@ class Segment:
 
     @classmethod
     def create(
-        cls, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+        cls,
+        directory: Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        io: FileIO = DEFAULT_FILE_IO,
+        budget: DescriptorBudget | None = None,
     ) -> Segment:
-        seg = cls(directory, base_offset, index_interval_bytes, io)
+        seg = cls(directory, base_offset, index_interval_bytes, io, budget)
         if seg.size:
             seg.close()
             raise FileExistsError(f"segment {seg.log_path} already exists and is not empty")
@@ -112,7 +128,12 @@ class Segment:
 
     @classmethod
     def open_closed(
-        cls, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+        cls,
+        directory: Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        io: FileIO = DEFAULT_FILE_IO,
+        budget: DescriptorBudget | None = None,
     ) -> Segment:
         """Open a segment that is not the newest: its data must be whole.
 
@@ -121,12 +142,13 @@ class Segment:
         not point at its batch, the indexes are rebuilt from the whole file.
         A batch that cannot be parsed there is an error, never skipped.
         """
-        seg = cls(directory, base_offset, index_interval_bytes, io)
+        seg = cls(directory, base_offset, index_interval_bytes, io, budget)
         try:
             if not seg.index.load(io, seg.size) or not seg.time_index.load(io, seg.index.offsets):
                 log.warning("%s: indexes missing or invalid, rebuilding from the log", seg.index.path)
                 seg.rebuild_indexes(verify=False)
                 seg.save_indexes()
+                seg.release_descriptor()
                 return seg
             seg.sealed = True
             try:
@@ -138,6 +160,7 @@ class Segment:
         except BaseException:
             seg.close()
             raise
+        seg.release_descriptor()
         return seg
 
     def _scan_tail(self) -> None:
@@ -164,10 +187,15 @@ class Segment:
 
     @classmethod
     def open_active(
-        cls, directory: Path, base_offset: int, index_interval_bytes: int, io: FileIO = DEFAULT_FILE_IO
+        cls,
+        directory: Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        io: FileIO = DEFAULT_FILE_IO,
+        budget: DescriptorBudget | None = None,
     ) -> Segment:
         """Open the newest segment, validating every batch and cutting a torn tail."""
-        seg = cls(directory, base_offset, index_interval_bytes, io)
+        seg = cls(directory, base_offset, index_interval_bytes, io, budget)
         try:
             seg.rebuild_indexes(verify=True)
         except BaseException:
@@ -217,7 +245,7 @@ class Segment:
                 self.size - end,
                 end,
             )
-            self.io.ftruncate(self._fd, end)
+            self.io.ftruncate(self._writable(), end)
             self.size = end
         self._bytes_since_index = since
         self.index.replace(offsets)
@@ -290,7 +318,7 @@ class Segment:
         """
         position = self.size
         try:
-            self.io.write_all(self._fd, data)
+            self.io.write_all(self._writable(), data)
         except OSError as exc:
             self._undo("write", exc)
         if self.first_append_ns is None:
@@ -318,26 +346,46 @@ class Segment:
     def repair(self) -> bool:
         """Cut the file back to ``size`` (the end of its whole batches); True if it now ends there."""
         try:
-            if self.io.size(self._fd) != self.size:
-                self.io.ftruncate(self._fd, self.size)
-            return self.io.size(self._fd) == self.size
+            fd = self._writable()
+            if self.io.size(fd) != self.size:
+                self.io.ftruncate(fd, self.size)
+            return self.io.size(fd) == self.size
         except OSError as exc:
             log.debug("%s: repair failed: %s", self.log_path, exc)
             return False
 
     def flush(self) -> None:
         """fsync the log file (the indexes are rebuilt from it, see ``seal``)."""
-        self.io.fsync(self._fd)
+        if self._fd is not None:  # without one nothing was written since it was sealed (and fsynced)
+            self.io.fsync(self._fd)
 
     def seal(self) -> None:
         """The segment stops being the active one: make its data durable and write its indexes."""
         self.flush()
         self.save_indexes()
+        self.release_descriptor()
+
+    def _writable(self) -> int:
+        """The descriptor writes go through; a sealed segment written again (truncation) takes it back."""
+        if self._fd is None:
+            self._fd = self.io.open(self.log_path, os.O_RDWR | os.O_APPEND)
+            if self.budget is not None:
+                self.budget.forget(self.io, self._key)
+        return self._fd
+
+    def release_descriptor(self) -> None:
+        """Sealed: read through the budget from now on, so idle segments hold no descriptor."""
+        if self.budget is not None and self._fd is not None:
+            fd, self._fd = self._fd, None
+            self.io.close(fd)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.io.close(self._fd)
+            if self._fd is not None:
+                self.io.close(self._fd)
+            if self.budget is not None:
+                self.budget.forget(self.io, self._key)
 
     def delete(self) -> None:
         """Remove the files; the descriptor stays open until ``close`` for readers still on it."""
@@ -366,7 +414,7 @@ class Segment:
                 lod = offset - header.base_offset - 1
                 tail = retain_records(batch, at_zero, keep, lod) or encode_empty_batch(header.base_offset, lod, epoch)
             try:
-                self.io.ftruncate(self._fd, position)
+                self.io.ftruncate(self._writable(), position)
             except OSError as exc:
                 raise WriteFailed("truncate", str(self.log_path), exc) from exc
             self.size = position
@@ -377,7 +425,7 @@ class Segment:
             self.time_index.truncate_from_offset(offset)
             if tail:
                 try:
-                    self.io.write_all(self._fd, tail)
+                    self.io.write_all(self._writable(), tail)
                 except OSError as exc:
                     # The segment now ends before the straddling batch: shorter than asked, but whole.
                     self.index.truncate_from_position(position)
@@ -390,7 +438,11 @@ class Segment:
     # -- reading -------------------------------------------------------
 
     def pread(self, position: int, size: int) -> bytes:
-        return self.io.pread(self._fd, size, position)
+        fd = self._fd
+        if fd is None and self.budget is not None:
+            return self.budget.pread(self.io, self._key, self.log_path, size, position)
+        assert fd is not None
+        return self.io.pread(fd, size, position)
 
     def header_at(self, position: int) -> BatchHeader:
         raw = self.pread(position, BATCH_HEADER_SIZE)

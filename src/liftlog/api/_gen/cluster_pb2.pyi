@@ -57,7 +57,7 @@ class PartitionStatus(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., candidate: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., server: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention", "openFilesLimit", "fenced")
+    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention", "openFilesLimit", "fenced", "segmentFilesOpen", "segmentFilesBudget")
     SERVERID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,8 @@ class ClusterStatusResponse(_message.Message):
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
     OPENFILESLIMIT_FIELD_NUMBER: _ClassVar[int]
     FENCED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTFILESOPEN_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTFILESBUDGET_FIELD_NUMBER: _ClassVar[int]
     serverId: str
     controller: str
     term: int
@@ -80,4 +82,6 @@ class ClusterStatusResponse(_message.Message):
     attention: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
     openFilesLimit: int
     fenced: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
-    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ..., fenced: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
+    segmentFilesOpen: int
+    segmentFilesBudget: int
+    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ..., fenced: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., segmentFilesOpen: _Optional[int] = ..., segmentFilesBudget: _Optional[int] = ...) -> None: ...
