@@ -87,3 +87,49 @@ async def test_a_fenced_partition_refuses_writes_serves_reads_reports_and_resume
             assert await read_all(server.address, "disk") == [b"before", b"after"]
     finally:
         await server.stop()
+
+
+async def test_a_partition_the_server_cannot_set_up_is_fenced_and_holds_back_no_other(
+    tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug (here: intake that cannot start) in one partition used to stall reconcile for every stream."""
+    from liftlog.server.partition import Partition
+
+    real_start = Partition.start_intake
+    broken = {"yes": True}
+
+    async def start_intake(self: Partition, nats: object) -> None:
+        if self.stream == "buggy" and broken["yes"]:
+            raise RuntimeError("intake cannot start")
+        await real_start(self, nats)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Partition, "start_intake", start_intake)
+    values = {
+        "data.dir": str(tmp_path / "data"),
+        "port": 0,
+        "nats.servers": nats_url,
+        "clustering.server.id": "a",
+        "clustering.namespace": f"isolated-{secrets.token_hex(4)}",
+        "clustering.raft.bootstrap.seed": True,
+        "clustering.raft.fsync": False,
+    }
+    server = Server(load_config(None, values, env={}))
+    await server.start()
+    try:
+        assert server.cluster is not None and server.streams is not None
+        # Both changes take effect here in time: the broken partition does not hold the server back.
+        await asyncio.wait_for(server.cluster.create_stream(CreateStreamRequest("buggy", "buggy")), 10)
+        await asyncio.wait_for(server.cluster.create_stream(CreateStreamRequest("fine", "fine")), 10)
+        buggy = server.streams.partitions[("buggy", 0)]
+        assert buggy.fenced is not None and "intake cannot start" in buggy.fenced
+        async with Client(server.address) as client:
+            assert (await client.publish("fine", b"ok")).offset == 0
+            broken["yes"] = False  # fixed: the retry sets it up
+            for _ in range(50):
+                if buggy.fenced is None:
+                    break
+                await asyncio.sleep(0.1)
+            assert buggy.fenced is None
+            assert (await client.publish("buggy", b"works")).offset == 0
+    finally:
+        await server.stop()

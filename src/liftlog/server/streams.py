@@ -70,6 +70,8 @@ class _Hosted:
     confirmed_at: int = -1
     #: Its log failed to open (the partition is fenced with the reason); tried again at each reconcile.
     open_failed: bool = False
+    #: Acting on the metadata failed for it (fenced with the reason); retried with the next reconcile.
+    apply_failed: bool = False
 
 
 class StreamManager:
@@ -125,6 +127,7 @@ class StreamManager:
         self.may_lead = True
         self._leading_reconciled = False
         self._confirmations: set[asyncio.Future[None]] = set()
+        self._retry: asyncio.TimerHandle | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -135,6 +138,8 @@ class StreamManager:
 
     async def stop(self) -> None:
         """Stop following the metadata, drain every partition's intake and close its log."""
+        if self._retry is not None:
+            self._retry.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -217,14 +222,51 @@ class StreamManager:
         for key in [
             k for k, h in self._hosted.items() if k not in wanted or wanted[k][0].creation_timestamp != h.created
         ]:
-            await self._remove(key)
+            await self._isolated(key, self._remove(key))
         for key, (stream, meta) in wanted.items():
             hosted = self._hosted.get(key)
             if hosted is None:
-                await self._add(stream, meta)
+                await self._isolated(key, self._add(stream, meta))
             else:
                 hosted.part.meta = meta
-                await self._update(hosted, meta)
+                await self._isolated(key, self._update(hosted, meta))
+        if any(h.open_failed or h.apply_failed for h in self._hosted.values()):
+            self._retry_soon()
+
+    async def _isolated(self, key: tuple[str, int], step: Awaitable[None]) -> None:
+        """One partition's step; if it fails, that partition is fenced and the others carry on.
+
+        A failing partition must not hold back this server's other partitions, nor the callers waiting
+        for the metadata change to take effect here (they would all time out).
+        """
+        try:
+            await step
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            hosted = self._hosted.get(key)
+            if hosted is None:
+                log.exception("partition %s/%d: acting on the metadata failed", *key)
+                return
+            if not hosted.apply_failed:
+                log.exception("partition %s/%d: acting on the metadata failed; fenced until a retry works", *key)
+            hosted.apply_failed = True
+            hosted.part.fenced = f"this server could not act on the metadata for it: {exc!r}"
+            return
+        hosted = self._hosted.get(key)
+        if hosted is not None and hosted.apply_failed:
+            hosted.apply_failed = False
+            if not hosted.open_failed:
+                hosted.part.fenced = None
+            log.info("partition %s/%d: acting on the metadata works again", *key)
+
+    def _retry_soon(self, delay: float = 2.0) -> None:
+        if self._retry is None or self._retry.cancelled():
+            self._retry = asyncio.get_running_loop().call_later(delay, self._retried)
+
+    def _retried(self) -> None:
+        self._retry = None
+        self._dirty.set()
 
     def _usable(self, stream: StreamMeta) -> bool:
         """False (warning once) for a stream whose name or subjects today's rules refuse."""
