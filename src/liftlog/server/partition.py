@@ -36,10 +36,13 @@ from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .messages import Incoming, incoming_from_nats, record_size
+from .ratelimit import LogLimiter
 
 __all__ = ["AckSink", "Partition", "PartitionClosed", "PartitionOptions"]
 
 log = logging.getLogger(__name__)
+#: Per-batch warnings: one line per partition and kind per logging.warnings.interval, with a count.
+_limited = LogLimiter(log)
 
 #: Sends an Ack to its inbox (locally or over NATS). Must not block.
 AckSink = Callable[[api_pb2.Ack], None]
@@ -244,7 +247,12 @@ class Partition:
             # would be acknowledged as committed.
             for item in items:
                 self._refused(item, api_pb2.Ack.UNKNOWN, now)
-            log.warning("%s: refused %d messages that arrived after this replica stopped leading", self, len(items))
+            _limited.warning(
+                "%s: refused %d messages that arrived after this replica stopped leading",
+                self,
+                len(items),
+                key=f"{self}:deposed",
+            )
             return
         next_offset = log_.log_end_offset
         max_bytes = self.options.log_config.max_record_bytes
@@ -295,12 +303,13 @@ class Partition:
         elif log_.log_end_offset > base:
             self._log_grew(now)
         if too_few_copies:
-            log.warning(
+            _limited.warning(
                 "%s: refused %d ack-ALL messages: %d in-sync replicas, min.insync.replicas is %d",
                 self,
                 too_few_copies,
                 len(self.leader.isr) if self.leader else 0,
                 self.options.min_isr,
+                key=f"{self}:min-isr",
             )
 
     @property
@@ -392,7 +401,9 @@ class Partition:
             ack.offset = -1
             self._ack_sink(ack)
         if waiters:
-            log.warning("%s: %d ack-ALL messages not acknowledged: %s", self, len(waiters), reason)
+            _limited.warning(
+                "%s: %d ack-ALL messages not acknowledged: %s", self, len(waiters), reason, key=f"{self}:unacked"
+            )
 
     def _append_one_by_one(self, items: list[Incoming], now: int) -> None:
         assert self.log is not None
@@ -467,7 +478,9 @@ class Partition:
             self._ack_sink(ack)
             failed += 1
         if failed:
-            log.warning("%s: %d ack-ALL messages not acknowledged: %s", self, failed, reason)
+            _limited.warning(
+                "%s: %d ack-ALL messages not acknowledged: %s", self, failed, reason, key=f"{self}:unsynced"
+            )
 
     def _refused(self, item: Incoming, error: int, now: int) -> None:
         if item.ack_inbox:
