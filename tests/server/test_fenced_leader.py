@@ -1,0 +1,80 @@
+"""A leader whose log fences itself hands the partition to an in-sync replica: publishes keep working.
+
+Three real servers in this process on a real nats-server, each with its own FaultyFileIO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import secrets
+from pathlib import Path
+
+import pytest
+
+from liftlog.client import AckPolicy, Client
+from liftlog.metadata.controller import CreateStreamRequest
+from liftlog.server.config import load_config
+from liftlog.server.server import Server
+from liftlog.storage.faults import FaultyFileIO
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
+
+
+async def test_a_fenced_leader_hands_over_to_an_in_sync_replica(tmp_path: Path, nats_url: str) -> None:
+    namespace = f"fenced-leader-{secrets.token_hex(4)}"
+    disks = {sid: FaultyFileIO() for sid in "abc"}
+    servers: dict[str, Server] = {}
+    for sid in "abc":
+        values = {
+            "data.dir": str(tmp_path / sid),
+            "port": 0,
+            "nats.servers": nats_url,
+            "clustering.server.id": sid,
+            "clustering.namespace": namespace,
+            "clustering.raft.fsync": False,
+            "clustering.raft.bootstrap.seed": sid == "a",
+        }
+        servers[sid] = Server(load_config(None, values, env={}), file_io=disks[sid])
+        await servers[sid].start()
+    try:
+        controller = servers["a"].cluster
+        assert controller is not None
+        for _ in range(100):
+            if len(controller.metadata.servers) == 3:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.wait_for(
+            controller.create_stream(CreateStreamRequest("orders", "orders", replication_factor=3)), 15
+        )
+        async with Client([s.address for s in servers.values()]) as client:
+            assert (await client.publish("orders", b"m0", ack_policy=AckPolicy.ALL)).offset == 0
+            old = controller.metadata.partition("orders", 0).leader
+            # The leader's disk fails mid-write and the torn bytes cannot be cut off.
+            disks[old].fail("write", errno.ENOSPC, path="*.log", partial=True)
+            disks[old].fail("ftruncate", errno.EIO, times=-1)
+            with pytest.raises(Exception):  # noqa: B017 - refused (UNKNOWN ack) or unavailable: not acknowledged
+                await client.publish("orders", b"torn", ack_policy=AckPolicy.ALL)
+            for _ in range(150):
+                meta = controller.metadata.partition("orders", 0)
+                if meta.leader != old and meta.state.value == "online":
+                    break
+                await asyncio.sleep(0.1)
+            assert meta.leader != old, "leadership stayed with the fenced replica"
+            # The client finds the new leader; nothing acknowledged was lost.
+            ack = await client.publish("orders", b"m1", ack_policy=AckPolicy.ALL)
+            assert ack.offset == 1
+            status = await client.cluster_status()
+            assert [(p.stream, p.server) for p in status.fenced] == [("orders", old)]
+            disks[old].clear()  # the old leader's disk recovers: it repairs and follows again
+            for _ in range(150):
+                part = servers[old].streams.partitions[("orders", 0)]  # type: ignore[union-attr]
+                if part.fenced is None and part.log is not None and part.log.log_end_offset == 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert part.fenced is None
+            assert part.log is not None
+            assert [r.value for r in part.log.read(0)] == [b"m0", b"m1"]
+    finally:
+        for server in servers.values():
+            await server.stop()
