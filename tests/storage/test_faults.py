@@ -335,3 +335,16 @@ def test_emfile_while_opening_a_sealed_segment_gives_descriptors_back(tmp_path: 
     assert io.injected == [f"open {log.segments[0].log_path}: EMFILE"]
     assert budget.open_count == 1
     log.close()
+
+
+def test_close_on_a_failing_disk_still_closes_every_file(tmp_path: Path, clock: FakeClock) -> None:
+    io = FaultyFileIO()
+    log = open_log(tmp_path, io, clock, segment_max_bytes=200)
+    for i in range(5):
+        log.append([NewRecord(b"%03d" % i * 30)])
+    io.fail("fsync", errno.EIO, times=-1)
+    log.close()  # no exception: the next open recovers
+    assert io._paths == {}
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert len(values(reopened)) == 5
+    reopened.close()

@@ -921,13 +921,23 @@ class CommitLog:
     # -- closing -------------------------------------------------------
 
     def close(self) -> None:
-        """Flush, checkpoint and close every file. The log cannot be used after."""
+        """Flush, checkpoint and close every file. The log cannot be used after.
+
+        A flush that fails (a full or failing disk) is logged and the files are closed anyway: what
+        was not fsynced is what a crash would lose, and recovery at the next open handles it.
+        """
         if self._closed:
             return
-        self.flush()
+        try:
+            self.flush()
+        except OSError as exc:
+            log.error("%s: closing without a final fsync and high watermark checkpoint: %s", self.directory, exc)
         self._closed = True
         for seg in self._segments + self._retired:
-            seg.close()
+            try:
+                seg.close()
+            except OSError as exc:
+                log.warning("%s: %s", seg.log_path, exc)
         self._retired = []
 
     def _check_open(self) -> None:
