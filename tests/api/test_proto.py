@@ -204,6 +204,7 @@ MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "pauseTimestamps": (10, TS),
         "readonlyTimestamps": (11, TS),
         "logStartOffset": (1000, NI64),  # liftlog extension: where retention starts the log
+        "fenced": (1001, "string"),  # liftlog extension: why this replica refuses writes
     },
     "FetchPartitionMetadataRequest": {"stream": (1, "string"), "partition": (2, "int32")},
     "FetchPartitionMetadataResponse": {"metadata": (1, "proto.PartitionMetadata")},
