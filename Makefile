@@ -42,10 +42,13 @@ sim: install
 	LIFTLOG_SIM_SEEDS=$(SEEDS) $(BIN)/pytest tests/sim -q --timeout 0
 
 # Seeded random fault schedules against a 3-server cluster under load, then the checker: SEEDS=5 DURATION=30
-# by default (seconds of faults per seed); SEED=<n> replays one seed. Exits 1 if an invariant failed.
+# by default (seconds of faults per seed); SEED=<n> replays one seed; FSYNC=never|interval|always (default
+# always); POWER_ALL=1 ends each seed with power loss of every server; KINDS=disk,power limits the faults.
+# Exits 1 if an invariant failed.
 chaos: install
 	$(BIN)/python -m tests.chaos.run --seeds $(if $(filter file,$(origin SEEDS)),5,$(SEEDS)) \
-		--duration $(or $(DURATION),30) $(if $(SEED),--seed $(SEED))
+		--duration $(or $(DURATION),30) $(if $(SEED),--seed $(SEED)) --fsync $(or $(FSYNC),always) \
+		$(if $(POWER_ALL),--power-all) $(if $(KINDS),--kinds $(KINDS))
 
 bench-log: install
 	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)

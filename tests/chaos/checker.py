@@ -339,6 +339,8 @@ class Report:
     leader_acked_lost_allowed: int = 0  # allowed: ack-LEADER values lost with their leader
     leader_acked_moved_allowed: int = 0  # allowed: ack-LEADER values whose leader was deposed, now elsewhere
     acked_lost_tolerated: int = 0  # ack-ALL values lost in a run that measures loss (power loss, fsync never)
+    served_lost_tolerated: int = 0  # there: committed reads of values since lost
+    offsets_reset_tolerated: int = 0  # there: a consumer served an offset below one it had (the log restarted)
     converged: bool = True  # every partition has a leader, full ISR, every replica at the leader's HW
     convergence_s: float = -1.0  # how long that took after the faults stopped
     published: int = 0
@@ -389,6 +391,8 @@ class Report:
             leader_acked_lost_allowed=self.leader_acked_lost_allowed,
             leader_acked_moved_allowed=self.leader_acked_moved_allowed,
             acked_lost_tolerated=self.acked_lost_tolerated,
+            served_lost_tolerated=self.served_lost_tolerated,
+            offsets_reset_tolerated=self.offsets_reset_tolerated,
             published=self.published,
             acked=self.acked,
             acked_by_policy=self.acked_by_policy,
@@ -672,14 +676,18 @@ def evaluate(
 
     last: dict[str, int] = {}
     for s in served:
-        if truth.get(s.key, {}).get(s.offset) != s.value:
+        if truth.get(s.key, {}).get(s.offset) != s.value and tolerate_loss:
+            report.served_lost_tolerated += 1
+        elif truth.get(s.key, {}).get(s.offset) != s.value:
             report.served_then_truncated += 1
             report._note(
                 "served_then_truncated",
                 f"{s.value!r}@{s.key}/{s.offset} from {s.server}, now {truth.get(s.key, {}).get(s.offset)!r}",
             )
         before = last.get(s.consumer)
-        if before is not None and s.offset <= before:
+        if before is not None and s.offset <= before and tolerate_loss:
+            report.offsets_reset_tolerated += 1  # the log it read lost its tail everywhere and grew again
+        elif before is not None and s.offset <= before:
             report.offsets_backwards += 1
             report._note("offsets_backwards", f"{s.consumer}: {s.offset} after {before} (from {s.server})")
         last[s.consumer] = s.offset

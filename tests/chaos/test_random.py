@@ -1,0 +1,62 @@
+"""Issue 12: short seeded random fault schedules under heavy load, and power loss of every server at once.
+
+The same code as ``make chaos`` (``run_seed``), shortened for ``make test``: each seed's schedule includes at
+least one disk fault and one power loss. ``make chaos SEEDS=50`` is the soak; a failing seed here replays
+with ``make chaos SEED=<n> DURATION=<s>``. What power loss everywhere costs without fsync is measured by
+``make chaos FSYNC=never POWER_ALL=1`` (not here: it is a figure, not a pass/fail).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import NatsProcess
+
+from .faults import Fault
+from .load import LoadSpec
+from .run import Options, run_seed
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(150)]
+
+#: Seconds of faults per seed in CI.
+DURATION = 15.0
+#: A lighter load than ``make chaos``: CI shares its two cores with everything else.
+CI_LOAD = LoadSpec(window=100, consumers=3)
+
+
+def show(result: dict[str, object]) -> str:
+    brief = {k: v for k, v in result.items() if k != "replica_lengths"}
+    print(json.dumps(brief))
+    return json.dumps(brief)[:4000]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_seeded_schedule_with_disk_faults_and_power_loss_keeps_every_promise(
+    seed: int, tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    opts = Options(DURATION, required=(Fault.DISK, Fault.POWER), spec=CI_LOAD)
+    result = run_seed(seed, opts, nats_server, tmp_path)
+    summary = show(result)
+    assert result["ok"], f"replay: make chaos SEED={seed} DURATION={DURATION:g}\n{summary}"
+    injected = result["injected"]
+    assert isinstance(injected, dict) and injected.get("disk", 0) >= 1 and injected.get("power", 0) >= 1
+    assert int(result["acked"]) > 1000, summary  # type: ignore[call-overload]
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="once seen: after power loss of all three servers under load, no ack within 60 s and the workload's "
+    "loop did not stop (a standalone replay recovered in 2 s); not yet known whether harness or product",
+)
+def test_power_loss_of_every_server_with_fsync_always_loses_no_acknowledged_message(
+    tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    opts = Options(8.0, kinds=(Fault.DELAY,), fsync="always", power_all=True, spec=CI_LOAD)
+    result = run_seed(3, opts, nats_server, tmp_path)
+    summary = show(result)
+    assert result["ok"], summary
+    assert result["acked_lost"] == 0 and result["acked_lost_tolerated"] == 0, summary
+    assert int(result["acked"]) > 1000, summary  # type: ignore[call-overload]
