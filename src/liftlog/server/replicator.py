@@ -400,21 +400,34 @@ class Replicator:
             if part.follower is not core:
                 return
             if refused.error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
-                self._out_of_range(part, core, refused.error)
+                try:
+                    self._out_of_range(part, core, refused.error)
+                except (StorageError, OSError) as exc:
+                    self._storage_failed(part, core, exc)
                 return
             log.debug("%s: %s refused a fetch: %s", part, core.leader, refused)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
         except (StorageError, OSError) as exc:
             if part.follower is not core:
                 return
-            # The log is as it was (or fenced, and repairs itself on the next write): fetch again later.
-            part.write_failed(exc)
-            self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+            self._storage_failed(part, core, exc)
         except Exception as exc:
             if part.follower is not core:
                 return
             log.debug("%s: replication request to %s failed: %r", part, core.leader, exc)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+
+    def _storage_failed(self, part: Partition, core: FollowerReplica, exc: Exception) -> None:
+        """A write or truncation of the follower's log failed: the core may now think the log ends
+        elsewhere than it does (it lowers its end before the shell truncates). Start a new core from
+        what the log holds once the retry delay has passed; the log repairs itself on its next write."""
+        part.write_failed(exc)
+
+        def restart() -> None:
+            if part.follower is core and part.log is not None:
+                self.follow(part)
+
+        asyncio.get_running_loop().call_later(self.settings.retry_s, restart)
 
     def _out_of_range(self, part: Partition, core: FollowerReplica, error: FetchError) -> None:
         """The leader no longer has (or never had) what we asked for: start again from what it has."""
