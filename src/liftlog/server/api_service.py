@@ -454,14 +454,30 @@ class ApiService(api_pb2_grpc.APIServicer):
         )
         future = None
         if policy != api_pb2.NONE:
-            inbox = req.ackInbox or self._acks.inbox
-            cid = req.correlationId or self._acks.new_correlation_id()
-            message.ackInbox = inbox
-            message.correlationId = cid
+            message.ackInbox, message.correlationId = self._ack_route(req.ackInbox, req.correlationId)
             message.ackPolicy = policy
-            future = self._acks.expect(inbox, cid)
+            future = self._acks.expect(message.ackInbox, message.correlationId)
         await self._publish_envelope(meta.subject, message, future)
         return future
+
+    def _ack_route(self, inbox: str, correlation_id: str) -> tuple[str, str]:
+        """Where the ack goes, and the id it is matched by.
+
+        A client that names its own ack inbox matches acks by its own ids. Otherwise the ack comes back
+        to this server's inbox, shared by every call and client: its id must be this server's own, or
+        two clients (or two PublishAsync calls) using the same ids would get each other's acks. The
+        caller's id is put back on the ack it returns (``_as_sent``).
+        """
+        if inbox:
+            return inbox, correlation_id or self._acks.new_correlation_id()
+        return self._acks.inbox, self._acks.new_correlation_id()
+
+    @staticmethod
+    def _as_sent(ack: api_pb2.Ack, correlation_id: str) -> api_pb2.Ack:
+        """The ack with the correlation id its publisher sent (the server matched it by its own)."""
+        if correlation_id:
+            ack.correlationId = correlation_id
+        return ack
 
     def _check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:
         size = len(req.value) + len(req.key)
@@ -533,7 +549,7 @@ class ApiService(api_pb2_grpc.APIServicer):
             future = await self._send(request)
             if future is None:
                 return api_pb2.PublishResponse()
-            ack = await self._await_ack(future, context.time_remaining())
+            ack = self._as_sent(await self._await_ack(future, context.time_remaining()), request.correlationId)
         except RpcFailure as failure:
             await _abort(context, failure)
         return api_pb2.PublishResponse(ack=ack)
@@ -555,14 +571,13 @@ class ApiService(api_pb2_grpc.APIServicer):
             message = api_pb2.Message(key=req.key, value=req.value, headers=req.headers, offset=-1)
             future = None
             if req.ackPolicy != api_pb2.NONE:
-                message.ackInbox = req.ackInbox or self._acks.inbox
-                message.correlationId = req.correlationId or self._acks.new_correlation_id()
+                message.ackInbox, message.correlationId = self._ack_route(req.ackInbox, req.correlationId)
                 message.ackPolicy = req.ackPolicy
                 future = self._acks.expect(message.ackInbox, message.correlationId)
             await self._publish_envelope(req.subject, message, future)
             if future is None:
                 return api_pb2.PublishToSubjectResponse()
-            ack = await self._await_ack(future, context.time_remaining())
+            ack = self._as_sent(await self._await_ack(future, context.time_remaining()), req.correlationId)
         except RpcFailure as failure:
             await _abort(context, failure)
         return api_pb2.PublishToSubjectResponse(ack=ack)
@@ -617,7 +632,7 @@ class ApiService(api_pb2_grpc.APIServicer):
                     response = self._async_error(cid, item)
                 else:
                     try:
-                        ack = await self._await_ack(item, None)
+                        ack = self._as_sent(await self._await_ack(item, None), cid)
                     except RpcFailure as failure:
                         response = self._async_error(cid, failure)
                     else:
