@@ -1,12 +1,20 @@
-"""A real nats-server per test module, and a connection to it per test."""
+"""A real nats-server per test module, a connection to it per test, and real servers in this process."""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 
+from liftlog.server.config import load_config
+from liftlog.server.server import Server
+from liftlog.storage import FileIO
+from liftlog.storage.faults import FaultyFileIO
 from tests.integration.harness import NatsProcess
 
 
@@ -22,3 +30,55 @@ async def nc(nats_url: str) -> AsyncIterator[nats.NATS]:
     conn = await nats.connect(nats_url)
     yield conn
     await conn.close()
+
+
+def in_process_server(
+    data_dir: Path,
+    nats_url: str,
+    namespace: str,
+    server_id: str = "a",
+    *,
+    seed: bool = True,
+    file_io: FileIO | None = None,
+    **settings: Any,
+) -> Server:
+    """A real server for this process's event loop (not started), on ``nats_url`` in its own namespace."""
+    values = {
+        "data.dir": str(data_dir),
+        "port": 0,
+        "nats.servers": nats_url,
+        "clustering.server.id": server_id,
+        "clustering.namespace": namespace,
+        "clustering.raft.bootstrap.seed": seed,
+        "clustering.raft.fsync": False,
+        **settings,
+    }
+    config = load_config(None, values, env={})
+    return Server(config) if file_io is None else Server(config, file_io=file_io)
+
+
+async def start_cluster(
+    root: Path, nats_url: str, disks: dict[str, FaultyFileIO], timeout: float = 10.0
+) -> dict[str, Server]:
+    """Started servers, one per key of ``disks`` (the first founds the cluster), once all have joined."""
+    namespace = f"cluster-{secrets.token_hex(4)}"
+    servers: dict[str, Server] = {}
+    try:
+        for i, (sid, disk) in enumerate(disks.items()):
+            servers[sid] = in_process_server(root / sid, nats_url, namespace, sid, seed=i == 0, file_io=disk)
+            await servers[sid].start()
+        first = next(iter(servers.values())).cluster
+        assert first is not None
+        for _ in range(int(timeout * 10)):
+            if len(first.metadata.servers) == len(servers):
+                return servers
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"only {sorted(first.metadata.servers)} of {sorted(servers)} joined within {timeout} s")
+    except BaseException:
+        await stop_all(servers)
+        raise
+
+
+async def stop_all(servers: dict[str, Server]) -> None:
+    for server in servers.values():
+        await server.stop()

@@ -17,24 +17,15 @@ import pytest
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.client import Client, StartPosition, StopPosition
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.server.config import load_config
-from liftlog.server.server import Server
+
+from .conftest import in_process_server
 
 pytestmark = pytest.mark.timeout(60)
 COUNT = 300
 
 
 async def test_publishers_reusing_correlation_ids_get_their_own_acks(tmp_path: Path, nats_url: str) -> None:
-    values = {
-        "data.dir": str(tmp_path / "data"),
-        "port": 0,
-        "nats.servers": nats_url,
-        "clustering.server.id": "a",
-        "clustering.namespace": f"acks-{secrets.token_hex(4)}",
-        "clustering.raft.bootstrap.seed": True,
-        "clustering.raft.fsync": False,
-    }
-    server = Server(load_config(None, values, env={}))
+    server = in_process_server(tmp_path / "data", nats_url, f"acks-{secrets.token_hex(4)}")
     await server.start()
     try:
         assert server.cluster is not None

@@ -11,8 +11,8 @@ import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.server.config import load_config
-from liftlog.server.server import Server
+
+from .conftest import in_process_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,16 +22,7 @@ async def test_a_log_that_cannot_open_answers_unavailable_and_other_streams_work
     # A file where the partition's directory belongs: opening its log fails.
     (data / "streams" / "broken").mkdir(parents=True)
     (data / "streams" / "broken" / "0").write_text("not a directory")
-    values = {
-        "data.dir": str(data),
-        "port": 0,
-        "nats.servers": nats_url,
-        "clustering.server.id": "a",
-        "clustering.namespace": f"failed-{secrets.token_hex(4)}",
-        "clustering.raft.bootstrap.seed": True,
-        "clustering.raft.fsync": False,
-    }
-    server = Server(load_config(None, values, env={}))
+    server = in_process_server(data, nats_url, f"failed-{secrets.token_hex(4)}")
     await server.start()
     try:
         assert server.cluster is not None and server.streams is not None

@@ -7,43 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import secrets
 from pathlib import Path
 
 import pytest
 
 from liftlog.client import AckPolicy, Client
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.server.config import load_config
-from liftlog.server.server import Server
 from liftlog.storage.faults import FaultyFileIO
+
+from .conftest import start_cluster, stop_all
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 
 
 async def test_a_fenced_leader_hands_over_to_an_in_sync_replica(tmp_path: Path, nats_url: str) -> None:
-    namespace = f"fenced-leader-{secrets.token_hex(4)}"
     disks = {sid: FaultyFileIO() for sid in "abc"}
-    servers: dict[str, Server] = {}
-    for sid in "abc":
-        values = {
-            "data.dir": str(tmp_path / sid),
-            "port": 0,
-            "nats.servers": nats_url,
-            "clustering.server.id": sid,
-            "clustering.namespace": namespace,
-            "clustering.raft.fsync": False,
-            "clustering.raft.bootstrap.seed": sid == "a",
-        }
-        servers[sid] = Server(load_config(None, values, env={}), file_io=disks[sid])
-        await servers[sid].start()
+    servers = await start_cluster(tmp_path, nats_url, disks)
     try:
         controller = servers["a"].cluster
         assert controller is not None
-        for _ in range(100):
-            if len(controller.metadata.servers) == 3:
-                break
-            await asyncio.sleep(0.1)
         await asyncio.wait_for(
             controller.create_stream(CreateStreamRequest("orders", "orders", replication_factor=3)), 15
         )
@@ -76,5 +58,4 @@ async def test_a_fenced_leader_hands_over_to_an_in_sync_replica(tmp_path: Path, 
             assert part.log is not None
             assert [r.value for r in part.log.read(0)] == [b"m0", b"m1"]
     finally:
-        for server in servers.values():
-            await server.stop()
+        await stop_all(servers)

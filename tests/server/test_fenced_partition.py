@@ -14,9 +14,9 @@ import pytest
 from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
 from liftlog.client import Client, StartPosition, StopPosition
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.server.config import load_config
-from liftlog.server.server import Server
 from liftlog.storage.faults import FaultyFileIO
+
+from .conftest import in_process_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,16 +31,7 @@ async def test_a_fenced_partition_refuses_writes_serves_reads_reports_and_resume
     tmp_path: Path, nats_url: str
 ) -> None:
     io = FaultyFileIO()
-    values = {
-        "data.dir": str(tmp_path / "data"),
-        "port": 0,
-        "nats.servers": nats_url,
-        "clustering.server.id": "a",
-        "clustering.namespace": f"fenced-{secrets.token_hex(4)}",
-        "clustering.raft.bootstrap.seed": True,
-        "clustering.raft.fsync": False,
-    }
-    server = Server(load_config(None, values, env={}), file_io=io)
+    server = in_process_server(tmp_path / "data", nats_url, f"fenced-{secrets.token_hex(4)}", file_io=io)
     await server.start()
     try:
         assert server.cluster is not None
@@ -104,16 +95,7 @@ async def test_a_partition_the_server_cannot_set_up_is_fenced_and_holds_back_no_
         await real_start(self, nats)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Partition, "start_intake", start_intake)
-    values = {
-        "data.dir": str(tmp_path / "data"),
-        "port": 0,
-        "nats.servers": nats_url,
-        "clustering.server.id": "a",
-        "clustering.namespace": f"isolated-{secrets.token_hex(4)}",
-        "clustering.raft.bootstrap.seed": True,
-        "clustering.raft.fsync": False,
-    }
-    server = Server(load_config(None, values, env={}))
+    server = in_process_server(tmp_path / "data", nats_url, f"isolated-{secrets.token_hex(4)}")
     await server.start()
     try:
         assert server.cluster is not None and server.streams is not None

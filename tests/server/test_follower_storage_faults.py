@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import secrets
 from pathlib import Path
 
 import pytest
 
 from liftlog.client import AckPolicy, Client
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.server.config import load_config
-from liftlog.server.server import Server
 from liftlog.storage import NewRecord
 from liftlog.storage.faults import FaultyFileIO
+
+from .conftest import start_cluster, stop_all
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 
@@ -27,28 +26,11 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 async def test_a_follower_whose_truncation_failed_converges_once_its_disk_recovers(
     tmp_path: Path, nats_url: str
 ) -> None:
-    namespace = f"follower-faults-{secrets.token_hex(4)}"
     disks = {sid: FaultyFileIO() for sid in "ab"}
-    servers: dict[str, Server] = {}
-    for sid in "ab":
-        values = {
-            "data.dir": str(tmp_path / sid),
-            "port": 0,
-            "nats.servers": nats_url,
-            "clustering.server.id": sid,
-            "clustering.namespace": namespace,
-            "clustering.raft.fsync": False,
-            "clustering.raft.bootstrap.seed": sid == "a",
-        }
-        servers[sid] = Server(load_config(None, values, env={}), file_io=disks[sid])
-        await servers[sid].start()
+    servers = await start_cluster(tmp_path, nats_url, disks)
     try:
         controller = servers["a"].cluster
         assert controller is not None
-        for _ in range(100):
-            if len(controller.metadata.servers) == 2:
-                break
-            await asyncio.sleep(0.1)
         await asyncio.wait_for(
             controller.create_stream(CreateStreamRequest("orders", "orders", replication_factor=2)), 15
         )
@@ -76,5 +58,4 @@ async def test_a_follower_whose_truncation_failed_converges_once_its_disk_recove
             assert follower.log is not None
             assert [r.value for r in follower.log.read(0)] == want
     finally:
-        for server in servers.values():
-            await server.stop()
+        await stop_all(servers)

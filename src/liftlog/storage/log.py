@@ -424,15 +424,7 @@ class CommitLog:
         except (WriteFailed, OSError) as exc:
             seg = self._segments[-1]
             cause = exc.cause if isinstance(exc, WriteFailed) else exc
-            raise self._fenced_by("truncate", seg.log_path, cause, lambda: self._retry_undo(end)) from exc
-
-    def _retry_undo(self, end: int) -> bool:
-        self._fence = None
-        try:
-            self.truncate_to(end)
-        except (WriteFailed, OSError, LogFenced):
-            return False
-        return True
+            raise self._fenced_by("truncate", seg.log_path, cause, lambda: self._retry_truncation(end)) from exc
 
     # -- fencing -------------------------------------------------------
 
@@ -703,7 +695,7 @@ class CommitLog:
                 seg.delete()
             except OSError as exc:
                 self._after_truncation(self.log_end_offset)
-                raise self._fenced_by("delete", seg.log_path, exc, lambda: self._retry_truncate(offset)) from exc
+                raise self._fenced_by("delete", seg.log_path, exc, lambda: self._retry_truncation(offset)) from exc
             with self._lock:
                 self._generation += 1
                 self._segments.pop()
@@ -735,7 +727,8 @@ class CommitLog:
         if clamp:
             self._clamp_high_watermark()
 
-    def _retry_truncate(self, offset: int) -> bool:
+    def _retry_truncation(self, offset: int) -> bool:
+        """A fence's repair: finish cutting the log back to ``offset``."""
         self._fence = None
         try:
             self.truncate_to(offset)
