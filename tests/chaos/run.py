@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from liftlog.api import api_pb2
 from tests.integration.harness import NatsProcess
 
 from .checker import Deposals, check
@@ -120,6 +122,8 @@ def run_seed(
         except AssertionError as exc:
             result["recovered"] = False
             result["error"] = str(exc)
+            # Is it the cluster or the workload's own loop? A fresh call answers that.
+            result["probe"] = probe(cluster, opts.spec.streams)
         show(duration, "checking")
         workload.stop()
         monitor.stop()
@@ -150,6 +154,24 @@ def run_seed(
         if progress is not None and task is not None:
             progress.update(task, status="ok" if result.get("ok") else "FAILED", visible=not result.get("ok"))
     return result
+
+
+def probe(cluster: ChaosCluster, streams: tuple[str, ...]) -> dict[str, str]:
+    """Publish one ack-ALL message to each stream through a fresh call on any reachable server."""
+    out: dict[str, str] = {}
+    for stream in streams:
+        out[stream] = "no server reachable"
+        for sid in cluster.reachable():
+            try:
+                resp = cluster.api(sid).Publish(
+                    api_pb2.PublishRequest(stream=stream, value=b"probe", ackPolicy=api_pb2.ALL), timeout=5
+                )
+            except grpc.RpcError as exc:
+                out[stream] = f"{sid}: {exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+                continue
+            out[stream] = f"{sid}: acked at {resp.ack.offset}"
+            break
+    return out
 
 
 #: Figures summed over seeds in the final summary.

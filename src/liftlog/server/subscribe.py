@@ -55,7 +55,10 @@ def start_offset(part: Partition, req: api_pb2.SubscribeRequest, *, uncommitted:
     if pos == api_pb2.LATEST:
         return max(hw, first)
     if pos == api_pb2.OFFSET:
-        return min(max(req.startOffset, first), hw + 1)
+        # Up to the log end, not the high watermark: a resuming reader asks for the offset after its last
+        # one, which may be written but not (yet again, after a restart) known committed here. It waits for
+        # the commit; moving it back to the high watermark would deliver what it already had.
+        return min(max(req.startOffset, first), log.log_end_offset)
     if pos == api_pb2.TIMESTAMP:
         found = log.offset_for_timestamp(req.startTimestamp)
         return hw + 1 if found is None else min(max(found, first), hw + 1)
