@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -111,6 +112,14 @@ class LoadSpec:
     stall_s: float = 5.0
 
 
+def _frames(frame: Any, limit: int) -> list[Any]:
+    out = []
+    while frame is not None and len(out) < limit:
+        out.append(frame)
+        frame = frame.f_back
+    return out
+
+
 class LoadWorkload:
     """Runs a ``LoadSpec`` against a cluster until ``stop()``; exposes what the checker needs."""
 
@@ -154,6 +163,13 @@ class LoadWorkload:
             if not pub.attempts:  # only if the loop did not finish: its answer never came
                 pub.attempts.append(Attempt("", Outcome.UNKNOWN, now, now, detail="unanswered at the end"))
 
+    def where(self) -> str:
+        """Where the workload's thread is now (to tell a blocked loop from a quiet cluster)."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        if frame is None:
+            return "not running"
+        return " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in _frames(frame, 8))
+
     def acked_between(self, start: float, end: float = float("inf")) -> int:
         return bisect.bisect_left(self.ack_times, end) - bisect.bisect_left(self.ack_times, start)
 
@@ -163,7 +179,8 @@ class LoadWorkload:
         while self.acked_between(after) < count:
             if time.monotonic() - started > timeout:
                 raise AssertionError(
-                    f"only {self.acked_between(after)} of {count} acks within {timeout}s; errors: {self.errors[-3:]}"
+                    f"only {self.acked_between(after)} of {count} acks within {timeout}s; errors: {self.errors[-3:]}; "
+                    f"workload thread at: {self.where()}"
                 )
             time.sleep(0.05)
         return time.monotonic() - started

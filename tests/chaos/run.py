@@ -136,6 +136,7 @@ def run_seed(
             tolerate_loss=tolerate,
         )
         result.update(report.summary())
+        result["invariants_ok"] = report.ok
         result["ok"] = report.ok and result["recovered"]
         result["injected"] = dict(cluster.injected)
         result["disk_failures_injected"] = cluster.disk_failures_injected()
