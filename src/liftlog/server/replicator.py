@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,22 @@ _warn = LogLimiter(log)
 
 ProposeIsrCallback = Callable[[Partition, tuple[str, ...], str], Awaitable[None]]
 ReportLeaderCallback = Callable[[Partition, ReportLeader], Awaitable[None]]
+
+
+class _StorageFailed(Exception):
+    """The follower's own log refused a write or truncation (not the network: those retry as usual)."""
+
+    def __init__(self, cause: Exception) -> None:
+        self.cause = cause
+        super().__init__(str(cause))
+
+
+@contextlib.contextmanager
+def _storage() -> Iterator[None]:
+    try:
+        yield
+    except (StorageError, OSError) as exc:
+        raise _StorageFailed(exc) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,7 +394,8 @@ class Replicator:
                 actions = core.fetched(reply.leader_epoch, reply.hw, first, not reply.batches, self._clock())
                 if actions and isinstance(actions[0], Append):
                     assert part.log is not None
-                    part.log.append_raw(reply.batches)
+                    with _storage():
+                        part.log.append_raw(reply.batches)
                     part.write_succeeded()
                     part.appended()
                     actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())
@@ -402,15 +419,15 @@ class Replicator:
             if refused.error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
                 try:
                     self._out_of_range(part, core, refused.error)
-                except (StorageError, OSError) as exc:
-                    self._storage_failed(part, core, exc)
+                except _StorageFailed as failed:
+                    self._storage_failed(part, core, failed.cause)
                 return
             log.debug("%s: %s refused a fetch: %s", part, core.leader, refused)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
-        except (StorageError, OSError) as exc:
+        except _StorageFailed as failed:
             if part.follower is not core:
                 return
-            self._storage_failed(part, core, exc)
+            self._storage_failed(part, core, failed.cause)
         except Exception as exc:
             if part.follower is not core:
                 return
@@ -440,7 +457,8 @@ class Replicator:
                 error.log_start_offset,
                 core.leo,
             )
-            part.log.reset(error.log_start_offset)
+            with _storage():
+                part.log.reset(error.log_start_offset)
         # Otherwise we are past the leader's end: truncating by epoch (a restarted core) finds where we agree.
         self.follow(part)
 
@@ -452,7 +470,8 @@ class Replicator:
             if isinstance(action, Truncate):
                 assert part.log is not None
                 log.info("%s: truncating to offset %d (leader epoch check)", part, action.offset)
-                part.log.truncate_to(action.offset)
+                with _storage():
+                    part.log.truncate_to(action.offset)
             elif isinstance(action, SetHighWatermark):
                 part.set_high_watermark(action.hw)
             elif isinstance(action, Sleep):
