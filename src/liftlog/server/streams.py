@@ -45,12 +45,14 @@ from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .group_commit import GroupCommitter
 from .partition import AckSink, Partition, PartitionOptions
+from .ratelimit import LogLimiter
 from .replicator import Replicator
 from .rlimits import segment_files_budget
 
 __all__ = ["StreamManager"]
 
 log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
 
 #: Asks the controller to pause these partitions of a stream (auto-pause).
 PauseRequest = Callable[[str, tuple[int, ...]], Awaitable[None]]
@@ -507,7 +509,10 @@ class StreamManager:
     def checkpoint_high_watermarks(self) -> None:
         """Write each open partition's HW to its checkpoint when it moved (a restart resumes from it)."""
         for part in self.partitions.values():
-            part.checkpoint_high_watermark()
+            try:
+                part.checkpoint_high_watermark()
+            except OSError as exc:  # a full disk: the next round tries again; the other partitions go on
+                _limited.warning("%s: cannot checkpoint the high watermark: %s", part, exc, key=f"{part}:hw")
 
     def flush_due(self) -> None:
         for part in self.partitions.values():
