@@ -311,8 +311,12 @@ class LoadWorkload:
         except grpc.aio.AioRpcError as exc:
             why = why or f"{exc.code().name}: {exc.details()}"
         except asyncio.CancelledError:
-            if not why:
+            # grpc.aio raises CancelledError for a call whose status is CANCELLED (our own cancel, or a
+            # server that went away mid-call); only a cancellation of this task itself may end the loop.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
                 raise
+            why = why or "call cancelled"
         finally:
             ended.set()
             call.cancel()
