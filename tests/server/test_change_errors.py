@@ -24,23 +24,11 @@ from liftlog.server.cluster import (
     _error_from_dict,
     _error_to_dict,
 )
-from liftlog.server.config import load_config
 from liftlog.server.server import Server
 
+from .conftest import in_process_server
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def _server(data_dir: Path, nats_url: str, namespace: str, server_id: str, **settings: Any) -> Server:
-    values = {
-        "data.dir": str(data_dir),
-        "port": 0,
-        "nats.servers": nats_url,
-        "clustering.server.id": server_id,
-        "clustering.namespace": namespace,
-        "clustering.raft.fsync": False,
-        **settings,
-    }
-    return Server(load_config(None, values, env={}))
 
 
 def _create(name: str) -> dict[str, Any]:
@@ -70,7 +58,7 @@ def namespace() -> str:
 async def test_committed_but_not_acted_on_here_names_the_index_and_what_to_do(
     tmp_path: Path, nats_url: str, namespace: str
 ) -> None:
-    server = _server(tmp_path / "a", nats_url, namespace, "a", **{"clustering.raft.bootstrap.seed": True})
+    server = in_process_server(tmp_path / "a", nats_url, namespace, "a")
     await server.start()
     try:
         assert server.cluster is not None and server.streams is not None
@@ -92,8 +80,8 @@ async def test_committed_but_not_acted_on_here_names_the_index_and_what_to_do(
 async def test_a_forwarded_change_committed_but_pending_on_the_forwarding_server(
     tmp_path: Path, nats_url: str, namespace: str
 ) -> None:
-    a = _server(tmp_path / "a", nats_url, namespace, "a", **{"clustering.raft.bootstrap.seed": True})
-    b = _server(tmp_path / "b", nats_url, namespace, "b")
+    a = in_process_server(tmp_path / "a", nats_url, namespace, "a")
+    b = in_process_server(tmp_path / "b", nats_url, namespace, "b", seed=False)
     await a.start()
     try:
         await b.start()
@@ -115,7 +103,7 @@ async def test_a_forwarded_change_committed_but_pending_on_the_forwarding_server
 async def test_a_leader_that_cannot_commit_says_the_outcome_is_unknown(
     tmp_path: Path, nats_url: str, namespace: str
 ) -> None:
-    server = _server(tmp_path / "a", nats_url, namespace, "a", **{"clustering.raft.bootstrap.seed": True})
+    server = in_process_server(tmp_path / "a", nats_url, namespace, "a")
     await server.start()
     try:
         cluster = server.cluster
@@ -140,7 +128,9 @@ async def test_without_a_leader_nothing_is_committed_and_the_message_keeps_liftb
     tmp_path: Path, nats_url: str, namespace: str
 ) -> None:
     # One of two founding voters: no majority, so no leader is ever elected.
-    server = _server(tmp_path / "a", nats_url, namespace, "a", **{"clustering.raft.bootstrap.peers": "a,ghost"})
+    server = in_process_server(
+        tmp_path / "a", nats_url, namespace, "a", seed=False, **{"clustering.raft.bootstrap.peers": "a,ghost"}
+    )
     await server.start()
     try:
         assert server.cluster is not None
