@@ -58,14 +58,16 @@ def in_process_server(
 
 
 async def start_cluster(
-    root: Path, nats_url: str, disks: dict[str, FaultyFileIO], timeout: float = 10.0
+    root: Path, nats_url: str, disks: dict[str, FaultyFileIO], timeout: float = 10.0, **settings: Any
 ) -> dict[str, Server]:
     """Started servers, one per key of ``disks`` (the first founds the cluster), once all have joined."""
     namespace = f"cluster-{secrets.token_hex(4)}"
     servers: dict[str, Server] = {}
     try:
         for i, (sid, disk) in enumerate(disks.items()):
-            servers[sid] = in_process_server(root / sid, nats_url, namespace, sid, seed=i == 0, file_io=disk)
+            servers[sid] = in_process_server(
+                root / sid, nats_url, namespace, sid, seed=i == 0, file_io=disk, **settings
+            )
             await servers[sid].start()
         first = next(iter(servers.values())).cluster
         assert first is not None

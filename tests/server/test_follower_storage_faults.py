@@ -59,3 +59,44 @@ async def test_a_follower_whose_truncation_failed_converges_once_its_disk_recove
             assert [r.value for r in follower.log.read(0)] == want
     finally:
         await stop_all(servers)
+
+
+async def test_a_follower_fenced_by_a_failed_fsync_rejoins_without_a_hole(tmp_path: Path, nats_url: str) -> None:
+    """Found by the chaos suite (seed 16): the repair of a fenced follower log moved its end under a core
+    that then fetched from the old end, leaving the follower unable to catch up."""
+    disks = {sid: FaultyFileIO() for sid in "ab"}
+    servers = await start_cluster(tmp_path, nats_url, disks, **{"streams.fsync.policy": "always"})
+    try:
+        controller = servers["a"].cluster
+        assert controller is not None
+        await asyncio.wait_for(
+            controller.create_stream(CreateStreamRequest("orders", "orders", replication_factor=2)), 15
+        )
+        leader = controller.metadata.partition("orders", 0).leader
+        follower_id = "b" if leader == "a" else "a"
+        follower = servers[follower_id].streams.partitions[("orders", 0)]  # type: ignore[union-attr]
+        async with Client([s.address for s in servers.values()]) as client:
+            await client.publish("orders", b"m0", ack_policy=AckPolicy.ALL)
+            # The follower's next fsync fails, and so does cutting the unsynced batch back off: it fences.
+            disks[follower_id].fail("fsync", errno.EIO, path="*.log")
+            disks[follower_id].fail("ftruncate", errno.EIO, times=-1)
+            for i in range(1, 4):
+                await client.publish("orders", b"m%d" % i, ack_policy=AckPolicy.LEADER)
+            for _ in range(50):
+                if follower.fenced is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert follower.fenced is not None and "is fenced" in follower.fenced
+            disks[follower_id].clear()
+            for i in range(4, 7):
+                await client.publish("orders", b"m%d" % i, ack_policy=AckPolicy.LEADER)
+            want = [b"m%d" % i for i in range(7)]
+            for _ in range(100):
+                if follower.log is not None and [r.value for r in follower.log.read(0)] == want:
+                    break
+                await asyncio.sleep(0.1)
+            assert follower.log is not None
+            assert [(r.offset, r.value) for r in follower.log.read(0)] == list(enumerate(want))
+            assert follower.fenced is None
+    finally:
+        await stop_all(servers)

@@ -348,3 +348,19 @@ def test_close_on_a_failing_disk_still_closes_every_file(tmp_path: Path, clock: 
     reopened = open_log(tmp_path, FaultyFileIO(), clock)
     assert len(values(reopened)) == 5
     reopened.close()
+
+
+def test_offsets_are_assigned_after_a_repair_moves_the_log_end(tmp_path: Path, clock: FakeClock) -> None:
+    """A batch whose fsync failed and could not be cut off fences the log; the repair cuts it, and the
+    next append must take the offset the cut freed, not the one past the cut batch (a hole)."""
+    io = FaultyFileIO()
+    log = open_log(tmp_path, io, clock, fsync=FsyncPolicy.ALWAYS)
+    log.append([NewRecord(b"a")])
+    io.fail("fsync", errno.EIO, path="*.log")
+    io.fail("ftruncate", errno.EIO, times=-1)
+    with pytest.raises(LogFenced):
+        log.append([NewRecord(b"not durable")])
+    io.clear()
+    assert log.append([NewRecord(b"c")]) == 2
+    assert [(r.offset, r.value) for r in log.read(0)] == [(0, b"a"), (1, b"c")]
+    log.close()

@@ -507,7 +507,13 @@ class Partition:
             self.fenced = None
 
     def try_repair(self) -> None:
-        """A fenced log retries its repair (writes do too; this covers a partition nobody writes to)."""
+        """A fenced log retries its repair (writes do too; this covers a partition nobody writes to).
+
+        Not under a follower core: a repair can move the log end, and the core would fetch from where it
+        thought the log ended (the replicator repairs before it starts a core).
+        """
+        if self.follower is not None:
+            return
         if self.fenced is not None and self.log is not None and self.log.fenced is not None and self.log.repair():
             self.write_succeeded()
 

@@ -297,6 +297,10 @@ class Replicator:
         """Replicate ``part`` from its current leader (``part.meta``); restarts on a leader change."""
         self.unfollow(part)
         assert part.log is not None
+        if part.log.fenced is not None and not part.log.repair():
+            # The core must start from where the repaired log ends, never from before the repair.
+            self._follow_later(part, 1.0)
+            return
         meta = part.meta
         core = FollowerReplica(
             self.server_id,
@@ -420,31 +424,35 @@ class Replicator:
                 try:
                     self._out_of_range(part, core, refused.error)
                 except _StorageFailed as failed:
-                    self._storage_failed(part, core, failed.cause)
+                    self._storage_failed(part, failed.cause)
                 return
             log.debug("%s: %s refused a fetch: %s", part, core.leader, refused)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
         except _StorageFailed as failed:
             if part.follower is not core:
                 return
-            self._storage_failed(part, core, failed.cause)
+            self._storage_failed(part, failed.cause)
         except Exception as exc:
             if part.follower is not core:
                 return
             log.debug("%s: replication request to %s failed: %r", part, core.leader, exc)
             self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
 
-    def _storage_failed(self, part: Partition, core: FollowerReplica, exc: Exception) -> None:
+    def _storage_failed(self, part: Partition, exc: Exception) -> None:
         """A write or truncation of the follower's log failed: the core may now think the log ends
-        elsewhere than it does (it lowers its end before the shell truncates). Start a new core from
-        what the log holds once the retry delay has passed; the log repairs itself on its next write."""
+        elsewhere than it does (it lowers its end before the shell truncates). Drop it, and start a new
+        one from what the log holds once the retry delay has passed and the log is repaired."""
         part.write_failed(exc)
+        self.unfollow(part)  # the stale core takes no more answers
+        self._follow_later(part, self.settings.retry_s)
 
-        def restart() -> None:
-            if part.follower is core and part.log is not None:
+    def _follow_later(self, part: Partition, delay: float) -> None:
+        def again() -> None:
+            # Still a follower with an open log and no core (the role may have changed meanwhile).
+            if part.follower is None and part.leader is None and part.is_open:
                 self.follow(part)
 
-        asyncio.get_running_loop().call_later(self.settings.retry_s, restart)
+        asyncio.get_running_loop().call_later(delay, again)
 
     def _out_of_range(self, part: Partition, core: FollowerReplica, error: FetchError) -> None:
         """The leader no longer has (or never had) what we asked for: start again from what it has."""

@@ -259,7 +259,7 @@ class CommitLog:
         ``max_record_bytes``, StaleLeaderEpoch for an epoch older than the
         log's latest.
         """
-        self._check_open()
+        self._check_writable()  # a repair may move the log end: offsets come after it
         if not records:
             return self.log_end_offset
         latest = self.epoch_cache.latest_epoch
@@ -279,7 +279,7 @@ class CommitLog:
         below the LEO (gaps are legal: a compacted leader sends them).
         Returns the new LEO.
         """
-        self._check_open()
+        self._check_writable()
         if not data:
             return self.log_end_offset
         headers: list[BatchHeader] = []
