@@ -15,12 +15,24 @@ import pytest
 
 from liftlog.client import AckPolicy, Client
 from liftlog.metadata.controller import CreateStreamRequest
+from liftlog.server.partition import Partition
 from liftlog.storage import NewRecord
 from liftlog.storage.faults import FaultyFileIO
 
 from .conftest import start_cluster, stop_all
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
+
+
+async def stored(part: Partition, count: int, timeout: float = 10.0) -> list[tuple[int, bytes]]:
+    """(offset, value) of the replica's records, once it holds ``count`` of them (or the timeout passed)."""
+    records: list[tuple[int, bytes]] = []
+    for _ in range(int(timeout * 10)):
+        records = [(r.offset, r.value) for r in part.log.read(0)] if part.log is not None else []
+        if len(records) >= count:
+            break
+        await asyncio.sleep(0.1)
+    return records
 
 
 async def test_a_follower_whose_truncation_failed_converges_once_its_disk_recovers(
@@ -51,12 +63,7 @@ async def test_a_follower_whose_truncation_failed_converges_once_its_disk_recove
             for i in range(3, 6):
                 await client.publish("orders", b"m%d" % i, ack_policy=AckPolicy.LEADER)
             want = [b"m%d" % i for i in range(6)]
-            for _ in range(100):
-                if follower.log is not None and [r.value for r in follower.log.read(0)] == want:
-                    break
-                await asyncio.sleep(0.1)
-            assert follower.log is not None
-            assert [r.value for r in follower.log.read(0)] == want
+            assert await stored(follower, len(want)) == list(enumerate(want))
     finally:
         await stop_all(servers)
 
@@ -91,12 +98,7 @@ async def test_a_follower_fenced_by_a_failed_fsync_rejoins_without_a_hole(tmp_pa
             for i in range(4, 7):
                 await client.publish("orders", b"m%d" % i, ack_policy=AckPolicy.LEADER)
             want = [b"m%d" % i for i in range(7)]
-            for _ in range(100):
-                if follower.log is not None and [r.value for r in follower.log.read(0)] == want:
-                    break
-                await asyncio.sleep(0.1)
-            assert follower.log is not None
-            assert [(r.offset, r.value) for r in follower.log.read(0)] == list(enumerate(want))
+            assert await stored(follower, len(want)) == list(enumerate(want))
             assert follower.fenced is None
     finally:
         await stop_all(servers)
