@@ -27,7 +27,6 @@ import errno
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -137,38 +136,21 @@ async def _follow(control_path: Path, file_io: Any, clock: OffsetClock) -> None:
 
 
 async def serve(config: Any, control_path: Path, journal: Path) -> int:
-    """``liftlog.server.runner.serve`` with our FileIO and clock, plus the control-file task."""
-    from liftlog.server.rlimits import raise_open_files_limit
+    """``liftlog.server.runner.serve`` on a server with our FileIO and clock, plus the control-file task."""
+    from liftlog.server import runner
     from liftlog.server.server import Server
     from liftlog.storage.faults import FaultyFileIO
 
     log.warning("faulty server starting (control %s)", control_path)  # the checker's mark of a new life
-    raise_open_files_limit()
     file_io = FaultyFileIO(seed=os.getpid(), journal=journal)
     clock = OffsetClock()
-    server = Server(config, clock=clock, file_io=file_io)
     follower = asyncio.ensure_future(_follow(control_path, file_io, clock))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    print(f"liftlog server {server.server_id} is ready (faulty disk, control {control_path})", file=sys.stderr)
-    signalled = asyncio.ensure_future(stop.wait())
-    failed = asyncio.ensure_future(server.failed.wait())
     try:
-        await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
+        return await runner.serve(config, Server(config, clock=clock, file_io=file_io))
     finally:
-        signalled.cancel()
-        failed.cancel()
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await follower
-        await server.stop()
-    if server.failure:
-        print(f"error: {server.failure}", file=sys.stderr, flush=True)
-        return 1
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,10 +36,12 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def serve(config: ServerConfig) -> int:
+async def serve(config: ServerConfig, server: Server | None = None) -> int:
     """Start a server, print how to reach it, run until SIGINT/SIGTERM, stop it cleanly.
 
-    Returns the exit code: 0 after a signal, 1 when the server failed on its own.
+    ``server`` is one built from ``config`` with other parts (the fault suite's FileIO and clock);
+    by default a plain ``Server(config)``. Returns the exit code: 0 after a signal, 1 when the server
+    failed on its own.
     """
     before, after = raise_open_files_limit()
     shown = {0: "unlimited"}
@@ -50,7 +52,7 @@ async def serve(config: ServerConfig) -> int:
     warning = check_partition_budget(config.clustering.max_partitions_per_server, after)
     if warning:
         log.warning("%s", warning)
-    server = Server(config)
+    server = Server(config) if server is None else server
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
