@@ -11,6 +11,7 @@ from typing import Any
 import nats
 import pytest
 
+from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.server.config import load_config
 from liftlog.server.server import Server
 from liftlog.storage import FileIO
@@ -79,6 +80,17 @@ async def start_cluster(
     except BaseException:
         await stop_all(servers)
         raise
+
+
+async def replicated_stream(servers: dict[str, Server], name: str) -> tuple[str, str]:
+    """Create stream ``name`` (one partition, a replica on every server) through the founding server;
+    returns (leader, one follower)."""
+    controller = next(iter(servers.values())).cluster
+    assert controller is not None
+    request = CreateStreamRequest(name, name, replication_factor=len(servers))
+    await asyncio.wait_for(controller.create_stream(request), 15)
+    leader = controller.metadata.partition(name, 0).leader
+    return leader, next(sid for sid in servers if sid != leader)
 
 
 async def stop_all(servers: dict[str, Server]) -> None:

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from liftlog.client import AckPolicy, Client
-from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.storage.faults import FaultyFileIO
 
-from .conftest import start_cluster, stop_all
+from .conftest import replicated_stream, start_cluster, stop_all
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 
@@ -26,12 +25,9 @@ async def test_a_fenced_leader_hands_over_to_an_in_sync_replica(tmp_path: Path, 
     try:
         controller = servers["a"].cluster
         assert controller is not None
-        await asyncio.wait_for(
-            controller.create_stream(CreateStreamRequest("orders", "orders", replication_factor=3)), 15
-        )
+        old, _ = await replicated_stream(servers, "orders")
         async with Client([s.address for s in servers.values()]) as client:
             assert (await client.publish("orders", b"m0", ack_policy=AckPolicy.ALL)).offset == 0
-            old = controller.metadata.partition("orders", 0).leader
             # The leader's disk fails mid-write and the torn bytes cannot be cut off.
             disks[old].fail("write", errno.ENOSPC, path="*.log", partial=True)
             disks[old].fail("ftruncate", errno.EIO, times=-1)

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from liftlog.client import AckPolicy, Client
-from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.server.partition import Partition
 from liftlog.storage import NewRecord
 from liftlog.storage.faults import FaultyFileIO
 
-from .conftest import start_cluster, stop_all
+from .conftest import replicated_stream, start_cluster, stop_all
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 
@@ -41,13 +40,7 @@ async def test_a_follower_whose_truncation_failed_converges_once_its_disk_recove
     disks = {sid: FaultyFileIO() for sid in "ab"}
     servers = await start_cluster(tmp_path, nats_url, disks)
     try:
-        controller = servers["a"].cluster
-        assert controller is not None
-        await asyncio.wait_for(
-            controller.create_stream(CreateStreamRequest("orders", "orders", replication_factor=2)), 15
-        )
-        leader = controller.metadata.partition("orders", 0).leader
-        follower_id = "b" if leader == "a" else "a"
+        _, follower_id = await replicated_stream(servers, "orders")
         async with Client([s.address for s in servers.values()]) as client:
             for i in range(3):
                 await client.publish("orders", b"m%d" % i, ack_policy=AckPolicy.ALL)
@@ -74,13 +67,7 @@ async def test_a_follower_fenced_by_a_failed_fsync_rejoins_without_a_hole(tmp_pa
     disks = {sid: FaultyFileIO() for sid in "ab"}
     servers = await start_cluster(tmp_path, nats_url, disks, **{"streams.fsync.policy": "always"})
     try:
-        controller = servers["a"].cluster
-        assert controller is not None
-        await asyncio.wait_for(
-            controller.create_stream(CreateStreamRequest("orders", "orders", replication_factor=2)), 15
-        )
-        leader = controller.metadata.partition("orders", 0).leader
-        follower_id = "b" if leader == "a" else "a"
+        _, follower_id = await replicated_stream(servers, "orders")
         follower = servers[follower_id].streams.partitions[("orders", 0)]  # type: ignore[union-attr]
         async with Client([s.address for s in servers.values()]) as client:
             await client.publish("orders", b"m0", ack_policy=AckPolicy.ALL)
