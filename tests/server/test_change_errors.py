@@ -10,11 +10,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from liftlog.api.errors import Reason
 from liftlog.metadata import StreamExistsError
+from liftlog.rpc import StatusCode
 from liftlog.server.api_service import failure_from
 from liftlog.server.cluster import (
     ChangeNotAppliedError,
@@ -156,16 +156,16 @@ def test_the_controllers_answers_keep_their_kind_over_nats() -> None:
 @pytest.mark.parametrize(
     ("exc", "code", "reason"),
     [
-        (NoMetadataLeaderError("why"), grpc.StatusCode.INTERNAL, Reason.INTERNAL),
+        (NoMetadataLeaderError("why"), StatusCode.INTERNAL, Reason.INTERNAL),
         (
             ChangeNotAppliedError("creating stream 'x'", 7, "a", 5, "`cmd`"),
-            grpc.StatusCode.DEADLINE_EXCEEDED,
+            StatusCode.DEADLINE_EXCEEDED,
             Reason.NOT_APPLIED,
         ),
-        (ChangeOutcomeUnknownError("m"), grpc.StatusCode.DEADLINE_EXCEEDED, Reason.OUTCOME_UNKNOWN),
-        (ControllerFailedError("m"), grpc.StatusCode.INTERNAL, Reason.INTERNAL),
+        (ChangeOutcomeUnknownError("m"), StatusCode.DEADLINE_EXCEEDED, Reason.OUTCOME_UNKNOWN),
+        (ControllerFailedError("m"), StatusCode.INTERNAL, Reason.INTERNAL),
     ],
 )
-def test_status_codes_clients_do_not_retry_blindly(exc: Exception, code: grpc.StatusCode, reason: Reason) -> None:
+def test_status_codes_clients_do_not_retry_blindly(exc: Exception, code: StatusCode, reason: Reason) -> None:
     failure = failure_from(exc)  # type: ignore[arg-type]
     assert (failure.code, failure.reason, failure.message) == (code, reason, str(exc))

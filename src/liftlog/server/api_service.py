@@ -23,10 +23,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import grpc
 from nats.errors import MaxPayloadError
 
-from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
 from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
 from liftlog.metadata import (
@@ -42,6 +41,7 @@ from liftlog.metadata import (
     validate_subject,
 )
 from liftlog.metadata.controller import CreateStreamRequest
+from liftlog.rpc import ServerContext, StatusCode
 
 from .acks import AckRouter
 from .cluster import (
@@ -60,14 +60,14 @@ __all__ = ["ApiLimits", "ApiService", "RpcFailure"]
 log = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes], Awaitable[None]]
-Code = grpc.StatusCode
+Code = StatusCode
 PAE = api_pb2.PublishAsyncError
 
 
 class RpcFailure(Exception):
     """An RPC error: status code, liftlog reason and a message for people."""
 
-    def __init__(self, code: grpc.StatusCode, reason: Reason, message: str) -> None:
+    def __init__(self, code: StatusCode, reason: Reason, message: str) -> None:
         self.code = code
         self.reason = reason
         self.message = message
@@ -108,7 +108,7 @@ def failure_from(exc: MetadataError) -> RpcFailure:
     return RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc))
 
 
-async def _abort(ctx: grpc.aio.ServicerContext[Any, Any], failure: RpcFailure) -> NoReturn:
+async def _abort(ctx: ServerContext, failure: RpcFailure) -> NoReturn:
     await ctx.abort(failure.code, failure.message, trailing_metadata=((ERROR_KEY, failure.reason.value),))
     raise AssertionError("unreachable")  # pragma: no cover  (abort raises)
 
@@ -137,7 +137,7 @@ class ApiLimits:
     max_publish_inflight: int = 1024
 
 
-class ApiService(api_pb2_grpc.APIServicer):
+class ApiService:
     def __init__(
         self,
         *,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from liftlog.api import cluster_pb2, cluster_pb2_grpc
+from liftlog.api import cluster_pb2
 from liftlog.metadata import PartitionState
 
 from .cluster import MetadataService
@@ -15,7 +15,7 @@ from .streams import StreamManager
 __all__ = ["ClusterStatusService"]
 
 
-class ClusterStatusService(cluster_pb2_grpc.ClusterServicer):
+class ClusterStatusService:
     def __init__(self, cluster: MetadataService, streams: StreamManager) -> None:
         self._cluster = cluster
         self._streams = streams

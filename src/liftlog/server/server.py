@@ -29,16 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-import grpc
 import nats
 
-from liftlog.api import api_pb2_grpc, cluster_pb2_grpc
+from liftlog.api import api_pb2, cluster_pb2
 from liftlog.metadata import CorruptMetadataError, MetadataFile
 from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.model import CreateStream, ServerMeta
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
+from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_methods
 from liftlog.storage import FileIO, StorageError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
@@ -87,7 +87,8 @@ class Server:
         self.streams: StreamManager | None = None
         self.cluster: MetadataService | None = None
         self.replicator: Replicator | None = None
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: RpcServer | None = None
+        self._grpc_tls: ssl.SSLContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -129,7 +130,7 @@ class Server:
             await self._catch_up_locally()
             await self._catch_up_with_cluster()
             assert self._grpc is not None
-            await self._grpc.start()
+            await self._grpc.start(self._grpc_tls)
             self._start_housekeeping()
         except BaseException:
             await self.stop()
@@ -432,32 +433,14 @@ class Server:
 
     def _bind_grpc(self) -> None:
         assert self.streams is not None and self._acks is not None and self.cluster is not None
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-                # Without this a second server could bind the same port and steal half the clients.
-                ("grpc.so_reuseport", 0),
-            ]
-        )
-        tls = self.config.values
         address = f"{self.config.host}:{self.config.port}"
+        server = RpcServer((), ServerOptions(limits=ConnectionLimits(max_message_bytes=GRPC_MAX_MESSAGE_BYTES)))
         try:
-            if tls["tls.cert"] and tls["tls.key"]:
-                creds = grpc.ssl_server_credentials(
-                    [(Path(tls["tls.key"]).read_bytes(), Path(tls["tls.cert"]).read_bytes())],
-                    root_certificates=Path(tls["tls.client.auth.ca"]).read_bytes()
-                    if tls["tls.client.auth.ca"]
-                    else None,
-                    require_client_auth=bool(tls["tls.client.auth.enabled"]),
-                )
-                port = server.add_secure_port(address, creds)
-            else:
-                port = server.add_insecure_port(address)
-        except (RuntimeError, OSError) as exc:
+            port = server.bind(self.config.host, self.config.port)
+        except OSError as exc:
             raise ServerStartError(f"cannot listen on {address}: {exc} (is another server using the port?)") from exc
-        if port == 0:
-            raise ServerStartError(f"cannot listen on {address}: the port is in use or the address is not local")
+        self._grpc = server
+        self._grpc_tls = self._tls_context()
         self.port = port
         values = self.config.values
         service = ApiService(
@@ -478,11 +461,29 @@ class Server:
                 max_publish_inflight=values["publish.async.max.inflight"],
             ),
         )
-        api_pb2_grpc.add_APIServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-        cluster_pb2_grpc.add_ClusterServicer_to_server(  # type: ignore[no-untyped-call]
-            ClusterStatusService(self.cluster, self.streams), server
+        server.add_methods(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service))
+        server.add_methods(
+            service_methods(
+                cluster_pb2.DESCRIPTOR.services_by_name["Cluster"], ClusterStatusService(self.cluster, self.streams)
+            )
         )
-        self._grpc = server
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The API's TLS settings (``tls.*``): server certificate, and client certificates if asked for."""
+        values = self.config.values
+        if not (values["tls.cert"] and values["tls.key"]):
+            return None
+        try:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(values["tls.cert"], values["tls.key"])
+            if values["tls.client.auth.ca"]:
+                context.load_verify_locations(values["tls.client.auth.ca"])
+            if values["tls.client.auth.enabled"]:
+                context.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as exc:
+            raise ServerStartError(f"cannot load the API's TLS certificate or key: {exc}") from exc
+        return context
 
     def _start_housekeeping(self) -> None:
         assert self.streams is not None

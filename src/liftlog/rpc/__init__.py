@@ -1,0 +1,23 @@
+"""liftlog's own gRPC over HTTP/2: a sans-IO connection core and a thin asyncio shell.
+
+``connection`` is the protocol core (frames, streams, flow control, gRPC
+message framing, policing); ``server`` runs handlers on asyncio; ``wire``
+holds the frame layout and the HPACK literals we send; ``status`` the codes.
+"""
+
+from .connection import ConnectionLimits, ServerConnection
+from .server import Method, RpcServer, ServerContext, ServerOptions, service_methods
+from .status import Metadata, RpcError, StatusCode
+
+__all__ = [
+    "ConnectionLimits",
+    "Metadata",
+    "Method",
+    "RpcError",
+    "RpcServer",
+    "ServerConnection",
+    "ServerContext",
+    "ServerOptions",
+    "StatusCode",
+    "service_methods",
+]

@@ -1,0 +1,905 @@
+"""The server side of one HTTP/2 connection carrying gRPC calls, sans-IO.
+
+:class:`ServerConnection` takes the bytes a client sent (:meth:`receive`)
+and returns events: a call started, a request message, the request ended, a
+call reset. The application answers with :meth:`send_message` and
+:meth:`send_trailers` and writes :meth:`data_to_send` to the socket. It owns
+no socket, task or clock: time comes in with each :meth:`receive`. Not safe
+to share between threads; nothing here awaits.
+
+Rules:
+
+- Streams are opened by the client (odd ids, each above the last) with a
+  HEADERS frame that is a gRPC request: POST, ``content-type:
+  application/grpc*``, a ``:path``. Other requests get an HTTP error status;
+  a stream past ``max_concurrent_streams`` is refused (REFUSED_STREAM).
+- Request bodies are gRPC messages (1-byte compressed flag, 4-byte length,
+  message) spread over DATA frames; each complete one is a
+  :class:`MessageReceived`. A message over ``max_message_bytes``, or one in
+  an encoding the call did not announce, ends the call here with
+  RESOURCE_EXHAUSTED or INTERNAL and a :class:`StreamReset` to the app.
+- Flow control, receiving: the bytes of a message count against the windows
+  until the app says it took the message (:meth:`consumed`); window updates
+  go out in batches of a quarter window. A stream whose messages the app does
+  not take, or a connection holding ``max_buffered_bytes``, gets no more
+  credit, so a client can never make us buffer without bound.
+- Flow control, sending: messages are queued per stream and framed when
+  :meth:`data_to_send` is called, packed up to the peer's frame size and as
+  far as both windows allow; :meth:`buffered` tells the app how far behind a
+  stream is, :class:`WindowOpened` that it may write again.
+- A call ends when its trailers are out. Frames for streams that ended are
+  ignored, as RFC 9113 asks (DATA still counts against the connection window).
+- Abuse is a connection error with GOAWAY ENHANCE_YOUR_CALM: more pings than
+  ``max_ping_strikes`` without data from us in between; more SETTINGS,
+  resets, PRIORITY, empty DATA or unknown frames than their token buckets
+  allow; a header block over ``max_header_block_bytes`` (CONTINUATION floods).
+  Malformed frames are the errors RFC 9113 names (PROTOCOL_ERROR,
+  FRAME_SIZE_ERROR, FLOW_CONTROL_ERROR, COMPRESSION_ERROR).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import hpack
+import hpack.exceptions
+
+from . import wire
+from .status import Metadata, RpcError, StatusCode
+from .wire import ACK, END_HEADERS, END_STREAM, PADDED, PRIORITY_FLAG, ErrorCode, FrameType, Setting
+
+__all__ = [
+    "ENCODINGS",
+    "ConnectionLimits",
+    "ConnectionTerminated",
+    "Event",
+    "MessageReceived",
+    "PingAcked",
+    "RequestEnded",
+    "RequestReceived",
+    "ServerConnection",
+    "StreamReset",
+    "WindowOpened",
+]
+
+_PREFIX = struct.Struct(">BL")
+_U32 = struct.Struct(">L")
+_SETTING = struct.Struct(">HL")
+_TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+ENCODINGS: Final = "identity,gzip"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one client connection may use; the defaults suit liftlog's API."""
+
+    max_concurrent_streams: int = 1024
+    stream_window: int = 1 << 20  # receive window we advertise per stream
+    connection_window: int = 8 << 20
+    max_frame_size: int = wire.DEFAULT_MAX_FRAME  # largest frame we accept
+    max_header_list_size: int = 16 << 10  # decoded request headers
+    max_header_block_bytes: int = 64 << 10  # encoded, over HEADERS and CONTINUATION
+    max_message_bytes: int = 64 << 20
+    max_buffered_bytes: int = 80 << 20  # received, not yet taken by the app, whole connection
+    max_ping_strikes: int = 10
+    #: Token buckets (burst, per second) for frames that carry no data.
+    settings_rate: tuple[int, float] = (100, 100.0)
+    reset_rate: tuple[int, float] = (500, 200.0)
+    junk_rate: tuple[int, float] = (1000, 1000.0)
+
+
+# -- events ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReceived:
+    stream_id: int
+    path: str
+    metadata: tuple[tuple[str, str | bytes], ...]
+    timeout: float | None  # seconds, from grpc-timeout
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    stream_id: int
+    data: bytes
+    size: int  # bytes it holds until the app takes it (inflated, if larger); pass to consumed()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEnded:
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReset:
+    """The call is over without our trailers: reset by the client, or ended here for a stream error."""
+
+    stream_id: int
+    code: int
+    by_peer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WindowOpened:
+    """The client gave us credit: streams that were waiting to send can go on."""
+
+
+@dataclass(frozen=True, slots=True)
+class PingAcked:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionTerminated:
+    """No more calls on this connection: GOAWAY received, or a connection error here (GOAWAY queued)."""
+
+    code: int
+    reason: str
+    by_peer: bool
+    last_stream_id: int
+
+
+Event = RequestReceived | MessageReceived | RequestEnded | StreamReset | WindowOpened | PingAcked | ConnectionTerminated
+
+
+class _ConnectionError(Exception):
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class _Bucket:
+    __slots__ = ("burst", "level", "rate", "stamp")
+
+    def __init__(self, burst: int, rate: float) -> None:
+        self.burst = burst
+        self.rate = rate
+        self.level = float(burst)
+        self.stamp: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self.stamp is not None:
+            self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+        self.level -= 1
+        return self.level >= 0
+
+
+class _Stream:
+    __slots__ = (
+        "buf",
+        "credit",
+        "excess",
+        "gzip",
+        "headers_sent",
+        "held",
+        "id",
+        "local_closed",
+        "outbuf",
+        "prepaid",
+        "recv_window",
+        "remote_closed",
+        "send_window",
+        "trailers",
+    )
+
+    def __init__(self, stream_id: int, recv_window: int, send_window: int) -> None:
+        self.id = stream_id
+        self.buf = bytearray()  # a request message not yet whole
+        self.gzip = False
+        self.recv_window = recv_window
+        self.credit = 0  # received bytes not yet given back in a WINDOW_UPDATE
+        self.held = 0  # bytes of messages handed to the app, not yet consumed
+        self.excess = 0  # of held, bytes owed no credit: credited while partial, or added by inflating
+        self.prepaid = 0  # bytes of the unfinished message in buf already credited
+        self.send_window = send_window
+        self.outbuf = bytearray()  # framed gRPC messages waiting for window
+        self.trailers: bytes | None = None
+        self.headers_sent = False
+        self.remote_closed = False
+        self.local_closed = False
+
+
+class ServerConnection:
+    def __init__(self, limits: ConnectionLimits = ConnectionLimits()) -> None:
+        self.limits = limits
+        self._in = bytearray()
+        self._out = bytearray()
+        self._preface = False
+        self._settings_seen = False
+        self._decoder = hpack.Decoder(max_header_list_size=limits.max_header_list_size)
+        self._streams: dict[int, _Stream] = {}
+        self._dirty: dict[int, None] = {}  # streams with output to frame, in order
+        self._blocked: dict[int, None] = {}  # streams with output the windows hold back
+        self._last_stream = 0
+        self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block so far
+        self._peer_window = wire.DEFAULT_WINDOW  # peer's initial stream window
+        self._peer_max_frame = wire.DEFAULT_MAX_FRAME
+        self._send_window = wire.DEFAULT_WINDOW  # connection level
+        self._recv_window = limits.connection_window
+        self._credit = 0
+        self._buffered = 0  # bytes of messages handed to the app and not consumed
+        self._partial = 0  # bytes of unfinished messages
+        self._ping_strikes = 0
+        self._settings_bucket = _Bucket(*limits.settings_rate)
+        self._reset_bucket = _Bucket(*limits.reset_rate)
+        self._junk_bucket = _Bucket(*limits.junk_rate)
+        self._goaway_sent = False
+        self._goaway_last = 0  # last stream id of the GOAWAY sent: a later one must not raise it
+        self.closed = False
+        self._now = 0.0
+        settings = [
+            (Setting.MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams),
+            (Setting.INITIAL_WINDOW_SIZE, limits.stream_window),
+            (Setting.MAX_HEADER_LIST_SIZE, limits.max_header_list_size),
+        ]
+        if limits.max_frame_size != wire.DEFAULT_MAX_FRAME:
+            settings.append((Setting.MAX_FRAME_SIZE, limits.max_frame_size))
+        self._out += wire.settings_frame(settings)
+        if limits.connection_window > wire.DEFAULT_WINDOW:
+            self._out += wire.window_update(0, limits.connection_window - wire.DEFAULT_WINDOW)
+
+    # -- state the shell reads ----------------------------------------------------
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    @property
+    def last_stream_id(self) -> int:
+        return self._last_stream
+
+    def buffered(self, stream_id: int) -> int:
+        """Bytes queued on a stream and not yet framed (0 for a stream that is gone)."""
+        s = self._streams.get(stream_id)
+        return len(s.outbuf) if s is not None else 0
+
+    def is_open(self, stream_id: int) -> bool:
+        s = self._streams.get(stream_id)
+        return s is not None and not s.local_closed
+
+    # -- input ----------------------------------------------------------------------
+
+    def receive(self, data: bytes, now: float) -> list[Event]:
+        """Bytes from the client; returns what they mean, in order. Output may be queued."""
+        if self.closed:
+            return []
+        self._now = now
+        buf = self._in
+        buf += data
+        events: list[Event] = []
+        try:
+            if not self._preface:
+                if len(buf) < len(wire.PREFACE):
+                    if not wire.PREFACE.startswith(bytes(buf)):
+                        raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "not an HTTP/2 client (bad preface)")
+                    return events
+                if buf[: len(wire.PREFACE)] != wire.PREFACE:
+                    raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "not an HTTP/2 client (bad preface)")
+                self._preface = True
+                del buf[: len(wire.PREFACE)]
+            pos = 0
+            end = len(buf)
+            max_frame = self.limits.max_frame_size
+            unpack = wire.FRAME_HEADER.unpack_from
+            while end - pos >= 9 and not self.closed:
+                hi, lo, kind, flags, sid = unpack(buf, pos)
+                length = (hi << 16) | lo
+                if length > max_frame:
+                    raise _ConnectionError(
+                        ErrorCode.FRAME_SIZE_ERROR,
+                        f"frame of {length} bytes exceeds our max frame size {max_frame}",
+                    )
+                if end - pos - 9 < length:
+                    break
+                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                pos += 9 + length
+                self._frame(kind, flags, sid & 0x7FFFFFFF, payload, events)
+            del buf[:pos]
+        except _ConnectionError as exc:
+            self._fail(exc.code, exc.reason, events)
+        return events
+
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        if self._continuation is not None and kind != FrameType.CONTINUATION:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "a header block was interrupted by another frame")
+        if not self._settings_seen:
+            if kind != FrameType.SETTINGS or flags & ACK:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client preface must start with SETTINGS")
+            self._settings_seen = True
+        if kind == FrameType.DATA:
+            self._data(flags, sid, payload, events)
+        elif kind == FrameType.WINDOW_UPDATE:
+            self._window_update(sid, payload, events)
+        elif kind == FrameType.PING:
+            self._ping(flags, sid, payload, events)
+        elif kind == FrameType.HEADERS:
+            self._headers(flags, sid, payload, events)
+        elif kind == FrameType.CONTINUATION:
+            self._continue(flags, sid, payload, events)
+        elif kind == FrameType.SETTINGS:
+            self._settings(flags, sid, payload, events)
+        elif kind == FrameType.RST_STREAM:
+            self._rst_stream(sid, payload, events)
+        elif kind == FrameType.GOAWAY:
+            self._goaway(sid, payload, events)
+        elif kind == FrameType.PRIORITY:
+            if sid == 0:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                self._stream_error(sid, ErrorCode.FRAME_SIZE_ERROR, events)
+            self._junk("PRIORITY")
+        elif kind == FrameType.PUSH_PROMISE:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "clients must not send PUSH_PROMISE")
+        else:
+            self._junk(f"frames of unknown type {kind}")
+
+    def _junk(self, what: str) -> None:
+        if not self._junk_bucket.take(self._now):
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"too many {what}")
+
+    @staticmethod
+    def _unpad(flags: int, payload: bytes, what: str) -> tuple[bytes, int]:
+        if not flags & PADDED:
+            return payload, 0
+        if not payload or payload[0] >= len(payload):
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"{what} padding longer than the frame")
+        pad = payload[0]
+        return payload[1 : len(payload) - pad], pad + 1
+
+    def _closed_or_idle(self, sid: int, what: str) -> None:
+        if sid == 0:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"{what} on stream 0")
+        if sid > self._last_stream:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"{what} on idle stream {sid}")
+
+    def _data(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        length = len(payload)
+        self._recv_window -= length
+        if self._recv_window < 0:
+            raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection window")
+        s = self._streams.get(sid)
+        if s is None or s.remote_closed:
+            self._closed_or_idle(sid, "DATA")
+            self._give_back(None, length)  # an ended call: drop it, but not the connection's credit
+            if s is not None:  # half-closed (remote): the client broke the stream's rules
+                self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+            return
+        s.recv_window -= length
+        if s.recv_window < 0:
+            self._give_back(None, length)
+            self._stream_error(sid, ErrorCode.FLOW_CONTROL_ERROR, events)
+            return
+        body, padding = self._unpad(flags, payload, "DATA")
+        if padding:
+            self._give_back(s, padding)
+        if body:
+            self._messages(s, body, events)
+        elif not flags & END_STREAM:
+            self._junk("empty DATA frames")
+        if flags & END_STREAM and sid in self._streams:
+            s.remote_closed = True
+            if s.buf:
+                self._call_error(s, StatusCode.INTERNAL, "the request ended inside a message", events)
+                return
+            events.append(RequestEnded(sid))
+            self._reap(s)
+
+    def _messages(self, s: _Stream, body: bytes, events: list[Event]) -> None:
+        had = len(s.buf)
+        if had:
+            s.buf += body
+            data: bytes | bytearray = s.buf
+        else:
+            data = body
+        pos = 0
+        end = len(data)
+        limit = self.limits.max_message_bytes
+        prepaid = s.prepaid
+        while end - pos >= 5:
+            start = pos
+            compressed, size = _PREFIX.unpack_from(data, pos)
+            try:
+                if size > limit:
+                    raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {limit})")
+                if end - pos - 5 < size:
+                    break
+                message = bytes(data[pos + 5 : pos + 5 + size])
+                pos += 5 + size
+                if compressed:
+                    message = self._inflate(s, compressed, message)
+            except RpcError as exc:
+                # The bytes of this frame from the bad message on were never credited (those in buf were).
+                self._partial += len(s.buf) - had
+                self._call_error(s, exc.code, exc.message, events)
+                self._give_back(None, end - max(start, had))
+                return
+            # Until the app takes it, the whole message counts, inflated if larger: a message bigger than
+            # the window was credited while it arrived, but must still hold back the next ones.
+            cost = max(5 + size, len(message))
+            s.held += cost
+            s.excess += cost - (5 + size - prepaid)
+            prepaid = 0
+            self._buffered += cost
+            events.append(MessageReceived(s.id, message, cost))
+        rest = end - pos
+        if data is body:
+            if rest:
+                s.buf = bytearray(body[pos:])
+        else:
+            del s.buf[:pos]
+        self._partial += len(s.buf) - had
+        if rest > prepaid:
+            # The unfinished message's bytes are credited as they come: a message may be larger than a window.
+            self._give_back(s, rest - prepaid)
+        s.prepaid = rest
+
+    def _inflate(self, s: _Stream, flag: int, message: bytes) -> bytes:
+        """The message a compressed one stands for; RpcError if it cannot be had."""
+        if flag != 1 or not s.gzip:
+            why = "compressed flag set without grpc-encoding" if flag == 1 else f"invalid compressed flag {flag}"
+            raise RpcError(StatusCode.INTERNAL, why)
+        limit = self.limits.max_message_bytes
+        # The windows count compressed bytes: a window of small gzip messages could stand for gigabytes.
+        room = self.limits.max_buffered_bytes - self._buffered - self._partial
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            out = inflater.decompress(message, max(0, min(limit, room)) + 1)  # max_length 0 would mean all
+        except zlib.error as exc:
+            raise RpcError(StatusCode.INTERNAL, f"cannot decompress gzip message: {exc}") from exc
+        if len(out) > limit:
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"decompressed message larger than max ({limit})")
+        if len(out) > room:
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, "too many request messages not yet read on this connection")
+        return out
+
+    def _window_update(self, sid: int, payload: bytes, events: list[Event]) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE must be 4 bytes")
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if sid == 0:
+            if increment == 0:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > wire.MAX_WINDOW:
+                raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "connection window above 2^31-1")
+            if self._dirty_waiting():
+                events.append(WindowOpened())
+            return
+        s = self._streams.get(sid)
+        if s is None:
+            self._closed_or_idle(sid, "WINDOW_UPDATE")
+            return
+        if increment == 0:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        s.send_window += increment
+        if s.send_window > wire.MAX_WINDOW:
+            self._stream_error(sid, ErrorCode.FLOW_CONTROL_ERROR, events)
+            return
+        if s.outbuf or s.trailers is not None:
+            self._dirty[sid] = None
+            events.append(WindowOpened())
+
+    def _dirty_waiting(self) -> bool:
+        """Streams the windows held back may send again; True if there were any."""
+        if not self._blocked:
+            return False
+        self._dirty.update(self._blocked)
+        self._blocked.clear()
+        return True
+
+    def _ping(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid != 0:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != 8:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "PING must be 8 bytes")
+        if flags & ACK:
+            events.append(PingAcked(payload))
+            return
+        # Clients ping to measure bandwidth after our data; pings with nothing from us in between are strikes.
+        self._ping_strikes += 1
+        if self._ping_strikes > self.limits.max_ping_strikes:
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many pings")
+        self._out += wire.frame(FrameType.PING, ACK, 0, payload)
+
+    def _settings(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid != 0:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if payload:
+                raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS length is not a multiple of 6")
+        if not self._settings_bucket.take(self._now):
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many SETTINGS frames")
+        opened = False
+        for pos in range(0, len(payload), 6):
+            key, value = _SETTING.unpack_from(payload, pos)
+            if key == Setting.INITIAL_WINDOW_SIZE:
+                if value > wire.MAX_WINDOW:
+                    raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1")
+                delta = value - self._peer_window
+                self._peer_window = value
+                for s in self._streams.values():
+                    s.send_window += delta
+                    if s.send_window > wire.MAX_WINDOW:
+                        raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "a stream window above 2^31-1")
+                opened = opened or delta > 0
+            elif key == Setting.MAX_FRAME_SIZE:
+                if not wire.DEFAULT_MAX_FRAME <= value <= wire.MAX_FRAME_LIMIT:
+                    raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} out of range")
+                self._peer_max_frame = value
+            elif key == Setting.ENABLE_PUSH and value > 1:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
+            # HEADER_TABLE_SIZE: we never index; the others bound what the peer receives, which we respect.
+        self._out += wire.frame(FrameType.SETTINGS, ACK, 0)
+        if opened and self._dirty_waiting():
+            events.append(WindowOpened())
+
+    def _rst_stream(self, sid: int, payload: bytes, events: list[Event]) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM must be 4 bytes")
+        self._closed_or_idle(sid, "RST_STREAM")
+        if not self._reset_bucket.take(self._now):
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many stream resets")
+        s = self._streams.pop(sid, None)
+        if s is not None:
+            self._forget(s)
+            events.append(StreamReset(sid, _U32.unpack(payload)[0], by_peer=True))
+
+    def _goaway(self, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid != 0:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
+        last, code = struct.unpack_from(">LL", payload)
+        debug = payload[8:].decode("utf-8", "replace")
+        events.append(ConnectionTerminated(code, debug, by_peer=True, last_stream_id=last & 0x7FFFFFFF))
+
+    # -- requests -------------------------------------------------------------------
+
+    def _headers(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid == 0:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
+        block, _ = self._unpad(flags, payload, "HEADERS")
+        if flags & PRIORITY_FLAG:
+            if len(block) < 5:
+                raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS priority fields missing")
+            block = block[5:]
+        if flags & END_HEADERS:
+            self._header_block(sid, flags, block, events)
+        else:
+            self._continuation = (sid, flags, bytearray(block))
+            self._check_block_size(len(block))
+
+    def _check_block_size(self, size: int) -> None:
+        if size > self.limits.max_header_block_bytes:
+            raise _ConnectionError(
+                ErrorCode.ENHANCE_YOUR_CALM,
+                f"header block over {self.limits.max_header_block_bytes} bytes",
+            )
+
+    def _continue(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        if self._continuation is None or self._continuation[0] != sid:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "CONTINUATION without a header block to continue")
+        first_flags, block = self._continuation[1], self._continuation[2]
+        block += payload
+        self._check_block_size(len(block))
+        if not payload and not flags & END_HEADERS:
+            self._junk("empty CONTINUATION frames")
+        if flags & END_HEADERS:
+            self._continuation = None
+            self._header_block(sid, first_flags, bytes(block), events)
+
+    def _header_block(self, sid: int, flags: int, block: bytes, events: list[Event]) -> None:
+        try:
+            headers = self._decoder.decode(block, raw=True)
+        except hpack.exceptions.OversizedHeaderListError as exc:
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"request headers too large: {exc}") from exc
+        except hpack.exceptions.HPACKError as exc:
+            raise _ConnectionError(ErrorCode.COMPRESSION_ERROR, f"cannot decode headers: {exc}") from exc
+        if sid % 2 == 0:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"client opened even-numbered stream {sid}")
+        if sid <= self._last_stream:
+            s = self._streams.get(sid)
+            if s is None or s.remote_closed:
+                if s is not None:
+                    self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+                return  # trailers for a call that ended here: ignored
+            if not flags & END_STREAM:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "a second HEADERS without END_STREAM")
+            s.remote_closed = True  # request trailers: gRPC defines none, so nothing to pass on
+            events.append(RequestEnded(sid))
+            self._reap(s)
+            return
+        self._last_stream = sid
+        if self._goaway_sent:
+            self._out += wire.rst_stream(sid, ErrorCode.REFUSED_STREAM)
+            return
+        if len(self._streams) >= self.limits.max_concurrent_streams:
+            self._out += wire.rst_stream(sid, ErrorCode.REFUSED_STREAM)
+            return
+        s = _Stream(sid, self.limits.stream_window, self._peer_window)
+        self._streams[sid] = s
+        if flags & END_STREAM:
+            s.remote_closed = True
+        request = self._request(s, headers)
+        if request is None:
+            return
+        events.append(request)
+        if s.remote_closed:
+            events.append(RequestEnded(sid))
+
+    def _request(self, s: _Stream, headers: Iterable[tuple[bytes, bytes]]) -> RequestReceived | None:
+        """Check a gRPC request's headers; answer a bad one here and return None."""
+        method = path = content_type = b""
+        timeout: float | None = None
+        encoding = b"identity"
+        metadata: list[tuple[str, str | bytes]] = []
+        for name, value in headers:
+            if name.startswith(b":"):
+                if name == b":method":
+                    method = value
+                elif name == b":path":
+                    path = value
+                continue
+            if name == b"content-type":
+                content_type = value
+            elif name == b"grpc-timeout":
+                timeout = _parse_timeout(value)
+                if timeout is None:
+                    self._answer(s, 200, StatusCode.INTERNAL, f"malformed grpc-timeout {value!r}")
+                    return None
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name in (b"te", b"grpc-accept-encoding", b"connection"):
+                continue
+            else:
+                key = name.decode("latin-1")
+                if key.endswith("-bin"):
+                    try:
+                        metadata.append((key, _b64decode(value)))
+                    except ValueError:
+                        self._answer(s, 200, StatusCode.INTERNAL, f"metadata {key!r} is not valid base64")
+                        return None
+                else:
+                    metadata.append((key, value.decode("latin-1")))
+        if method != b"POST":
+            self._answer(s, 405, StatusCode.UNIMPLEMENTED, f"method {method.decode('latin-1')!r}: gRPC uses POST")
+            return None
+        if not content_type.startswith(b"application/grpc"):
+            self._answer(s, 415, StatusCode.UNKNOWN, f"invalid gRPC request content-type {content_type!r}")
+            return None
+        if not path:
+            self._answer(s, 400, StatusCode.INTERNAL, "request without :path")
+            return None
+        if encoding == b"gzip":
+            s.gzip = True
+        elif encoding != b"identity":
+            self._answer(
+                s,
+                200,
+                StatusCode.UNIMPLEMENTED,
+                f"grpc-encoding {encoding.decode('latin-1')!r} is not supported (supported: {ENCODINGS})",
+                extra=wire.literal(b"grpc-accept-encoding", ENCODINGS.encode()),
+            )
+            return None
+        return RequestReceived(s.id, path.decode("latin-1"), tuple(metadata), timeout)
+
+    def _answer(self, s: _Stream, http_status: int, code: StatusCode, message: str, extra: bytes = b"") -> None:
+        """End a call that never reached the app with a trailers-only response."""
+        status = wire.STATUS_200 if http_status == 200 else wire.literal_indexed_name(8, str(http_status).encode())
+        block = status + wire.CONTENT_TYPE_GRPC + wire.trailers_block(code, message) + extra
+        self._write_headers(s.id, block, END_STREAM)
+        s.headers_sent = s.local_closed = True
+        self._reap(s)
+
+    # -- output ----------------------------------------------------------------------
+
+    def send_message(self, stream_id: int, message: bytes) -> bool:
+        """Queue one response message; False if the call is over (reset, or trailers sent)."""
+        s = self._streams.get(stream_id)
+        if s is None or s.local_closed:
+            return False
+        out = s.outbuf
+        out += _PREFIX.pack(0, len(message))
+        out += message
+        self._dirty[stream_id] = None
+        return True
+
+    def send_trailers(self, stream_id: int, code: int, message: str = "", metadata: Metadata = ()) -> bool:
+        """End the call after the messages queued before; False if it is already over."""
+        s = self._streams.get(stream_id)
+        if s is None or s.local_closed:
+            return False
+        s.trailers = wire.trailers_block(code, message, metadata)
+        s.local_closed = True
+        self._dirty[stream_id] = None
+        return True
+
+    def reset_stream(self, stream_id: int, code: int = ErrorCode.CANCEL) -> None:
+        """Abandon a call (e.g. its handler crashed past sending trailers)."""
+        s = self._streams.pop(stream_id, None)
+        if s is not None:
+            self._forget(s)
+            self._out += wire.rst_stream(stream_id, code)
+
+    def consumed(self, stream_id: int, size: int) -> None:
+        """The app took a message of ``size`` bytes (its event's): the client may send more."""
+        s = self._streams.get(stream_id)
+        if s is None:
+            return  # a stream that ended gave back what it held then
+        s.held -= size
+        self._buffered -= size
+        repaid = min(size, s.excess)
+        s.excess -= repaid
+        self._give_back(s, size - repaid)
+
+    def ping(self, data: bytes = b"\0" * 8) -> None:
+        self._out += wire.frame(FrameType.PING, 0, 0, data)
+
+    def close(self, code: int = ErrorCode.NO_ERROR, reason: str = "") -> None:
+        """Say GOAWAY: calls begun so far may finish; later ones are refused."""
+        if not self._goaway_sent and not self.closed:
+            self._goaway_sent = True
+            self._goaway_last = self._last_stream
+            self._out += wire.goaway(self._last_stream, code, reason.encode())
+
+    def data_to_send(self) -> bytes:
+        """Everything to write now, framed as far as the windows allow."""
+        if self._dirty:
+            for sid in list(self._dirty):
+                s = self._streams.get(sid)
+                if s is not None:
+                    self._frame_stream(s)  # a stream the windows hold back waits in _blocked, not here
+            self._dirty.clear()
+        if not self._out:
+            return b""
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def _frame_stream(self, s: _Stream) -> bool:
+        """Frame what the windows allow; True when the stream has nothing left to send."""
+        out = self._out
+        if not s.headers_sent:
+            if not s.outbuf and s.trailers is not None:  # trailers-only response
+                self._write_headers(s.id, wire.RESPONSE_HEADERS + s.trailers, END_STREAM)
+                s.headers_sent = True
+                s.trailers = None
+                self._reap(s)
+                return True
+            self._write_headers(s.id, wire.RESPONSE_HEADERS, 0)
+            s.headers_sent = True
+        pending = s.outbuf
+        if pending:
+            sent = 0
+            total = len(pending)
+            view = memoryview(pending)
+            max_frame = self._peer_max_frame
+            while sent < total:
+                room = min(s.send_window, self._send_window, max_frame, total - sent)
+                if room <= 0:
+                    break
+                out += wire.frame_header(FrameType.DATA, 0, s.id, room)
+                out += view[sent : sent + room]
+                sent += room
+                s.send_window -= room
+                self._send_window -= room
+            view.release()
+            del pending[:sent]
+            if sent:
+                self._ping_strikes = 0  # data the windows hold back does not excuse the client's pings
+            if pending:
+                self._blocked[s.id] = None
+                return False
+        if s.trailers is not None:
+            self._write_headers(s.id, s.trailers, END_STREAM)
+            s.trailers = None
+            self._reap(s)
+        return True
+
+    def _write_headers(self, sid: int, block: bytes, flags: int) -> None:
+        self._ping_strikes = 0
+        out = self._out
+        max_frame = self._peer_max_frame
+        first = block[:max_frame]
+        out += wire.frame(FrameType.HEADERS, flags | (END_HEADERS if len(block) <= max_frame else 0), sid, first)
+        for pos in range(max_frame, len(block), max_frame):
+            last = pos + max_frame >= len(block)
+            out += wire.frame(FrameType.CONTINUATION, END_HEADERS if last else 0, sid, block[pos : pos + max_frame])
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _give_back(self, s: _Stream | None, size: int) -> None:
+        """Credit ``size`` received bytes; send WINDOW_UPDATEs once a quarter window has built up."""
+        self._credit += size
+        if (
+            self._credit >= self.limits.connection_window // 4
+            and self._buffered + self._partial < self.limits.max_buffered_bytes
+        ):
+            self._out += wire.window_update(0, self._credit)
+            self._recv_window += self._credit
+            self._credit = 0
+        if s is not None and not s.remote_closed and s.id in self._streams:
+            s.credit += size
+            if s.credit >= self.limits.stream_window // 4 and s.held < self.limits.stream_window:
+                self._out += wire.window_update(s.id, s.credit)
+                s.recv_window += s.credit
+                s.credit = 0
+
+    def _call_error(self, s: _Stream, code: StatusCode, message: str, events: list[Event]) -> None:
+        """End a call for a bad request message: trailers with ``code``, reset, and tell the app."""
+        if not s.local_closed:
+            if not s.headers_sent:
+                self._write_headers(s.id, wire.RESPONSE_HEADERS + wire.trailers_block(code, message), END_STREAM)
+            else:
+                self._write_headers(s.id, wire.trailers_block(code, message), END_STREAM)
+        s.headers_sent = s.local_closed = True
+        s.outbuf.clear()
+        if not s.remote_closed:
+            self._out += wire.rst_stream(s.id, ErrorCode.NO_ERROR)
+        self._streams.pop(s.id, None)
+        self._forget(s)
+        events.append(StreamReset(s.id, ErrorCode.CANCEL, by_peer=False))
+
+    def _stream_error(self, sid: int, code: ErrorCode, events: list[Event]) -> None:
+        self._out += wire.rst_stream(sid, code)
+        s = self._streams.pop(sid, None)
+        if s is not None:
+            self._forget(s)
+            events.append(StreamReset(sid, code, by_peer=False))
+
+    def _reap(self, s: _Stream) -> None:
+        """Forget a stream whose response is complete.
+
+        A client still sending on it is not reset: RFC 9113 allows RST_STREAM NO_ERROR here, but a
+        client that is mid-write (grpcio's) then reports its failed write, INTERNAL, instead of our
+        status. What it sends later is dropped, and clients stop sending once they have the trailers.
+        """
+        if not (s.local_closed and s.headers_sent and s.trailers is None and not s.outbuf):
+            return
+        if self._streams.pop(s.id, None) is not None:
+            self._forget(s)
+
+    def _forget(self, s: _Stream) -> None:
+        """A stream is gone: what it held no longer counts, and the connection gets its credit back."""
+        self._buffered -= s.held
+        self._partial -= len(s.buf)
+        self._dirty.pop(s.id, None)
+        self._blocked.pop(s.id, None)
+        held, s.held = s.held - s.excess, 0
+        s.excess = 0
+        s.buf.clear()
+        self._give_back(None, held)  # even 0: credit withheld while the connection held too much may go out now
+
+    def _fail(self, code: ErrorCode, reason: str, events: list[Event]) -> None:
+        last = self._goaway_last if self._goaway_sent else self._last_stream  # streams refused since stay refused
+        self._out += wire.goaway(last, code, reason.encode())
+        self.closed = True
+        events.append(ConnectionTerminated(code, reason, by_peer=False, last_stream_id=last))
+
+
+def _parse_timeout(value: bytes) -> float | None:
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+        return None
+    unit = _TIMEOUT_UNITS.get(chr(value[-1]))
+    return None if unit is None else int(value[:-1]) * unit
+
+
+def _b64decode(value: bytes) -> bytes:
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
+    except binascii.Error as exc:
+        raise ValueError(str(exc)) from exc

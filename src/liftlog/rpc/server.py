@@ -1,0 +1,593 @@
+"""The asyncio shell around :class:`ServerConnection`: sockets, handler tasks, timers.
+
+One :class:`asyncio.Protocol` per client connection feeds the bytes it reads
+to the connection core and writes what the core has to send, at most once per
+loop turn (responses of many calls go out in one write). Each call runs its
+handler in its own task with a :class:`ServerContext`, the subset of
+``grpc.aio.ServicerContext`` liftlog's handlers use. Handlers are the methods
+of a servicer object named as in the service's protobuf descriptor::
+
+    async def Unary(self, request, context) -> Response
+    async def ServerStream(self, request, context) -> AsyncIterator[Response]  # or context.write
+    async def BidiStream(self, requests, context) -> None  # async-iterates requests, context.write
+
+Backpressure: ``context.write`` returns at once while the call's queued output
+is under a high-water mark and the socket takes data; otherwise it waits for
+the client's window or socket to drain. A client that stops reading stops
+being read from. Call objects and contexts belong to the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Protocol
+
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
+
+from .connection import (
+    ConnectionLimits,
+    ConnectionTerminated,
+    Event,
+    MessageReceived,
+    PingAcked,
+    RequestEnded,
+    RequestReceived,
+    ServerConnection,
+    StreamReset,
+    WindowOpened,
+)
+from .status import Metadata, RpcError, StatusCode
+from .wire import ErrorCode
+
+__all__ = ["Method", "RpcServer", "ServerContext", "ServerOptions", "service_methods"]
+
+log = logging.getLogger(__name__)
+
+#: Queued output per call above which ``write`` waits (the windows or the socket are behind).
+WRITE_HIGH_WATER = 256 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    path: str  # "/package.Service/Method"
+    handler: Callable[..., Any]
+    request_type: type[ProtoMessage]
+    client_streaming: bool
+    server_streaming: bool
+
+
+def service_methods(service: ServiceDescriptor, servicer: object) -> list[Method]:
+    """The servicer's handlers for every method of ``service``, as its descriptor defines them."""
+    methods = []
+    for m in service.methods:
+        methods.append(
+            Method(
+                path=f"/{service.full_name}/{m.name}",
+                handler=getattr(servicer, m.name),
+                request_type=message_factory.GetMessageClass(m.input_type),
+                client_streaming=m.client_streaming,
+                server_streaming=m.server_streaming,
+            )
+        )
+    return methods
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    #: Ping a connection that sent nothing for this long; close it if the ping is not answered in time.
+    keepalive_time: float = 60.0
+    keepalive_timeout: float = 20.0
+    #: Close (GOAWAY) a connection without calls for this long; 0: never.
+    idle_timeout: float = 0.0
+
+
+class _CallGone(Exception):
+    """The call ended (reset, deadline, connection lost) while its handler was still writing."""
+
+
+class _Requests:
+    """A call's request messages as an async iterator; taking one gives its bytes back to the client's window."""
+
+    __slots__ = ("_call", "ended", "items", "waiter")
+
+    def __init__(self, call: _Call) -> None:
+        self._call = call
+        self.items: deque[tuple[bytes, int]] = deque()
+        self.ended = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def feed(self, data: bytes, size: int) -> None:
+        self.items.append((data, size))
+        self._wake()
+
+    def end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self) -> Any:
+        items = self.items
+        while not items:
+            if self.ended:
+                raise StopAsyncIteration
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        data, size = items.popleft()
+        call = self._call
+        call.conn.consumed(call.stream_id, size)
+        try:
+            return call.method.request_type.FromString(data)
+        except DecodeError as exc:
+            raise RpcError(StatusCode.INTERNAL, f"cannot parse request message: {exc}") from exc
+
+
+class ServerContext:
+    """What a handler knows of its call and may do to it (a subset of ``grpc.aio.ServicerContext``)."""
+
+    __slots__ = ("_call", "_trailing")
+
+    def __init__(self, call: _Call) -> None:
+        self._call = call
+        self._trailing: Metadata = ()
+
+    async def abort(self, code: StatusCode, details: str = "", trailing_metadata: Metadata = ()) -> NoReturn:
+        raise RpcError(StatusCode(int(code)), details, trailing_metadata)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._call.metadata
+
+    def peer(self) -> str:
+        return self._call.conn.peer
+
+    def time_remaining(self) -> float | None:
+        deadline = self._call.deadline
+        if deadline is None:
+            return None
+        return max(0.0, deadline - asyncio.get_running_loop().time())
+
+    def set_trailing_metadata(self, metadata: Metadata) -> None:
+        self._trailing = tuple(metadata)
+
+    def cancelled(self) -> bool:
+        return self._call.gone
+
+    def done(self) -> bool:
+        return self._call.finished
+
+    async def write(self, message: ProtoMessage) -> None:
+        await self._call.write(message.SerializeToString())
+
+
+class _Call:
+    __slots__ = (
+        "conn",
+        "context",
+        "deadline",
+        "expired",
+        "finished",
+        "gone",
+        "metadata",
+        "method",
+        "requests",
+        "stream_id",
+        "task",
+        "timer",
+    )
+
+    def __init__(self, conn: _Connection, stream_id: int, method: Method, event: RequestReceived) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.method = method
+        self.metadata = event.metadata
+        loop = asyncio.get_running_loop()
+        self.deadline = None if event.timeout is None else loop.time() + event.timeout
+        self.timer = None if event.timeout is None else loop.call_later(event.timeout, self.expire)
+        self.expired = False
+        self.gone = False  # reset by the client, or its connection lost
+        self.finished = False
+        self.requests = _Requests(self)
+        self.context = ServerContext(self)
+        self.task: asyncio.Task[None] | None = None
+
+    def expire(self) -> None:
+        self.expired = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def abandon(self) -> None:
+        self.gone = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def write(self, data: bytes) -> None:
+        conn = self.conn
+        if self.gone or not conn.core.send_message(self.stream_id, data):
+            raise _CallGone
+        conn.want_flush()
+        if conn.core.buffered(self.stream_id) > WRITE_HIGH_WATER or conn.paused:
+            conn.flush()
+            while not self.gone and (conn.core.buffered(self.stream_id) > WRITE_HIGH_WATER or conn.paused):
+                await conn.writable()
+
+    async def run(self) -> None:
+        method = self.method
+        code, message = StatusCode.OK, ""
+        trailing: Metadata = ()
+        try:
+            if method.client_streaming:
+                request: Any = self.requests
+            else:
+                request = await self._one_request()
+            result = method.handler(request, self.context)
+            if method.server_streaming:
+                if hasattr(result, "__anext__"):
+                    async for response in result:
+                        await self.write(response.SerializeToString())
+                else:
+                    await result
+            else:
+                response = await result
+                await self.write(response.SerializeToString())
+            trailing = self.context._trailing
+        except RpcError as exc:
+            code, message, trailing = exc.code, exc.message, exc.trailing_metadata
+            if self.expired:  # the handler turned the deadline's cancellation into an error of its own
+                code, message, trailing = StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ()
+        except _CallGone:
+            return
+        except asyncio.CancelledError:
+            if not self.expired:
+                if self.gone:
+                    return
+                raise  # the server is stopping; stop() answers the call
+            code, message = StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+        except Exception as exc:
+            log.exception("handler %s failed", method.path)
+            code, message = StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+        finally:
+            self.finished = True
+            if self.timer is not None:
+                self.timer.cancel()
+        self.conn.finish(self, code, message, trailing)
+
+    async def _one_request(self) -> Any:
+        requests = self.requests
+        while not requests.ended:
+            requests.waiter = asyncio.get_running_loop().create_future()
+            await requests.waiter
+        if len(requests.items) != 1:
+            raise RpcError(StatusCode.INTERNAL, f"expected one request message, received {len(requests.items)}")
+        return await anext(requests)
+
+
+class _Server(Protocol):
+    methods: dict[str, Method]
+    options: ServerOptions
+
+    def connection_closed(self, conn: _Connection) -> None: ...
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        self.core = ServerConnection(server.options.limits)
+        self.calls: dict[int, _Call] = {}
+        self.transport: asyncio.Transport | None = None
+        self.peer = "unknown"
+        self.paused = False
+        self._waiters: list[asyncio.Future[None]] = []
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+        self.last_read = self._loop.time()
+        self.last_active = self.last_read
+        self.ping_sent: float | None = None
+        self.closing = False
+        self.done: asyncio.Future[None] = self._loop.create_future()  # set when the connection is lost
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop: not an asyncio.Transport subclass
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            host, port = peer[0], peer[1]
+            self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        now = self._loop.time()
+        self.last_read = now
+        events = self.core.receive(data, now)
+        if events:
+            self._handle(events)
+        self.flush()
+        if self.core.closed:
+            self._close_transport()
+
+    def eof_received(self) -> bool | None:
+        return None  # close
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()  # a client that does not read is not read from
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+        self.flush()
+        self._wake_writers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.paused = False
+        for call in list(self.calls.values()):
+            call.abandon()
+        self.calls.clear()
+        self._wake_writers()
+        if not self.done.done():
+            self.done.set_result(None)
+        self.server.connection_closed(self)
+
+    # -- events ------------------------------------------------------------------------
+
+    def _handle(self, events: list[Event]) -> None:
+        calls = self.calls
+        for event in events:
+            if type(event) is MessageReceived:
+                call = calls.get(event.stream_id)
+                if call is not None:
+                    call.requests.feed(event.data, event.size)
+                else:
+                    self.core.consumed(event.stream_id, event.size)
+            elif type(event) is RequestReceived:
+                self._start(event)
+            elif type(event) is RequestEnded:
+                call = calls.get(event.stream_id)
+                if call is not None:
+                    call.requests.end()
+            elif type(event) is WindowOpened:
+                self.want_flush()
+            elif type(event) is StreamReset:
+                call = calls.pop(event.stream_id, None)
+                if call is not None:
+                    call.abandon()
+            elif type(event) is PingAcked:
+                self.ping_sent = None
+            elif type(event) is ConnectionTerminated:
+                if event.by_peer:
+                    self.closing = True
+                    self.core.close()
+                    self._close_if_idle()
+                else:
+                    log.info("closing connection from %s: %s", self.peer, event.reason)
+
+    def _start(self, event: RequestReceived) -> None:
+        method = self.server.methods.get(event.path)
+        if method is None:
+            self.core.send_trailers(event.stream_id, StatusCode.UNIMPLEMENTED, f"Method not found: {event.path}")
+            return
+        call = _Call(self, event.stream_id, method, event)
+        self.calls[event.stream_id] = call
+        self.last_active = self._loop.time()
+        call.task = self._loop.create_task(call.run())
+
+    def finish(self, call: _Call, code: StatusCode, message: str, trailing: Metadata) -> None:
+        if self.calls.get(call.stream_id) is call:
+            del self.calls[call.stream_id]
+        try:
+            sent = self.core.send_trailers(call.stream_id, code, message, trailing)
+        except ValueError as exc:  # trailing metadata that HTTP/2 cannot carry
+            log.error("handler %s: %s", call.method.path, exc)
+            sent = self.core.send_trailers(call.stream_id, StatusCode.INTERNAL, f"bad trailing metadata: {exc}")
+        if sent:
+            self.want_flush()
+        self.last_active = self._loop.time()
+        if self.closing:
+            self._close_if_idle()
+
+    def consumed(self, stream_id: int, size: int) -> None:
+        self.core.consumed(stream_id, size)
+        self.want_flush()
+
+    # -- output ------------------------------------------------------------------------
+
+    def want_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self.transport
+        if transport is None:
+            return
+        data = self.core.data_to_send()
+        if data:
+            transport.write(data)
+        if self.closing and not self.calls and self.core.open_streams == 0:
+            # A call's trailers leave the core only here: finish() came too early to close.
+            self._close_transport()
+        if self._waiters and not self.paused:
+            self._wake_writers()
+
+    async def writable(self) -> None:
+        if self.transport is None:
+            raise _CallGone
+        waiter = self._loop.create_future()
+        self._waiters.append(waiter)
+        await waiter
+
+    def _wake_writers(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- ending ------------------------------------------------------------------------
+
+    def go_away(self) -> None:
+        """No new calls; the connection closes once its calls are done."""
+        self.closing = True
+        self.core.close()
+        self.flush()
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if not self.calls and self.core.open_streams == 0:
+            self.flush()
+            self._close_transport()
+
+    def _close_transport(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Stop now: end the calls still running with UNAVAILABLE, then close."""
+        for call in list(self.calls.values()):
+            self.core.send_trailers(call.stream_id, StatusCode.UNAVAILABLE, "the server is shutting down")
+            call.abandon()
+        self.calls.clear()
+        self.flush()
+        self._close_transport()
+
+    def tick(self, now: float) -> None:
+        """Keepalive and idle policing, once a second."""
+        options = self.server.options
+        if self.ping_sent is not None:
+            if now - self.ping_sent > options.keepalive_timeout:
+                log.info("closing connection from %s: keepalive ping not answered", self.peer)
+                self.core.close(ErrorCode.NO_ERROR, "keepalive timeout")
+                self.flush()
+                self._close_transport()
+            return
+        if options.keepalive_time and now - self.last_read > options.keepalive_time:
+            self.ping_sent = now
+            self.core.ping()
+            self.flush()
+        if options.idle_timeout and not self.calls and now - self.last_active > options.idle_timeout:
+            self.go_away()
+
+
+class RpcServer:
+    """Serves gRPC methods on one listening address; ``start`` binds, ``stop`` drains."""
+
+    def __init__(self, methods: Iterable[Method], options: ServerOptions = ServerOptions()) -> None:
+        self.methods = {m.path: m for m in methods}
+        self.options = options
+        self.port = 0
+        self._sockets: list[socket.socket] = []
+        self._servers: list[asyncio.Server] = []
+        self._connections: set[_Connection] = set()
+        self._ticker: asyncio.Task[None] | None = None
+
+    def add_methods(self, methods: Iterable[Method]) -> None:
+        for m in methods:
+            self.methods[m.path] = m
+
+    def bind(self, host: str, port: int) -> int:
+        """Bind (not yet listen) every address ``host`` names; returns the port (``port`` 0 picks one).
+
+        Binding first lets a server advertise its port before it serves. OSError if the address is taken.
+        """
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        seen: set[tuple[Any, ...]] = set()
+        try:
+            for family, kind, proto, _, address in infos:
+                if (family, address) in seen:
+                    continue
+                seen.add((family, address))
+                sock = socket.socket(family, kind, proto)
+                self._sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not SO_REUSEPORT: one owner
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                if port == 0 and len(self._sockets) > 1:
+                    address = (address[0], self.port, *address[2:])
+                sock.bind(address)
+                self.port = sock.getsockname()[1]
+                port = self.port
+        except OSError:
+            self._close_sockets()
+            raise
+        return self.port
+
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        """Serve on the bound addresses; with ``ssl_context``, TLS (ALPN h2 is set on it)."""
+        if ssl_context is not None:
+            ssl_context.set_alpn_protocols(["h2"])
+        loop = asyncio.get_running_loop()
+        for sock in self._sockets:
+            sock.listen(1024)
+            self._servers.append(await loop.create_server(self._connection, sock=sock, ssl=ssl_context))
+        self._ticker = loop.create_task(self._tick(), name="rpc keepalive")
+
+    def _close_sockets(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+        self._sockets.clear()
+
+    def _connection(self) -> _Connection:
+        conn = _Connection(self)
+        self._connections.add(conn)
+        return conn
+
+    def connection_closed(self, conn: _Connection) -> None:
+        self._connections.discard(conn)
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1.0)
+            now = loop.time()
+            for conn in list(self._connections):
+                conn.tick(now)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop listening, let calls in flight finish for ``grace`` seconds, then end the rest."""
+        for server in self._servers:
+            server.close()
+        if not self._servers:
+            self._close_sockets()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        connections = list(self._connections)
+        for conn in connections:
+            conn.go_away()
+        tasks = [c.task for conn in connections for c in conn.calls.values() if c.task is not None]
+        if connections and grace:
+            # Not only the calls' tasks: their queued responses must reach slow readers too. A connection
+            # closes itself once its calls are over and their last bytes are written.
+            await asyncio.wait([conn.done for conn in connections], timeout=grace)
+        for conn in connections:
+            conn.abort()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        self._servers.clear()
+        self._sockets.clear()
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
