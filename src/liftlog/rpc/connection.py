@@ -407,7 +407,9 @@ class ServerConnection:
             compressed, size = _PREFIX.unpack_from(data, pos)
             try:
                 if size > limit:
-                    raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {limit})")
+                    raise RpcError(
+                        StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {limit})"
+                    )
                 if end - pos - 5 < size:
                     break
                 message = bytes(data[pos + 5 : pos + 5 + size])

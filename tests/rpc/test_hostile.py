@@ -1,0 +1,360 @@
+"""Malformed and abusive clients on real sockets: hand-built frames over ``asyncio.open_connection``.
+
+Every test checks what the server answered (GOAWAY, RST_STREAM, or a bound on
+what it holds) and that a well-behaved grpcio client is still served on a new
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import grpc
+import hpack
+import pytest
+
+from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, StatusCode, wire
+from liftlog.rpc.server import WRITE_HIGH_WATER
+from liftlog.rpc.wire import END_HEADERS, END_STREAM, ErrorCode, FrameType, Setting
+
+from .frames import Frame, FrameReader, goaway_code, goaways, grpc_message, request_headers, resets
+from .service import FakeAPI, serving
+
+LIMITS = ConnectionLimits(max_concurrent_streams=16)
+
+
+class RawClient:
+    """A client socket speaking hand-built frames; collects what the server sends back."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.frames: list[Frame] = []
+        self.eof = False
+        self._parser = FrameReader()
+        self.encoder = hpack.Encoder()
+
+    @classmethod
+    async def connect(
+        cls, server: RpcServer, preface: bool = True, settings: Iterable[tuple[int, int]] = ()
+    ) -> RawClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        client = cls(reader, writer)
+        if preface:
+            client.send(wire.PREFACE + wire.settings_frame(settings))
+        return client
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def headers(self, sid: int, path: str = "/proto.API/Publish", extra: Iterable[tuple[str, str]] = ()) -> bytes:
+        return wire.frame(FrameType.HEADERS, END_HEADERS, sid, self.encoder.encode(request_headers(path, extra)))
+
+    async def read(self, until: Callable[[list[Frame]], bool] | None = None, timeout: float = 5.0) -> list[Frame]:
+        """Read frames until ``until(frames)`` holds, or (``until`` None) to the end of the connection."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while until is None or not until(self.frames):
+            if self.eof:
+                break
+            try:
+                chunk = await asyncio.wait_for(self.reader.read(1 << 16), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise AssertionError(f"timed out; the server sent {self.frames[-5:]}") from None
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                self.eof = True
+            self.frames += self._parser.feed(chunk)
+        return self.frames
+
+    async def goaway(self, timeout: float = 5.0) -> ErrorCode | None:
+        """The GOAWAY the server sends before it closes the connection."""
+        await self.read(lambda frames: bool(goaways(frames)), timeout)
+        return goaway_code(self.frames)
+
+    async def closed(self, timeout: float = 5.0) -> bool:
+        await self.read(None, timeout)
+        return self.eof
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def publish(action: str, correlation_id: str = "") -> bytes:
+    return grpc_message(api_pb2.PublishRequest(stream=action, correlationId=correlation_id).SerializeToString())
+
+
+async def assert_serving(server: RpcServer) -> None:
+    """A well-behaved client is served on a new connection."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        reply = await api_pb2_grpc.APIStub(channel).Publish(
+            api_pb2.PublishRequest(stream="echo", correlationId="ok"), timeout=5
+        )
+    assert reply.correlationId == "ok"
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def service() -> FakeAPI:
+    return FakeAPI()
+
+
+@pytest.fixture
+async def server(service: FakeAPI) -> AsyncIterator[RpcServer]:
+    async with serving(service, ServerOptions(limits=LIMITS)) as server:
+        yield server
+
+
+def server_connection(server: RpcServer) -> Any:
+    """The server's one connection (white-box: its core and transport)."""
+    (conn,) = server._connections
+    return conn
+
+
+# -- malformed input -------------------------------------------------------------------------
+
+
+async def test_garbage_instead_of_the_preface(server: RpcServer) -> None:
+    client = await RawClient.connect(server, preface=False)
+    client.send(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert await client.goaway() == ErrorCode.PROTOCOL_ERROR
+    assert await client.closed()
+    await assert_serving(server)
+
+
+async def test_tls_hello_to_a_plaintext_server(server: RpcServer) -> None:
+    client = await RawClient.connect(server, preface=False)
+    client.send(bytes.fromhex("160301020001") + b"\x00" * 64)  # the start of a TLS ClientHello
+    assert await client.goaway() == ErrorCode.PROTOCOL_ERROR
+    assert await client.closed()
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (wire.frame(FrameType.DATA, 0, 0, b"x"), ErrorCode.PROTOCOL_ERROR),
+        (wire.frame(FrameType.DATA, 0, 9, b"x"), ErrorCode.PROTOCOL_ERROR),
+        (wire.frame(FrameType.PUSH_PROMISE, END_HEADERS, 1, b"\0\0\0\2"), ErrorCode.PROTOCOL_ERROR),
+        (wire.frame_header(FrameType.DATA, 0, 1, 1 << 20), ErrorCode.FRAME_SIZE_ERROR),  # the header is enough
+        (wire.frame(FrameType.HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"), ErrorCode.COMPRESSION_ERROR),
+        (wire.frame(FrameType.HEADERS, END_HEADERS, 2, b"\x82"), ErrorCode.PROTOCOL_ERROR),
+        (wire.frame(FrameType.SETTINGS, 0, 0, b"\0" * 7), ErrorCode.FRAME_SIZE_ERROR),
+        (wire.settings_frame([(Setting.INITIAL_WINDOW_SIZE, 1 << 31)]), ErrorCode.FLOW_CONTROL_ERROR),
+        (wire.window_update(0, 0), ErrorCode.PROTOCOL_ERROR),
+        (wire.window_update(0, (1 << 31) - 1), ErrorCode.FLOW_CONTROL_ERROR),
+        (wire.frame(FrameType.PING, 0, 0, b"short"), ErrorCode.FRAME_SIZE_ERROR),
+    ],
+    ids=[
+        "data on stream 0",
+        "data on an idle stream",
+        "push promise",
+        "frame over max size",
+        "bad hpack",
+        "even stream id",
+        "settings length",
+        "initial window too large",
+        "window update of 0",
+        "window overflow",
+        "ping length",
+    ],
+)
+async def test_malformed_frame_is_a_goaway(server: RpcServer, frame: bytes, code: ErrorCode) -> None:
+    client = await RawClient.connect(server)
+    client.send(frame)
+    assert await client.goaway() == code
+    assert await client.closed()
+    await assert_serving(server)
+
+
+async def test_continuation_interrupted(server: RpcServer) -> None:
+    client = await RawClient.connect(server)
+    client.send(wire.frame(FrameType.HEADERS, 0, 1, b"\x83") + wire.frame(FrameType.PING, 0, 0, b"\0" * 8))
+    assert await client.goaway() == ErrorCode.PROTOCOL_ERROR
+    await assert_serving(server)
+
+
+async def test_oversize_headers(server: RpcServer, service: FakeAPI) -> None:
+    client = await RawClient.connect(server)
+    block = client.encoder.encode(request_headers(extra=[("x-huge", "h" * 40_000)]))
+    frames = [block[i : i + 16_384] for i in range(0, len(block), 16_384)]
+    client.send(wire.frame(FrameType.HEADERS, 0, 1, frames[0]))
+    for i, piece in enumerate(frames[1:], 1):
+        client.send(wire.frame(FrameType.CONTINUATION, END_HEADERS if i == len(frames) - 1 else 0, 1, piece))
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    assert service.started.empty()
+    await assert_serving(server)
+
+
+async def test_continuation_flood(server: RpcServer) -> None:
+    client = await RawClient.connect(server)
+    client.send(wire.frame(FrameType.HEADERS, 0, 1, b"\x83"))
+    client.send(wire.frame(FrameType.CONTINUATION, 0, 1, b"\x00" * 16_000) * 100)  # 1.6 MB of header block
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    assert await client.closed()
+    await assert_serving(server)
+
+
+# -- floods ---------------------------------------------------------------------------------
+
+
+async def test_streams_past_the_concurrent_limit_are_refused(server: RpcServer, service: FakeAPI) -> None:
+    client = await RawClient.connect(server)
+    sids = range(1, 2 * 40, 2)
+    client.send(
+        b"".join(client.headers(sid) + wire.frame(FrameType.DATA, END_STREAM, sid, publish("hang")) for sid in sids)
+    )
+    refused = list(sids)[LIMITS.max_concurrent_streams :]
+    await client.read(lambda frames: len(resets(frames)) >= len(refused))
+    assert resets(client.frames) == dict.fromkeys(refused, ErrorCode.REFUSED_STREAM)
+    await until(lambda: service.started.qsize() == LIMITS.max_concurrent_streams)
+    assert goaway_code(client.frames) is None
+    await assert_serving(server)
+    client.close()
+    await until(lambda: len(service.cancelled) == LIMITS.max_concurrent_streams)  # connection gone: calls cancelled
+
+
+async def test_rapid_reset_flood(server: RpcServer, service: FakeAPI) -> None:
+    client = await RawClient.connect(server)
+    burst = LIMITS.reset_rate[0]
+    client.send(
+        b"".join(client.headers(sid) + wire.rst_stream(sid, ErrorCode.CANCEL) for sid in range(1, 2 * (burst + 100), 2))
+    )
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    assert await client.closed()
+    await assert_serving(server)
+    assert server.connections <= 1
+
+
+async def test_ping_flood(server: RpcServer) -> None:
+    client = await RawClient.connect(server)
+    client.send(wire.frame(FrameType.PING, 0, 0, b"\0" * 8) * (LIMITS.max_ping_strikes + 5))
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    acks = [f for f in client.frames if f.type == FrameType.PING and f.flags & wire.ACK]
+    assert len(acks) == LIMITS.max_ping_strikes
+    await assert_serving(server)
+
+
+async def test_settings_flood(server: RpcServer) -> None:
+    client = await RawClient.connect(server)
+    client.send(wire.settings_frame([(Setting.HEADER_TABLE_SIZE, 4096)]) * 1000)
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    await assert_serving(server)
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [wire.frame(0x42, 0, 0, b"?"), wire.frame(FrameType.PRIORITY, 0, 3, b"\0\0\0\0\1")],
+    ids=["unknown frame type", "priority"],
+)
+async def test_junk_frame_flood(server: RpcServer, junk: bytes) -> None:
+    client = await RawClient.connect(server)
+    client.send(junk * 5000)
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    await assert_serving(server)
+
+
+async def test_empty_data_flood(server: RpcServer) -> None:
+    client = await RawClient.connect(server)
+    client.send(client.headers(1) + wire.frame(FrameType.DATA, 0, 1, b"") * 5000)
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    await assert_serving(server)
+
+
+# -- slow and stalled clients -----------------------------------------------------------------
+
+
+async def _forever(client: RawClient, service: FakeAPI, message_bytes: int) -> None:
+    request = api_pb2.SubscribeRequest(stream="forever", stopOffset=message_bytes).SerializeToString()
+    client.send(
+        client.headers(1, "/proto.API/Subscribe") + wire.frame(FrameType.DATA, END_STREAM, 1, grpc_message(request))
+    )
+    await until(lambda: service.writes > 0)
+
+
+async def _stalled(service: FakeAPI) -> int:
+    """Wait until the handler stops getting its writes through; the count it reached."""
+    while True:
+        before = service.writes
+        await asyncio.sleep(0.2)
+        if service.writes == before and service.write_blocked:
+            return before
+
+
+async def test_client_that_never_reads_gets_no_more_than_its_window(server: RpcServer, service: FakeAPI) -> None:
+    """Default windows: what the server queues for the call stays under the write high-water mark."""
+    client = await RawClient.connect(server)
+    await _forever(client, service, 10_000)
+    count = await _stalled(service)
+    conn = server_connection(server)
+    assert conn.core.buffered(1) <= WRITE_HIGH_WATER + 10_100
+    assert conn.transport.get_write_buffer_size() < 256 << 10
+    assert count * 10_000 < wire.DEFAULT_WINDOW + WRITE_HIGH_WATER + 20_000
+    await assert_serving(server)
+    client.close()
+    await until(lambda: service.cancelled == ["forever"])  # the connection's end cancels the handler
+
+
+async def test_client_that_opens_its_windows_but_never_reads(server: RpcServer, service: FakeAPI) -> None:
+    """Huge windows, socket never read: the socket's buffers fill, then the transport's; writes stop."""
+    client = await RawClient.connect(server, settings=[(Setting.INITIAL_WINDOW_SIZE, wire.MAX_WINDOW)])
+    client.send(wire.window_update(0, wire.MAX_WINDOW - wire.DEFAULT_WINDOW))
+    await _forever(client, service, 50_000)
+    count = await _stalled(service)
+    conn = server_connection(server)
+    assert conn.paused, "the transport asked us to stop writing"
+    assert conn.transport.get_write_buffer_size() < 1 << 20
+    assert conn.core.buffered(1) <= WRITE_HIGH_WATER + 50_100
+    await asyncio.sleep(0.3)
+    assert service.writes == count, "the handler's write stays blocked"
+    await assert_serving(server)
+    client.close()
+    await until(lambda: service.cancelled == ["forever"])
+
+
+@pytest.mark.slow
+async def test_half_a_frame_then_silence_is_closed_by_keepalive(service: FakeAPI) -> None:
+    options = ServerOptions(limits=LIMITS, keepalive_time=0.5, keepalive_timeout=0.5)
+    async with serving(service, options) as server:
+        client = await RawClient.connect(server)
+        headers = client.headers(1)
+        client.send(headers[: len(headers) // 2])  # and nothing more, not even a PING ACK
+        await assert_serving(server)  # meanwhile, others are served
+        assert await client.closed(timeout=5)
+        assert any(f.type == FrameType.PING and not f.flags & wire.ACK for f in client.frames)
+        assert goaway_code(client.frames) == ErrorCode.NO_ERROR
+        assert service.started.qsize() == 1  # only assert_serving's call reached a handler
+
+
+async def test_server_enforces_the_deadline_of_a_client_that_does_not(server: RpcServer, service: FakeAPI) -> None:
+    client = await RawClient.connect(server)
+    client.send(client.headers(1, extra=[("grpc-timeout", "200m")]))
+    client.send(wire.frame(FrameType.DATA, END_STREAM, 1, publish("hang")))
+    started = time.monotonic()
+    await client.read(lambda frames: any(f.stream_id == 1 and f.flags & END_STREAM for f in frames))
+    assert time.monotonic() - started < 2
+    decoder = hpack.Decoder()
+    (block,) = [dict(decoder.decode(f.payload)) for f in client.frames if f.type == FrameType.HEADERS]
+    assert block["grpc-status"] == str(StatusCode.DEADLINE_EXCEEDED.value)
+    await until(lambda: service.cancelled == ["hang"])
+
+
+async def test_client_goaway_lets_its_calls_finish_then_closes(server: RpcServer, service: FakeAPI) -> None:
+    client = await RawClient.connect(server)
+    client.send(client.headers(1) + wire.frame(FrameType.DATA, END_STREAM, 1, publish("sleep", "0.2")))
+    assert await asyncio.wait_for(service.started.get(), 5) == "sleep"
+    client.send(wire.goaway(0, ErrorCode.NO_ERROR))
+    assert await client.closed(timeout=3), "the server closes the connection once its last call is done"
+    trailers = [f for f in client.frames if f.stream_id == 1 and f.flags & END_STREAM]
+    assert trailers and service.finished == ["sleep"]
+    assert goaways(client.frames)[0][:2] == (1, ErrorCode.NO_ERROR)
