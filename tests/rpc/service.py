@@ -97,6 +97,8 @@ class FakeAPI:
         for i in range(request.startOffset):
             self.writes += 1
             yield api_pb2.Message(offset=i, value=value)
+        if request.stream == "fail":
+            await context.abort(StatusCode.DATA_LOSS, ERROR_DETAILS, trailing_metadata=(("liftlog-error", "x"),))
 
     async def PublishAsync(self, requests: AsyncIterator[api_pb2.PublishRequest], context: ServerContext) -> None:
         async for request in requests:

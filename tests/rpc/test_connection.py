@@ -331,6 +331,15 @@ def test_several_messages_in_one_frame() -> None:
     assert sum(m.size for m in messages) == sum(5 + len(b) for b in bodies)
 
 
+def test_padded_headers_with_priority_fields() -> None:
+    raw = Raw()
+    block = raw.encoder.encode(request_headers())
+    payload = bytes([3]) + b"\0\0\0\0\x10" + block + b"\0\0\0"  # pad length, priority fields, block, padding
+    raw.send(wire.frame(FrameType.HEADERS, END_HEADERS | PADDED | PRIORITY_FLAG, 1, payload))
+    assert raw.events == [RequestReceived(1, PATH, (), None)]
+    assert raw.goaway is None
+
+
 def test_request_trailers_end_the_request() -> None:
     raw = Raw()
     raw.send(raw.headers(1) + data(1, grpc_message(b"m")))
@@ -583,6 +592,24 @@ def test_settings_raising_the_initial_window_reopen_blocked_streams() -> None:
     p.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000})
     assert WindowOpened() in p.pump()
     assert p.response(sid).data == grpc_message(b"w" * 10)
+
+
+def test_settings_shrinking_the_window_below_what_was_sent() -> None:
+    p = Pair(client_settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000})
+    sid = p.start(end_stream=True)
+    p.server.send_message(sid, b"a" * 800)
+    p.pump()
+    p.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100})  # the window goes negative
+    p.pump()
+    p.server.send_message(sid, b"b" * 100)
+    p.pump()
+    assert len(p.response(sid).data) == 805
+    p.client.increment_flow_control_window(800, sid)  # back to +95: not enough for the whole message
+    p.pump()
+    assert len(p.response(sid).data) == 805 + 95
+    p.client.increment_flow_control_window(1000, sid)
+    p.pump()
+    assert p.response(sid).data == grpc_message(b"a" * 800) + grpc_message(b"b" * 100)
 
 
 def test_data_frames_grow_to_the_peer_max_frame_size() -> None:

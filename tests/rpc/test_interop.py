@@ -203,6 +203,17 @@ async def test_server_streaming_grpclib_and_sync(server: RpcServer, grpclib_chan
     assert await asyncio.to_thread(sync) == list(range(3000))
 
 
+async def test_server_stream_ending_in_an_error(stub: api_pb2_grpc.APIStub) -> None:
+    call = stub.Subscribe(api_pb2.SubscribeRequest(stream="fail", startOffset=5, stopOffset=10))
+    received = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for message in call:
+            received.append(message.offset)
+    assert received == list(range(5))
+    assert info.value.code() == grpc.StatusCode.DATA_LOSS and info.value.details() == ERROR_DETAILS
+    assert ("liftlog-error", "x") in tuple(info.value.trailing_metadata() or ())
+
+
 async def test_bidi_many_in_flight_grpcio_aio(stub: api_pb2_grpc.APIStub) -> None:
     ids = [f"c{i}" for i in range(3000)]
 
