@@ -410,8 +410,10 @@ async def test_retention_per_stream(api: api_pb2_grpc.APIStub, name: str) -> Non
         msgs = await read_all(api, name)
         # The cleaner runs every 100 ms, also while this reads: a read it overtakes skips ahead to the new
         # log start (as it should), so wait for a read that no deletion interrupted.
-        if len(msgs) < 300 and msgs[0].offset == 2000 - len(msgs):
+        if len(msgs) < 1000 and msgs[0].offset == 2000 - len(msgs):
             break
         await asyncio.sleep(0.1)
-    assert 100 <= len(msgs) < 300, "old segments were deleted down to about 100 messages"
+    # Whole segments go, and one write batch (hundreds of messages when they arrive fast) may fill more
+    # than a 4 KiB segment: what is left is at least 100 messages and at most a few batches.
+    assert 100 <= len(msgs) < 1000, "old segments were deleted down to about 100 messages"
     assert msgs[-1].value == b"1999" and msgs[0].offset == 2000 - len(msgs)

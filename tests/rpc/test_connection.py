@@ -977,11 +977,18 @@ def test_request_ending_inside_a_message_is_internal() -> None:
 def test_ping_flood_is_enhance_your_calm() -> None:
     limits = ConnectionLimits(max_ping_strikes=10)
     raw = Raw(limits)
-    for _ in range(10):
+    for _ in range(11):  # the first ping is no strike: nothing came before it
         raw.send(ping())
-    assert len(raw.sent(FrameType.PING)) == 10 and raw.goaway is None
+    assert len(raw.sent(FrameType.PING)) == 11 and raw.goaway is None
     raw.send(ping())
     assert raw.goaway == ErrorCode.ENHANCE_YOUR_CALM
+
+
+def test_keepalive_pings_far_apart_are_not_strikes() -> None:
+    raw = Raw(ConnectionLimits(max_ping_strikes=2, ping_min_interval=10.0))
+    for i in range(50):
+        raw.send(ping(), now=i * 10.0)
+    assert raw.goaway is None and len(raw.sent(FrameType.PING)) == 50
 
 
 def test_pings_between_our_data_are_not_strikes() -> None:
@@ -1001,7 +1008,7 @@ def test_pings_while_our_data_is_blocked_are_strikes() -> None:
     raw.send(b"")  # the response headers go out, the message cannot
     assert raw.sent(FrameType.HEADERS, 1) and not raw.sent(FrameType.DATA, 1)
     assert not raw.conn._dirty, "(white-box) a blocked stream waits for a WINDOW_UPDATE, not for every flush"
-    for _ in range(3):
+    for _ in range(4):
         raw.send(ping())
     assert raw.goaway is None
     raw.send(ping())

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
-from liftlog.server.messages import incoming_from_nats, record_to_message
-from liftlog.storage import Record
+from liftlog.server.messages import encode_messages, incoming_from_nats, record_to_message
+from liftlog.storage import NewRecord, Record
+from liftlog.storage.records import decode_records, encode_batch, parse_batch_header
 
 
 def stored(incoming_record: object, offset: int = 7) -> Record:
@@ -51,3 +55,56 @@ def test_malformed_envelope_is_stored_as_a_plain_value() -> None:
     broken = env[:8] + bytes([env[8] ^ 0xFF]) + env[9:]  # CRC mismatch
     inc = incoming_from_nats("foo", "", broken, "foo")
     assert inc.record.value == broken and inc.ack_inbox == ""
+
+
+# -- the catch-up encoder ---------------------------------------------------------
+
+_names = st.sampled_from(["h", "x-trace", "ünï", "\x00subject", "\x00reply", "\x00ackInbox", "\x00correlationId"])
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> NewRecord:
+    headers = draw(st.dictionaries(_names, st.binary(max_size=300).map(bytes), max_size=5))
+    if draw(st.booleans()):
+        headers["\x00ackPolicy"] = bytes([draw(st.sampled_from([0, 1, 2]))])
+    for name in list(headers):
+        if name.startswith("\x00") and name != "\x00ackPolicy":
+            headers[name] = draw(st.text(max_size=200)).encode()  # subjects and ids are text
+    key = draw(st.one_of(st.none(), st.binary(max_size=200)))
+    return NewRecord(draw(st.binary(max_size=70_000)), key, headers)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=st.lists(_records(), min_size=1, max_size=8),
+    base=st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**40]),
+    ts=st.sampled_from([0, 1, -5, 1_763_884_800_123_456_789]),
+    start_delta=st.integers(0, 9),
+)
+def test_encoded_messages_decode_to_what_record_to_message_builds(
+    records: list[NewRecord], base: int, ts: int, start_delta: int
+) -> None:
+    batch = encode_batch(base, 3, records, ts)
+    header = parse_batch_header(batch)
+    out: list[bytes] = []
+    limit = base + len(records)
+    start = base + start_delta
+    next_offset, used = encode_messages(
+        memoryview(batch), header, start, limit, "orders", 2, "orders.*", out, 10_000, 1 << 30
+    )
+    wanted = [
+        record_to_message(record, "orders", 2, "orders.*") for record in decode_records(batch, header, start, limit)
+    ]
+    assert [api_pb2.Message.FromString(m) for m in out] == wanted
+    assert next_offset == max(start, limit) and used >= sum(map(len, out))
+
+
+def test_encoded_messages_stop_at_the_count_and_byte_bounds() -> None:
+    batch = encode_batch(10, 0, [NewRecord(b"v" * 100) for _ in range(10)], 5)
+    header = parse_batch_header(batch)
+    out: list[bytes] = []
+    assert encode_messages(memoryview(batch), header, 10, 20, "s", 0, "s", out, 3, 1 << 20)[0] == 13
+    assert len(out) == 3
+    out.clear()
+    next_offset, used = encode_messages(memoryview(batch), header, 10, 20, "s", 0, "s", out, 100, 1)
+    assert (next_offset, len(out)) == (11, 1) and used > 1, "one message at least, however small the budget"

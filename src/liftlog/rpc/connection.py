@@ -30,7 +30,8 @@ Rules:
 - A call ends when its trailers are out. Frames for streams that ended are
   ignored, as RFC 9113 asks (DATA still counts against the connection window).
 - Abuse is a connection error with GOAWAY ENHANCE_YOUR_CALM: more pings than
-  ``max_ping_strikes`` without data from us in between; more SETTINGS,
+  ``max_ping_strikes`` less than ``ping_min_interval`` apart without data
+  from us in between; more SETTINGS,
   resets, PRIORITY, empty DATA or unknown frames than their token buckets
   allow; a header block over ``max_header_block_bytes`` (CONTINUATION floods).
   Malformed frames are the errors RFC 9113 names (PROTOCOL_ERROR,
@@ -86,6 +87,7 @@ class ConnectionLimits:
     max_message_bytes: int = 64 << 20
     max_buffered_bytes: int = 80 << 20  # received, not yet taken by the app, whole connection
     max_ping_strikes: int = 10
+    ping_min_interval: float = 10.0  # seconds
     #: Token buckets (burst, per second) for frames that carry no data.
     settings_rate: tuple[int, float] = (100, 100.0)
     reset_rate: tuple[int, float] = (500, 200.0)
@@ -227,6 +229,7 @@ class ServerConnection:
         self._buffered = 0  # bytes of messages handed to the app and not consumed
         self._partial = 0  # bytes of unfinished messages
         self._ping_strikes = 0
+        self._last_ping: float | None = None
         self._settings_bucket = _Bucket(*limits.settings_rate)
         self._reset_bucket = _Bucket(*limits.reset_rate)
         self._junk_bucket = _Bucket(*limits.junk_rate)
@@ -505,8 +508,11 @@ class ServerConnection:
         if flags & ACK:
             events.append(PingAcked(payload))
             return
-        # Clients ping to measure bandwidth after our data; pings with nothing from us in between are strikes.
-        self._ping_strikes += 1
+        # Clients ping to measure bandwidth after our data, or now and then to keep the connection alive;
+        # a ping sooner than ping_min_interval after the last, with nothing from us in between, is a strike.
+        if self._last_ping is not None and self._now - self._last_ping < self.limits.ping_min_interval:
+            self._ping_strikes += 1
+        self._last_ping = self._now
         if self._ping_strikes > self.limits.max_ping_strikes:
             raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many pings")
         self._out += wire.frame(FrameType.PING, ACK, 0, payload)
@@ -714,6 +720,19 @@ class ServerConnection:
         out = s.outbuf
         out += _PREFIX.pack(0, len(message))
         out += message
+        self._dirty[stream_id] = None
+        return True
+
+    def send_messages(self, stream_id: int, messages: list[bytes]) -> bool:
+        """Queue encoded response messages; False if the call is over."""
+        s = self._streams.get(stream_id)
+        if s is None or s.local_closed:
+            return False
+        out = s.outbuf
+        pack = _PREFIX.pack
+        for message in messages:
+            out += pack(0, len(message))
+            out += message
         self._dirty[stream_id] = None
         return True
 

@@ -172,8 +172,9 @@ class ServerContext:
     def done(self) -> bool:
         return self._call.finished
 
-    async def write(self, message: ProtoMessage) -> None:
-        await self._call.write(message.SerializeToString())
+    async def write(self, message: ProtoMessage | bytes) -> None:
+        """Send one response message (or its encoding) on a streaming call."""
+        await self._call.write(message if type(message) is bytes else message.SerializeToString())  # type: ignore[union-attr]
 
 
 class _Call:
@@ -217,9 +218,17 @@ class _Call:
         if self.task is not None:
             self.task.cancel()
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | list[bytes]) -> None:
+        """Queue one encoded message, or several; wait while the client or socket is behind."""
         conn = self.conn
-        if self.gone or not conn.core.send_message(self.stream_id, data):
+        core = conn.core
+        if self.gone:
+            raise _CallGone
+        if isinstance(data, list):
+            sent = core.send_messages(self.stream_id, data)
+        else:
+            sent = core.send_message(self.stream_id, data)
+        if not sent:
             raise _CallGone
         conn.want_flush()
         if conn.core.buffered(self.stream_id) > WRITE_HIGH_WATER or conn.paused:
@@ -240,7 +249,11 @@ class _Call:
             if method.server_streaming:
                 if hasattr(result, "__anext__"):
                     async for response in result:
-                        await self.write(response.SerializeToString())
+                        # A handler may yield messages, or encoded ones (bytes), or lists of encoded ones.
+                        if type(response) is list or type(response) is bytes:
+                            await self.write(response)
+                        else:
+                            await self.write(response.SerializeToString())
                 else:
                     await result
             else:

@@ -238,7 +238,7 @@ class ApiService:
 
     # -- subscribe ---------------------------------------------------------
 
-    async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[api_pb2.Message]:
+    async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[api_pb2.Message | list[bytes]]:
         req: api_pb2.SubscribeRequest = request
         try:
             meta = self._streams.metadata.partition(req.stream, req.partition)
@@ -505,9 +505,11 @@ class ApiService:
             raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, f"cannot publish to NATS: {exc}") from exc
 
     async def _await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
+        if future.done():  # acks come in batches: most are here before anyone waits
+            return self._ack_result(future)
         timeout = self._ack_timeout if timeout is None else min(timeout, self._ack_timeout * 10)
         try:
-            ack = await asyncio.wait_for(future, timeout)
+            await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise RpcFailure(
                 Code.DEADLINE_EXCEEDED,
@@ -517,7 +519,13 @@ class ApiService:
         except asyncio.CancelledError:
             if not future.done():
                 raise
-            raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, "the server is shutting down") from None
+        return self._ack_result(future)
+
+    def _ack_result(self, future: asyncio.Future[api_pb2.Ack]) -> api_pb2.Ack:
+        """A received ack, or the RpcFailure its error means."""
+        if future.cancelled():
+            raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, "the server is shutting down")
+        ack = future.result()
         error = ack.ackError
         if error == api_pb2.Ack.INCORRECT_OFFSET:
             raise RpcFailure(

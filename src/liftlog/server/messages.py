@@ -12,14 +12,16 @@ Sans-IO: plain functions over bytes and protobuf messages.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import NamedTuple
 
 from liftlog.api import api_pb2
 from liftlog.api.envelope import decode_publish_message
 from liftlog.storage import EMPTY_HEADERS, NewRecord, Record
+from liftlog.storage.records import BATCH_HEADER_SIZE, RECORD_HEADER, RECORD_OVERHEAD, BatchHeader
 
-__all__ = ["Incoming", "incoming_from_nats", "record_size", "record_to_message"]
+__all__ = ["Incoming", "encode_messages", "incoming_from_nats", "record_size", "record_to_message"]
 
 RESERVED = "\x00"
 H_SUBJECT = "\x00subject"
@@ -111,3 +113,124 @@ def _set_header_fields(message: api_pb2.Message, headers: Mapping[str, bytes]) -
             message.correlationId = value.decode()
         elif name == H_ACK_POLICY and value:
             message.ackPolicy = value[0]  # type: ignore[assignment]
+
+
+#: Reserved headers that are ``Message`` string fields: the field's tag byte (field number << 3 | 2).
+_FIELD_TAGS = {
+    H_SUBJECT.encode(): b"\x3a",  # subject = 7
+    H_REPLY.encode(): b"\x42",  # replySubject = 8
+    H_ACK_INBOX.encode(): b"\x52",  # ackInbox = 10
+    H_CORRELATION_ID.encode(): b"\x5a",  # correlationId = 11
+}
+_H_ACK_POLICY = H_ACK_POLICY.encode()
+_BYTE = [bytes([i]) for i in range(256)]
+_I32 = struct.Struct(">i")
+#: What an encoded message costs in memory beyond its bytes (the bytes object, the list slot).
+ENCODED_OVERHEAD = 64
+
+
+def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _BYTE[n]
+    if 0 <= n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if n < 0:
+        n &= (1 << 64) - 1  # int64: negative numbers are ten bytes of two's complement
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_messages(
+    data: memoryview,
+    header: BatchHeader,
+    start: int,
+    limit: int,
+    stream: str,
+    partition: int,
+    partition_subject: str,
+    out: list[bytes],
+    max_count: int,
+    max_bytes: int,
+) -> tuple[int, int]:
+    """Append to ``out`` the encoded API ``Message`` of each record of one batch in ``[start, limit)``.
+
+    The protobuf encoding is written here, straight from the record's bytes (catch-up reads spend their
+    time in this loop): no Record, header dict or message object per record. Parsers accept fields in
+    any order and keep the last value of a field, so a stored subject (wildcard streams) simply follows
+    the partition's. Decoding gives exactly ``record_to_message(...)``.
+
+    Stops after ``max_count`` messages or once ``max_bytes`` (counted with ENCODED_OVERHEAD) is used,
+    always taking one. Returns (the offset to read next, bytes used).
+    """
+    unpack = RECORD_HEADER.unpack_from
+    unpack_i32 = _I32.unpack_from
+    tags = _FIELD_TAGS
+    byte = _BYTE
+    varint = _varint
+    # stream = 5, partition = 6, subject = 7: the same for every message of the partition.
+    shared = api_pb2.Message(stream=stream, partition=partition, subject=partition_subject).SerializeToString()
+    base = header.base_offset
+    pos = header.position + BATCH_HEADER_SIZE
+    used = 0
+    taken = 0
+    next_offset = start
+    last_ts = None
+    ts_field = b""
+    for _ in range(header.record_count):
+        length, delta, ts, key_len, value_len, n_headers = unpack(data, pos)
+        offset = base + delta
+        if offset >= limit:
+            break
+        record_end = pos + 4 + length
+        if offset >= start:
+            p = pos + RECORD_OVERHEAD
+            parts: list[bytes | memoryview] = [b"\x08" + varint(offset)] if offset else []
+            if key_len > 0:
+                parts += (b"\x12", varint(key_len), data[p : p + key_len])
+                p += key_len
+            if value_len:
+                parts += (b"\x1a", varint(value_len), data[p : p + value_len])
+            p += value_len
+            if ts != last_ts:  # a batch's records usually share their timestamp
+                last_ts = ts
+                ts_field = b"\x20" + varint(ts) if ts else b""
+            parts.append(ts_field)
+            parts.append(shared)
+            policy = b""
+            user = None
+            for _ in range(n_headers):
+                name_len = (data[p] << 8) | data[p + 1]
+                name = bytes(data[p + 2 : p + 2 + name_len])
+                p += 2 + name_len
+                (size,) = unpack_i32(data, p)
+                value_start = p + 4
+                p = value_start + size
+                tag = tags.get(name)
+                if tag is not None:
+                    parts += (tag, varint(size), data[value_start:p])
+                elif name[:1] != b"\x00":
+                    if user is None:
+                        user = []
+                    user.append((name, data[value_start:p]))
+                elif name == _H_ACK_POLICY and size and data[value_start]:
+                    policy = b"\x60" + byte[data[value_start]]
+            if user:  # map<string, bytes> headers = 9: one entry message each
+                for name, value in user:
+                    entry = b"\x0a" + varint(len(name)) + name + b"\x12" + varint(len(value)) + value
+                    parts += (b"\x4a", varint(len(entry)), entry)
+            parts.append(policy)
+            encoded = b"".join(parts)
+            out.append(encoded)
+            used += len(encoded) + ENCODED_OVERHEAD
+            taken += 1
+            next_offset = offset + 1
+            if taken >= max_count or used >= max_bytes:
+                break
+        pos = record_end
+    else:
+        next_offset = max(next_offset, min(limit, header.next_offset))
+    return next_offset, used

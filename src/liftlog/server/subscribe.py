@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from liftlog.api import api_pb2
-from liftlog.storage import LogClosed, OffsetOutOfRange, Record
+from liftlog.storage import CommitLog, LogClosed, OffsetOutOfRange, Record
 
-from .messages import record_to_message
+from .messages import encode_messages, record_to_message
 from .partition import Partition
 
 __all__ = ["EndOfReadonly", "PartitionGone", "read_subscription", "start_offset"]
@@ -80,8 +80,8 @@ async def read_subscription(
     uncommitted: bool = False,
     fetch_max_messages: int = FETCH_MAX_MESSAGES,
     buffer_max_bytes: int = BUFFER_MAX_BYTES,
-) -> AsyncIterator[api_pb2.Message]:
-    """Messages from the start position until the stop position (or forever).
+) -> AsyncIterator[list[bytes]]:
+    """Encoded ``Message``s, a list per log read, from the start position until the stop position (or forever).
 
     With ``uncommitted`` it reads past the high watermark up to the newest
     message. Raises PartitionGone when the partition closes and EndOfReadonly
@@ -112,10 +112,16 @@ async def read_subscription(
             await (part.wait_for_append() if uncommitted else part.wait_for_data())
             continue
         limit = hw + 1 if stop_after is None else min(hw, stop_after) + 1
-        # The offset bound also keeps the decoder from building records this read would drop.
-        limit = min(limit, offset + fetch_max_messages)
         try:
-            records = log.read(offset, fetch_max_messages, buffer_max_bytes, limit)
+            if stop_ts is None:
+                batch, offset = _read_encoded(
+                    log, offset, limit, stream, pid, subject, fetch_max_messages, buffer_max_bytes
+                )
+                done = False
+            else:
+                batch, offset, done = _read_until(
+                    log, offset, limit, stream, pid, subject, fetch_max_messages, buffer_max_bytes, stop_ts
+                )
         except OffsetOutOfRange:
             # Retention removed what we were about to read: continue from the new start.
             offset = max(offset, log.log_start_offset)
@@ -124,18 +130,59 @@ async def read_subscription(
             continue
         except LogClosed as exc:
             raise PartitionGone(str(exc)) from exc
-        if not records:  # only compacted-away offsets before the limit
-            offset = limit
-            continue
-        # A read returns whole batches: keep what fits the buffer and read the rest again later.
-        budget = buffer_max_bytes
-        for i, record in enumerate(records):
-            budget -= held_bytes(record)
-            if budget < 0 and i > 0:
-                del records[i:]
-                break
-        for record in records:
-            if stop_ts is not None and record.timestamp > stop_ts:
-                return
-            yield record_to_message(record, stream, pid, subject)
-        offset = records[-1].offset + 1
+        if batch:
+            yield batch
+        if done:
+            return
+
+
+def _read_encoded(
+    log: CommitLog,
+    offset: int,
+    limit: int,
+    stream: str,
+    pid: int,
+    subject: str,
+    max_count: int,
+    max_bytes: int,
+) -> tuple[list[bytes], int]:
+    """Encoded messages from ``offset`` (before ``limit``), within the read bounds; and the next offset."""
+    out: list[bytes] = []
+    for data, header in log.read_batches(offset, limit, max(max_bytes, 64 << 10)):
+        offset, used = encode_messages(
+            data, header, offset, limit, stream, pid, subject, out, max_count - len(out), max_bytes
+        )
+        max_bytes -= used
+        if out and (len(out) >= max_count or max_bytes <= 0):
+            break
+    else:
+        offset = max(offset, limit) if not out else offset  # only compacted-away offsets before the limit
+    return out, offset
+
+
+def _read_until(
+    log: CommitLog,
+    offset: int,
+    limit: int,
+    stream: str,
+    pid: int,
+    subject: str,
+    max_count: int,
+    max_bytes: int,
+    stop_ts: int,
+) -> tuple[list[bytes], int, bool]:
+    """As ``_read_encoded``, stopping before the first message newer than ``stop_ts`` (then True)."""
+    records = log.read(offset, max_count, max_bytes, limit)
+    if not records:  # only compacted-away offsets before the limit
+        return [], limit, False
+    out: list[bytes] = []
+    budget = max_bytes
+    for record in records:
+        if record.timestamp > stop_ts:
+            return out, record.offset, True
+        budget -= held_bytes(record)
+        if budget < 0 and out:
+            break
+        out.append(record_to_message(record, stream, pid, subject).SerializeToString())
+        offset = record.offset + 1
+    return out, offset, False

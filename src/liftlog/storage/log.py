@@ -588,27 +588,40 @@ class CommitLog:
         reads). Compaction gaps are skipped. Raises OffsetOutOfRange below
         the log start or above the LEO; reading at the LEO returns [].
         """
-        self._check_open()
-        self._check_range(offset)
         limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
         out: list[Record] = []
         budget = max_bytes
+        for data, header in self.read_batches(offset, max_offset, max_bytes):
+            out.extend(decode_records(data, header, offset, limit))
+            budget -= header.size
+            if out and (len(out) >= max_records or budget <= 0):
+                return out[:max_records]
+        return out
+
+    def read_batches(
+        self, offset: int, max_offset: int | None = None, chunk_bytes: int = 1 << 20
+    ) -> Iterator[tuple[memoryview, BatchHeader]]:
+        """(bytes, header) of each CRC-checked batch from the one holding ``offset``, before ``max_offset``.
+
+        Headers' positions are relative to their own bytes. The caller decodes what it needs and stops
+        iterating when it has enough; it must not await between steps (the log may change meanwhile).
+        Raises OffsetOutOfRange (at the first step) as ``read`` does.
+        """
+        self._check_open()
+        self._check_range(offset)
+        limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
         segments = self._segments
         for seg in segments[self._segment_index(offset) :]:
             if seg.next_offset <= offset:
                 continue
             # Empty batches (compaction, truncation fillers) do not end a read that has found nothing yet.
-            for data, header in seg.batches(seg.find_position(offset), budget):
+            for data, header in seg.batches(seg.find_position(offset), chunk_bytes):
                 if header.base_offset >= limit:
-                    return out
+                    return
                 seg.check_crc(data, header)
-                out.extend(decode_records(data, header, offset, limit))
-                budget -= header.size
-                if out and (len(out) >= max_records or budget <= 0):
-                    return out[:max_records]
+                yield data, header
             if seg.next_offset >= limit:
                 break
-        return out
 
     def read_raw(self, offset: int, max_bytes: int = 1 << 20, max_offset: int | None = None) -> bytes:
         """Whole encoded batches from the one holding ``offset``, up to ``max_bytes``.
