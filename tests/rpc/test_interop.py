@@ -164,6 +164,11 @@ async def test_unknown_method_is_unimplemented(
     with pytest.raises(grpclib.exceptions.GRPCError) as info:
         await missing(publish("echo"), timeout=10)
     assert info.value.status == grpclib.const.Status.UNIMPLEMENTED
+
+
+async def test_a_method_the_servicer_lacks_is_unimplemented(stub: api_pb2_grpc.APIStub) -> None:
+    err = await aio_error(stub.SetCursor(api_pb2.SetCursorRequest()))
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED and "proto.API/SetCursor" in (err.details() or "")
     assert (await stub.Publish(publish("echo", "after"))).correlationId == "after"  # the connection goes on
 
 

@@ -67,19 +67,29 @@ class Method:
 
 
 def service_methods(service: ServiceDescriptor, servicer: object) -> list[Method]:
-    """The servicer's handlers for every method of ``service``, as its descriptor defines them."""
+    """The servicer's handlers for every method of ``service``, as its descriptor defines them.
+
+    A method the servicer lacks answers UNIMPLEMENTED.
+    """
     methods = []
     for m in service.methods:
         methods.append(
             Method(
                 path=f"/{service.full_name}/{m.name}",
-                handler=getattr(servicer, m.name),
+                handler=getattr(servicer, m.name, None) or _unimplemented(f"{service.full_name}/{m.name}"),
                 request_type=message_factory.GetMessageClass(m.input_type),
                 client_streaming=m.client_streaming,
                 server_streaming=m.server_streaming,
             )
         )
     return methods
+
+
+def _unimplemented(name: str) -> Callable[..., Any]:
+    async def handler(request: Any, context: ServerContext) -> NoReturn:
+        raise RpcError(StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
+
+    return handler
 
 
 @dataclass(frozen=True, slots=True)
