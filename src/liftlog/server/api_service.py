@@ -431,6 +431,8 @@ class ApiService:
             if local is not None and local.fenced is not None and meta.leader == self.server_id:
                 # Its leader is here and takes no writes: the publish would only wait out its ack timeout.
                 raise self._unavailable(local)
+            if local is not None and meta.leader == self.server_id and not local.accepting:
+                await self._until_listening(local)
             # Any server may publish: the message goes to the partition's subject, the leader acks.
             occ = self._streams.occ_enabled(req.stream)
             min_isr = self._streams.min_isr(req.stream)
@@ -459,6 +461,17 @@ class ApiService:
             future = self._acks.expect(message.ackInbox, message.correlationId)
         await self._publish_envelope(meta.subject, message, future)
         return future
+
+    async def _until_listening(self, part: Partition) -> None:
+        """Wait (up to the ack timeout) until a partition named to lead here listens on its subject.
+
+        Right after an election or a resume the metadata names this server before its intake subscribes;
+        a message published then reaches no one on NATS, and its publisher would wait out the ack timeout.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._ack_timeout
+        while not part.accepting and part.closed_reason is None and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     def _ack_route(self, inbox: str, correlation_id: str) -> tuple[str, str]:
         """Where the ack goes, and the id it is matched by.
