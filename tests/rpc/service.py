@@ -18,7 +18,8 @@ import json
 import shutil
 import ssl
 import subprocess
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,13 @@ class FakeAPI:
 def implemented_methods(servicer: object) -> list[Method]:
     """Every method of ``proto.API``: the servicer's handlers, UNIMPLEMENTED for the ones it lacks."""
     return service_methods(SERVICE, servicer)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

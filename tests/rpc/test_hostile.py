@@ -22,7 +22,7 @@ from liftlog.rpc.server import WRITE_HIGH_WATER
 from liftlog.rpc.wire import END_HEADERS, END_STREAM, ErrorCode, FrameType, Setting
 
 from .frames import Frame, FrameReader, goaway_code, goaways, grpc_message, request_headers, resets
-from .service import FakeAPI, serving
+from .service import FakeAPI, serving, until
 
 LIMITS = ConnectionLimits(max_concurrent_streams=16)
 
@@ -96,18 +96,6 @@ async def assert_serving(server: RpcServer) -> None:
             api_pb2.PublishRequest(stream="echo", correlationId="ok"), timeout=5
         )
     assert reply.correlationId == "ok"
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-def service() -> FakeAPI:
-    return FakeAPI()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from liftlog.rpc import RpcServer, ServerOptions, wire
 from liftlog.rpc.wire import END_HEADERS, END_STREAM, FrameType
 
 from .frames import FrameReader, grpc_message, request_headers
-from .service import ERROR_DETAILS, FakeAPI, make_certificates, serving
+from .service import ERROR_DETAILS, FakeAPI, make_certificates, serving, until
 
 BIG = [("grpc.max_receive_message_length", 32 << 20), ("grpc.max_send_message_length", 32 << 20)]
 
@@ -36,18 +36,6 @@ def publish(action: str, correlation_id: str = "", value: bytes = b"") -> api_pb
 
 def target(server: RpcServer) -> str:
     return f"127.0.0.1:{server.port}"
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-def service() -> FakeAPI:
-    return FakeAPI()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ truncated after a leader change and never be committed.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from liftlog.api import api_pb2
 from liftlog.storage import CommitLog, LogClosed, OffsetOutOfRange, Record
@@ -99,7 +100,8 @@ async def read_subscription(
         stop_after = part.newest_offset if uncommitted else part.high_watermark
     elif req.stopPosition == api_pb2.STOP_TIMESTAMP:
         stop_ts = req.stopTimestamp
-    stream, pid, subject = part.stream, part.id, part.subject
+    stream, pid = part.stream, part.id
+    reads = _Reads(stream, pid, part.subject, fetch_max_messages, buffer_max_bytes)
 
     while stop_after is None or offset <= stop_after:
         log = part.log
@@ -114,14 +116,10 @@ async def read_subscription(
         limit = hw + 1 if stop_after is None else min(hw, stop_after) + 1
         try:
             if stop_ts is None:
-                batch, offset = _read_encoded(
-                    log, offset, limit, stream, pid, subject, fetch_max_messages, buffer_max_bytes
-                )
+                batch, offset = _read_encoded(log, offset, limit, reads)
                 done = False
             else:
-                batch, offset, done = _read_until(
-                    log, offset, limit, stream, pid, subject, fetch_max_messages, buffer_max_bytes, stop_ts
-                )
+                batch, offset, done = _read_until(log, offset, limit, reads, stop_ts)
         except OffsetOutOfRange:
             # Retention removed what we were about to read: continue from the new start.
             offset = max(offset, log.log_start_offset)
@@ -136,21 +134,24 @@ async def read_subscription(
             return
 
 
-def _read_encoded(
-    log: CommitLog,
-    offset: int,
-    limit: int,
-    stream: str,
-    pid: int,
-    subject: str,
-    max_count: int,
-    max_bytes: int,
-) -> tuple[list[bytes], int]:
+@dataclass(frozen=True, slots=True)
+class _Reads:
+    """What every read of one subscription needs: the partition's names and the read bounds."""
+
+    stream: str
+    pid: int
+    subject: str
+    max_count: int
+    max_bytes: int
+
+
+def _read_encoded(log: CommitLog, offset: int, limit: int, reads: _Reads) -> tuple[list[bytes], int]:
     """Encoded messages from ``offset`` (before ``limit``), within the read bounds; and the next offset."""
     out: list[bytes] = []
+    max_count, max_bytes = reads.max_count, reads.max_bytes
     for data, header in log.read_batches(offset, limit, max(max_bytes, 64 << 10)):
         offset, used = encode_messages(
-            data, header, offset, limit, stream, pid, subject, out, max_count - len(out), max_bytes
+            data, header, offset, limit, reads.stream, reads.pid, reads.subject, out, max_count - len(out), max_bytes
         )
         max_bytes -= used
         if out and (len(out) >= max_count or max_bytes <= 0):
@@ -160,29 +161,19 @@ def _read_encoded(
     return out, offset
 
 
-def _read_until(
-    log: CommitLog,
-    offset: int,
-    limit: int,
-    stream: str,
-    pid: int,
-    subject: str,
-    max_count: int,
-    max_bytes: int,
-    stop_ts: int,
-) -> tuple[list[bytes], int, bool]:
+def _read_until(log: CommitLog, offset: int, limit: int, reads: _Reads, stop_ts: int) -> tuple[list[bytes], int, bool]:
     """As ``_read_encoded``, stopping before the first message newer than ``stop_ts`` (then True)."""
-    records = log.read(offset, max_count, max_bytes, limit)
+    records = log.read(offset, reads.max_count, reads.max_bytes, limit)
     if not records:  # only compacted-away offsets before the limit
         return [], limit, False
     out: list[bytes] = []
-    budget = max_bytes
+    budget = reads.max_bytes
     for record in records:
         if record.timestamp > stop_ts:
             return out, record.offset, True
         budget -= held_bytes(record)
         if budget < 0 and out:
             break
-        out.append(record_to_message(record, stream, pid, subject).SerializeToString())
+        out.append(record_to_message(record, reads.stream, reads.pid, reads.subject).SerializeToString())
         offset = record.offset + 1
     return out, offset, False
