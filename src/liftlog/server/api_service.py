@@ -448,12 +448,9 @@ class ApiService:
             raise failure_from(exc) from exc
         self._check_size(req)
         policy = req.ackPolicy
-        message = api_pb2.Message(
-            key=req.key,
-            value=req.value,
-            headers=req.headers,
-            offset=req.expectedOffset if occ else -1,
-        )
+        message = api_pb2.Message(key=req.key, value=req.value, offset=req.expectedOffset if occ else -1)
+        if req.headers:  # copying an empty map field still costs a MutableMapping.update
+            message.headers.update(req.headers)
         future = None
         if policy != api_pb2.NONE:
             message.ackInbox, message.correlationId = self._ack_route(req.ackInbox, req.correlationId)
