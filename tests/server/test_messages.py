@@ -70,6 +70,16 @@ def _records(draw: st.DrawFn) -> NewRecord:
     for name in list(headers):
         if name.startswith("\x00") and name != "\x00ackPolicy":
             headers[name] = draw(st.text(max_size=200)).encode()  # subjects and ids are text
+    if draw(st.booleans()):  # how records are written now: the fields in one header, already encoded
+        headers = {name: value for name, value in headers.items() if not name.startswith("\x00")}
+        text = st.text(max_size=100)
+        headers["\x00fields"] = api_pb2.Message(
+            subject=draw(text),
+            replySubject=draw(text),
+            ackInbox=draw(text),
+            correlationId=draw(text),
+            ackPolicy=draw(st.sampled_from([0, 1, 2])),
+        ).SerializeToString()
     key = draw(st.one_of(st.none(), st.binary(max_size=200)))
     return NewRecord(draw(st.binary(max_size=70_000)), key, headers)
 
@@ -108,3 +118,37 @@ def test_encoded_messages_stop_at_the_count_and_byte_bounds() -> None:
     out.clear()
     next_offset, used = encode_messages(memoryview(batch), header, 10, 20, "s", 0, "s", out, 100, 1)
     assert (next_offset, len(out)) == (11, 1) and used > 1, "one message at least, however small the budget"
+
+
+def test_records_keep_their_nats_fields_in_one_encoded_header() -> None:
+    env = encode_publish_message(
+        api_pb2.Message(value=b"v", ackInbox="in", correlationId="c", ackPolicy=api_pb2.ALL), crc=True
+    )
+    inc = incoming_from_nats("foo.bar", "reply.to", env, "foo.*")
+    assert set(inc.record.headers) == {"\x00fields"}
+    fields = api_pb2.Message.FromString(inc.record.headers["\x00fields"])
+    assert (fields.subject, fields.replySubject, fields.ackInbox, fields.correlationId, fields.ackPolicy) == (
+        "foo.bar",
+        "reply.to",
+        "in",
+        "c",
+        api_pb2.ALL,
+    )
+
+
+def test_records_written_with_one_header_per_field_still_read() -> None:
+    """What servers before the encoded ``\\x00fields`` header stored."""
+    old = Record(
+        3,
+        9,
+        None,
+        b"v",
+        {
+            "\x00subject": b"a.b",
+            "\x00ackInbox": b"in",
+            "\x00ackPolicy": bytes([api_pb2.ALL]),
+            "\x00correlationId": b"c",
+        },
+    )
+    msg = record_to_message(old, "s", 0, "a.*")
+    assert (msg.subject, msg.ackInbox, msg.ackPolicy, msg.correlationId) == ("a.b", "in", api_pb2.ALL, "c")

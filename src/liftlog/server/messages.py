@@ -1,11 +1,17 @@
 """How a NATS message becomes a stored record, and a stored record an API ``Message``.
 
 Liftbridge returns the NATS subject, reply subject, ack inbox, correlation id
-and ack policy of every message on subscribe, so they are stored with it, as
-headers whose names start with NUL (``\\x00subject`` ...). User headers with
-such names are dropped on the way in: they could not be told apart. To keep
-records small, the subject is stored only when it differs from the
-partition's subject (wildcard streams) and empty fields are not stored.
+and ack policy of every message on subscribe, so they are stored with it, in
+one reserved header, ``\\x00fields``, whose value is those fields already in
+the protobuf encoding of ``Message`` (subject = 7, replySubject = 8,
+ackInbox = 10, correlationId = 11, ackPolicy = 12): a catch-up read copies it
+into each message as it is, instead of parsing and re-encoding four headers.
+Records written before kept each field in its own header (``\\x00subject``,
+``\\x00reply``, ``\\x00ackInbox``, ``\\x00correlationId``, ``\\x00ackPolicy``);
+both are read. Header names starting with NUL are reserved: user headers
+with such names are dropped on the way in. To keep records small, the
+subject is stored only when it differs from the partition's subject
+(wildcard streams) and empty fields are not stored.
 
 Sans-IO: plain functions over bytes and protobuf messages.
 """
@@ -29,6 +35,7 @@ H_REPLY = "\x00reply"
 H_ACK_INBOX = "\x00ackInbox"
 H_CORRELATION_ID = "\x00correlationId"
 H_ACK_POLICY = "\x00ackPolicy"
+H_FIELDS = "\x00fields"
 
 _POLICY_BYTES = {p: bytes([p]) for p in (api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE)}
 
@@ -56,31 +63,34 @@ def record_size(record: NewRecord) -> int:
 def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject: str) -> Incoming:
     """Unwrap a Publish envelope if there is one; anything else is a plain value."""
     message = decode_publish_message(data) if data[:1] == b"\xb9" else None
+    own_subject = subject if subject != partition_subject else ""
     if message is None:
-        if subject == partition_subject and not reply:
+        if not own_subject and not reply:
             return Incoming(NewRecord(data), subject, "", "", api_pb2.NONE, -1)
-        headers: dict[str, bytes] = {}
-        if subject != partition_subject:
-            headers[H_SUBJECT] = subject.encode()
-        if reply:
-            headers[H_REPLY] = reply.encode()
-        return Incoming(NewRecord(data, None, headers), subject, "", "", api_pb2.NONE, -1)
+        fields = _fields(own_subject, reply, "", "", 0)
+        return Incoming(NewRecord(data, None, {H_FIELDS: fields}), subject, "", "", api_pb2.NONE, -1)
 
     headers = {k: v for k, v in message.headers.items() if not k.startswith(RESERVED)} if message.headers else {}
-    if subject != partition_subject:
-        headers[H_SUBJECT] = subject.encode()
-    if reply:
-        headers[H_REPLY] = reply.encode()
     inbox = message.ackInbox
     cid = message.correlationId
     policy = message.ackPolicy
-    if inbox:
-        headers[H_ACK_INBOX] = inbox.encode()
-        headers[H_ACK_POLICY] = _POLICY_BYTES.get(policy, bytes([policy & 0xFF]))
-    if cid:
-        headers[H_CORRELATION_ID] = cid.encode()
+    fields = _fields(own_subject, reply, inbox, cid, policy if inbox else 0)
+    if fields:
+        headers[H_FIELDS] = fields
     record = NewRecord(message.value, message.key or None, headers or EMPTY_HEADERS)
     return Incoming(record, subject, inbox, cid, policy, message.offset)
+
+
+def _fields(subject: str, reply: str, inbox: str, correlation_id: str, policy: int) -> bytes:
+    """The stored ``Message`` fields, protobuf-encoded (empty ones left out, as protobuf does)."""
+    out = b""
+    for tag, text in ((b"\x3a", subject), (b"\x42", reply), (b"\x52", inbox), (b"\x5a", correlation_id)):
+        if text:
+            raw = text.encode()
+            out += tag + _varint(len(raw)) + raw
+    if policy:
+        out += b"\x60" + _varint(policy)
+    return out
 
 
 def record_to_message(record: Record, stream: str, partition: int, partition_subject: str) -> api_pb2.Message:
@@ -103,6 +113,8 @@ def _set_header_fields(message: api_pb2.Message, headers: Mapping[str, bytes]) -
     for name, value in headers.items():
         if not name.startswith(RESERVED):
             message.headers[name] = value
+        elif name == H_FIELDS:
+            message.MergeFromString(value)
         elif name == H_SUBJECT:
             message.subject = value.decode()
         elif name == H_REPLY:
@@ -115,8 +127,10 @@ def _set_header_fields(message: api_pb2.Message, headers: Mapping[str, bytes]) -
             message.ackPolicy = value[0]  # type: ignore[assignment]
 
 
-#: Reserved headers that are ``Message`` string fields: the field's tag byte (field number << 3 | 2).
+#: Reserved headers of older records that are ``Message`` string fields: the field's tag byte
+#: (field number << 3 | 2). The value of ``\x00fields`` is copied as it is (tag b"").
 _FIELD_TAGS = {
+    H_FIELDS.encode(): b"",
     H_SUBJECT.encode(): b"\x3a",  # subject = 7
     H_REPLY.encode(): b"\x42",  # replySubject = 8
     H_ACK_INBOX.encode(): b"\x52",  # ackInbox = 10
@@ -210,7 +224,9 @@ def encode_messages(
                 value_start = p + 4
                 p = value_start + size
                 tag = tags.get(name)
-                if tag is not None:
+                if tag == b"":
+                    parts.append(data[value_start:p])
+                elif tag is not None:
                     parts += (tag, varint(size), data[value_start:p])
                 elif name[:1] != b"\x00":
                     if user is None:
