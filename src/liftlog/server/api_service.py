@@ -519,7 +519,8 @@ class ApiService:
             return self._ack_result(future)
         timeout = self._ack_timeout if timeout is None else min(timeout, self._ack_timeout * 10)
         try:
-            await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):  # lighter than wait_for: no second future per message
+                await future
         except TimeoutError:
             raise RpcFailure(
                 Code.DEADLINE_EXCEEDED,
