@@ -528,8 +528,9 @@ class ApiService:
                 f"no ack within {timeout:.3g}s; the message may not be stored",
             ) from None
         except asyncio.CancelledError:
-            if not future.done():
-                raise
+            task = asyncio.current_task()
+            if not future.done() or (task is not None and task.cancelling()):
+                raise  # this call was cancelled, not the ack (which the router cancels when the server stops)
         return self._ack_result(future)
 
     def _ack_result(self, future: asyncio.Future[api_pb2.Ack]) -> api_pb2.Ack:
