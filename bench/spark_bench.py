@@ -7,13 +7,15 @@ a new stream (PublishAsync per partition, all partitions at once, ack ALL so
 every message is committed before the reads), then times reading all of it
 back:
 
-  raw_1proc     our asyncio Client, one process, every partition subscribed at once
-  raw_2proc     the same split over 2 processes (Spark's local[2] gets 2 cores too)
+  raw_1proc            our asyncio Client, one process, every partition at once: read_range
+                       (liftlog.Batches/Fetch), a Message object per record
+  raw_2proc            the same split over 2 processes (Spark's local[2] gets 2 cores too)
+  raw_columns_1proc    read_range's column lists only (what the Spark source takes)
+  raw_subscribe_1proc  a Subscribe call per partition, a Message per record
   spark_batch   spark.read.format("liftlog")...load().count() in local[2]
   spark_stream  readStream ... writeStream.format("noop"), Trigger.AvailableNow
 
-Each read goes from offset 0 to the end (subscriptions stop at the last
-offset). Spark's session start and a warm-up read of a tiny stream are not
+Each read goes from offset 0 to the end. Spark's session start and a warm-up read of a tiny stream are not
 timed. With --runs N every read runs N times and the best counts. Unless
 --addr is given, a server with embedded NATS is started in a temporary
 directory on free loopback ports. Progress goes to stderr; so does anything
@@ -105,14 +107,29 @@ async def partition_ends(address: str, stream: str) -> dict[int, int]:
         return ends
 
 
-async def _raw_read(address: str, stream: str, ends: dict[int, int], barrier: Any) -> tuple[int, float, float]:
-    """Read `ends`' partitions from 0 to their end concurrently: (messages, start, end)."""
+async def _raw_read(
+    address: str, stream: str, ends: dict[int, int], barrier: Any, mode: str
+) -> tuple[int, float, float]:
+    """Read `ends`' partitions from 0 to their end concurrently: (messages, start, end).
+
+    `mode`: "messages" (``read_range``, a Message object per record), "columns" (``read_range``, the
+    column lists only) or "subscribe" (a Subscribe call per partition, a Message per record).
+    """
     async with Client([address], timeout=30.0) as client:
         await client.fetch_metadata(stream)  # channel up and leaders known before the clock starts
         await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
         started = time.monotonic()
 
-        async def one(partition: int, end: int) -> int:
+        async def fetched(partition: int, end: int) -> int:
+            n = 0
+            full = mode == "messages"
+            async for cols in client.read_range(
+                stream, partition=partition, end_offset=end, headers=full, fields=full, max_bytes=4 << 20
+            ):
+                n += len(cols.messages()) if full else len(cols)
+            return n
+
+        async def subscribed(partition: int, end: int) -> int:
             n = 0
             sub = client.subscribe(
                 stream,
@@ -127,15 +144,16 @@ async def _raw_read(address: str, stream: str, ends: dict[int, int], barrier: An
                     n += 1
             return n
 
+        one = subscribed if mode == "subscribe" else fetched
         counts = await asyncio.gather(*(one(p, e) for p, e in ends.items() if e > 0))
         return sum(counts), started, time.monotonic()
 
 
-def _raw_worker(address: str, stream: str, ends: dict[int, int], barrier: Any, results: Any) -> None:
-    results.put(asyncio.run(_raw_read(address, stream, ends, barrier)))
+def _raw_worker(address: str, stream: str, ends: dict[int, int], barrier: Any, results: Any, mode: str) -> None:
+    results.put(asyncio.run(_raw_read(address, stream, ends, barrier, mode)))
 
 
-def raw_read(address: str, stream: str, ends: dict[int, int], processes: int) -> tuple[int, float]:
+def raw_read(address: str, stream: str, ends: dict[int, int], processes: int, mode: str) -> tuple[int, float]:
     """Read everything with `processes` processes, partitions dealt round robin: (messages, seconds).
 
     The clock runs from when every process is connected to when the last one is done.
@@ -145,7 +163,7 @@ def raw_read(address: str, stream: str, ends: dict[int, int], processes: int) ->
     shares = [s for s in shares if s]
     barrier = ctx.Barrier(len(shares))
     results = ctx.Queue()
-    workers = [ctx.Process(target=_raw_worker, args=(address, stream, s, barrier, results)) for s in shares]
+    workers = [ctx.Process(target=_raw_worker, args=(address, stream, s, barrier, results, mode)) for s in shares]
     for w in workers:
         w.start()
     got: list[tuple[int, float, float]] = []
@@ -159,6 +177,15 @@ def raw_read(address: str, stream: str, ends: dict[int, int], processes: int) ->
     for w in workers:
         w.join()
     return sum(g[0] for g in got), max(g[2] for g in got) - min(g[1] for g in got)
+
+
+#: The raw client reads: name -> (processes, mode).
+RAW_READS = {
+    "raw_1proc": (1, "messages"),
+    "raw_2proc": (2, "messages"),
+    "raw_columns_1proc": (1, "columns"),
+    "raw_subscribe_1proc": (1, "subscribe"),
+}
 
 
 # -- Spark --------------------------------------------------------------------------
@@ -234,12 +261,12 @@ def run(args: argparse.Namespace, address: str, tmp: Path) -> dict[str, Any]:
         asyncio.run(publish(address, warm, WARM_MESSAGES, args.size, len(ends), args.window))
         warm_ends = asyncio.run(partition_ends(address, warm))
 
-        raw: dict[str, list[tuple[int, float]]] = {"raw_1proc": [], "raw_2proc": []}
+        raw: dict[str, list[tuple[int, float]]] = {name: [] for name in RAW_READS}
         for i in range(args.runs):
-            for name, procs in (("raw_1proc", 1), ("raw_2proc", 2)):
+            for name, (procs, mode) in RAW_READS.items():
                 if i == 0:
-                    raw_read(address, warm, warm_ends, procs)
-                rows, seconds = raw_read(address, stream, ends, procs)
+                    raw_read(address, warm, warm_ends, procs, mode)
+                rows, seconds = raw_read(address, stream, ends, procs, mode)
                 raw[name].append((rows, seconds))
                 note(f"{name}: {rows:,} messages in {seconds:.2f} s ({rows / seconds:,.0f}/s)")
         for name, runs in raw.items():
@@ -272,10 +299,10 @@ def run(args: argparse.Namespace, address: str, tmp: Path) -> dict[str, Any]:
             with contextlib.suppress(LiftlogError):
                 asyncio.run(_delete(address, [warm] if args.stream else [warm, stream]))
 
-    raw_best = max(report["raw_1proc"]["rows_per_s"], report["raw_2proc"]["rows_per_s"])
+    raw_best = max(report[name]["rows_per_s"] for name in RAW_READS)
     ratios = {}
     for spark_name in ("spark_batch", "spark_stream"):
-        for raw_name in ("raw_1proc", "raw_2proc"):
+        for raw_name in RAW_READS:
             ratio = report[spark_name]["rows_per_s"] / report[raw_name]["rows_per_s"]
             ratios[f"{spark_name}/{raw_name}"] = round(ratio, 3)
     report["ratios"] = ratios

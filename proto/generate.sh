@@ -1,6 +1,6 @@
 #!/usr/bin/env sh
-# Regenerates the committed Python modules for proto/api.proto and proto/cluster.proto:
-#   src/liftlog/api/_gen/{api,cluster}_pb2.py, _pb2.pyi, _pb2_grpc.py
+# Regenerates the committed Python modules for proto/api.proto, cluster.proto and batches.proto:
+#   src/liftlog/api/_gen/{api,cluster,batches}_pb2.py, _pb2.pyi, _pb2_grpc.py
 #
 # Usage (from anywhere):  proto/generate.sh
 # Uses $PYTHON, or .venv/bin/python of the repository, which needs the dev
@@ -33,11 +33,11 @@ mkdir -p "$out"
     --python_out="$out" \
     --pyi_out="$out" \
     --grpc_python_out="$out" \
-    "$root/proto/api.proto" "$root/proto/cluster.proto"
+    "$root/proto/api.proto" "$root/proto/cluster.proto" "$root/proto/batches.proto"
 
 # protoc writes top-level imports (`import api_pb2 as api__pb2`); inside the
 # package they must be relative.
-for name in api cluster; do
+for name in api cluster batches; do
     grpc_py=$out/${name}_pb2_grpc.py
     sed "s/^import ${name}_pb2 as ${name}__pb2\$/from . import ${name}_pb2 as ${name}__pb2/" "$grpc_py" >"$grpc_py.tmp"
     mv "$grpc_py.tmp" "$grpc_py"
@@ -48,4 +48,4 @@ for name in api cluster; do
 done
 
 [ -f "$out/__init__.py" ] || printf '"""Code generated from proto/api.proto by proto/generate.sh. Do not edit."""\n' >"$out/__init__.py"
-echo "generated {api,cluster}_pb2.py, _pb2.pyi, _pb2_grpc.py in $out with grpcio-tools $version"
+echo "generated {api,cluster,batches}_pb2.py, _pb2.pyi, _pb2_grpc.py in $out with grpcio-tools $version"

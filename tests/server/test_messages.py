@@ -152,3 +152,49 @@ def test_records_written_with_one_header_per_field_still_read() -> None:
     )
     msg = record_to_message(old, "s", 0, "a.*")
     assert (msg.subject, msg.ackInbox, msg.ackPolicy, msg.correlationId) == ("a.b", "in", api_pb2.ALL, "c")
+
+
+# -- batched publishes ----------------------------------------------------------------
+
+
+def _batch_envelope(records: list[NewRecord], **fields: object) -> bytes:
+    from liftlog.api import batches_pb2
+    from liftlog.api.batch_envelope import encode_record_batch
+    from liftlog.storage.records import encode_records
+
+    env = batches_pb2.RecordBatchEnvelope(records=encode_records(records), count=len(records), **fields)  # type: ignore[arg-type]
+    return encode_record_batch(env)
+
+
+def test_a_record_batch_envelope_becomes_one_incoming_with_its_records() -> None:
+    data = _batch_envelope(
+        [NewRecord(b"a", b"k", {"h": b"1", "\x00fields": b"spoof"}), NewRecord(b"b")],
+        ackInbox="in",
+        correlationId="c",
+        ackPolicy=api_pb2.ALL,
+        expectedOffset=7,
+    )
+    inc = incoming_from_nats("foo", "", data, "foo")
+    assert (inc.ack_inbox, inc.correlation_id, inc.ack_policy, inc.expected_offset) == ("in", "c", api_pb2.ALL, 7)
+    records = [inc.record, *inc.more]
+    assert [(r.value, r.key, dict(r.headers)) for r in records] == [(b"a", b"k", {"h": b"1"}), (b"b", None, {})]
+
+
+def test_a_batch_on_a_wildcard_stream_keeps_its_subject_per_record() -> None:
+    inc = incoming_from_nats("foo.bar", "", _batch_envelope([NewRecord(b"a"), NewRecord(b"b")]), "foo.*")
+    assert inc.expected_offset == -1
+    for record in (inc.record, *inc.more):
+        msg = record_to_message(stored(record), "s", 0, "foo.*")
+        assert msg.subject == "foo.bar" and msg.ackInbox == ""
+
+
+def test_a_broken_batch_envelope_is_a_plain_value() -> None:
+    good = _batch_envelope([NewRecord(b"a")])
+    for bad in (good[:-1], good[:8] + b"\x00\x00\x00\x00" + good[12:], good[:4] + b"\x02" + good[5:]):
+        inc = incoming_from_nats("foo", "", bad, "foo")
+        assert inc.record.value == bad and not inc.more
+    from liftlog.api import batches_pb2
+    from liftlog.api.batch_envelope import encode_record_batch
+
+    lying = encode_record_batch(batches_pb2.RecordBatchEnvelope(records=b"\x00" * 30, count=3))
+    assert incoming_from_nats("foo", "", lying, "foo").record.value == lying

@@ -123,3 +123,27 @@ def test_intake_is_written_in_the_epoch_this_replica_leads_not_the_metadatas(tmp
     part.append([incoming(b"late", "1")])
     assert part.log is not None and part.newest_offset == 0
     assert part.log.epoch_cache.latest_epoch == 0
+
+
+def batch(values: list[bytes], cid: str, policy: int = api_pb2.LEADER, expected: int = -1) -> Incoming:
+    records = [NewRecord(v) for v in values]
+    return Incoming(records[0], "orders", "inbox", cid, policy, expected, tuple(records[1:]))
+
+
+def test_a_published_batch_is_stored_at_consecutive_offsets_and_acked_once(
+    partition: Partition, acks: list[api_pb2.Ack]
+) -> None:
+    partition.append([incoming(b"a", "1"), batch([b"b", b"c", b"d"], "2"), incoming(b"e", "3")])
+    assert [(a.correlationId, a.offset) for a in acks] == [("1", 0), ("2", 3), ("3", 4)]
+    assert [r.value for r in partition.log.read(0, 10)] == [b"a", b"b", b"c", b"d", b"e"]  # type: ignore[union-attr]
+
+
+def test_a_batch_is_refused_as_a_whole(partition: Partition, acks: list[api_pb2.Ack]) -> None:
+    partition.append([batch([b"ok", b"x" * 101, b"ok"], "big")])
+    partition.append([batch([b"a", b"b"], "stale", expected=5)])
+    partition.append([batch([b"a", b"b"], "right", expected=0), batch([b"c"], "next", expected=2)])
+    by_cid = {a.correlationId: a for a in acks}
+    assert by_cid["big"].ackError == api_pb2.Ack.TOO_LARGE
+    assert by_cid["stale"].ackError == api_pb2.Ack.INCORRECT_OFFSET, "the expected offset is the first record's"
+    assert (by_cid["right"].offset, by_cid["next"].offset) == (1, 2)
+    assert [r.value for r in partition.log.read(0, 10)] == [b"a", b"b", b"c"]  # type: ignore[union-attr]

@@ -45,11 +45,58 @@ def test_a_range_past_the_high_watermark(
     assert [r["offset"] for r in rows(lenient)] == [2, 3, 4]
 
 
+def without_batch_fetch(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Make read tasks meet a server without liftlog.Batches (as a Liftbridge server is); counts the refusals."""
+    from liftlog.client import UnimplementedError
+
+    refused = {"n": 0}
+
+    async def unimplemented(*args: Any) -> Any:
+        refused["n"] += 1
+        raise UnimplementedError("unknown service liftlog.Batches")
+
+    monkeypatch.setattr(reading, "_fetch", unimplemented)
+    return refused
+
+
+@pytest.mark.parametrize("fetching", [True, False], ids=["fetch", "subscribe"])
+def test_both_read_paths_give_the_same_rows(
+    liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch, fetching: bool
+) -> None:
+    from liftlog.client import AckPolicy, Client
+
+    make_stream(liftlog_server.address, stream_name)
+    fill(liftlog_server.address, stream_name, {0: [b"m%d" % i for i in range(20)]})
+
+    async def keyed(client: Client) -> None:
+        await client.publish(stream_name, b"last", key=b"k", headers={"h": b"1", "x": b""}, ack_policy=AckPolicy.ALL)
+
+    with BlockingClient([liftlog_server.address]) as bc:
+        bc.run(keyed)
+    refused = without_batch_fetch(monkeypatch) if not fetching else {"n": 0}
+    reader = RangeReader(
+        (liftlog_server.address,), OffsetRange(stream_name, 0, 5, 21), include_headers=True, fail_on_data_loss=True
+    )
+    got = rows(reader)
+    assert refused["n"] == (0 if fetching else 1), "a refused fetch falls back to Subscribe once"
+    assert [r["offset"] for r in got] == list(range(5, 21))
+    assert [r["value"] for r in got] == [b"m%d" % i for i in range(5, 20)] + [b"last"]
+    assert got[-1]["key"] == b"k" and sorted((h["key"], h["value"]) for h in got[-1]["headers"]) == [
+        ("h", b"1"),
+        ("x", b""),
+    ]
+    assert all(r["key"] is None and r["headers"] == [] for r in got[:-1])
+    assert {r["subject"] for r in got} == {stream_name}
+    assert all(r["timestamp"].year >= 2026 for r in got)
+
+
 def test_a_read_that_loses_its_server_resubscribes_from_the_next_offset(
     liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The leader going away mid-read (as _take reports it) costs a new subscription, not the task."""
+    """On the Subscribe path, the leader going away mid-read (as _take reports it) costs a new subscription."""
     from liftlog.client import UnavailableError
+
+    without_batch_fetch(monkeypatch)
 
     make_stream(liftlog_server.address, stream_name)
     fill(liftlog_server.address, stream_name, {0: [b"m%d" % i for i in range(50)]})

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from liftlog.storage import InvalidBatch, NewRecord, RecordTooLarge
 from liftlog.storage.records import (
@@ -97,3 +101,46 @@ def test_retain_records_keeps_offsets_and_range() -> None:
     assert [r.offset for r in decode_records(kept, new_header)] == [101, 103]
     assert [o for o, _ in record_keys(kept, new_header)] == [101, 103]
     assert retain_records(data, header, []) is None
+
+
+# -- the records part alone: what a batched publish sends --------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            NewRecord,
+            st.binary(max_size=200),
+            st.one_of(st.none(), st.binary(max_size=20)),
+            st.dictionaries(st.text(max_size=10), st.binary(max_size=20), max_size=3),
+            timestamp=st.none(),
+        ),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_encoded_records_decode_to_the_same_records(records: list[NewRecord]) -> None:
+    from liftlog.storage.records import decode_new_records, encode_records
+
+    data = encode_records(records)
+    assert decode_new_records(data, len(records)) == [NewRecord(r.value, r.key, r.headers) for r in records]
+    assert encode_batch(0, 0, records, 0).endswith(data), "a batch's records are exactly these bytes"
+
+
+@pytest.mark.parametrize(
+    ("mangle", "count", "match"),
+    [
+        (lambda d: d, 3, "malformed"),  # says three, has two
+        (lambda d: d, 0, "at least one record"),
+        (lambda d: d + b"\x00", 2, "1 bytes follow"),
+        (lambda d: d[:-1], 2, "malformed"),
+        (lambda d: d[:4] + b"\x00\x00\x00\x05" + d[8:], 2, "offset delta 5"),
+    ],
+)
+def test_malformed_records_are_refused(mangle: Any, count: int, match: str) -> None:
+    from liftlog.storage.records import decode_new_records, encode_records
+
+    data = mangle(encode_records([NewRecord(b"a", None, {"h": b"v"}), NewRecord(b"bb", b"k")]))
+    with pytest.raises(InvalidBatch, match=match):
+        decode_new_records(data, count)

@@ -32,6 +32,7 @@ class Reason(enum.StrEnum):
     INCORRECT_OFFSET = "incorrect_offset"  # FAILED_PRECONDITION
     TOO_LARGE = "too_large"  # INVALID_ARGUMENT
     INVALID_ARGUMENT = "invalid_argument"  # INVALID_ARGUMENT
+    OUT_OF_RANGE = "out_of_range"  # OUT_OF_RANGE: an offset outside the partition's log (liftlog.Batches/Fetch)
     ACK_TIMEOUT = "ack_timeout"  # DEADLINE_EXCEEDED
     NOT_APPLIED = "not_applied"  # DEADLINE_EXCEEDED: a metadata change is committed, not yet acted on here
     OUTCOME_UNKNOWN = "outcome_unknown"  # DEADLINE_EXCEEDED: a metadata change may or may not be committed

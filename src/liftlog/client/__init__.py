@@ -17,17 +17,20 @@
 The modules: ``client`` (:class:`Client`), ``subscription``
 (:class:`Subscription`), ``cluster`` (what :meth:`Client.cluster_status`
 returns), ``publish_async`` (the windowed PublishAsync behind
-``publish_many``), ``routing`` (the client's channels, metadata cache and
+``publish_many``), ``batches`` (decoding the record batches behind
+``fetch`` and ``read_range``), ``routing`` (the client's channels, metadata cache and
 retries), ``stubs`` (the gRPC stubs), ``nats_helpers`` (publishing on NATS
 directly), ``types`` (the values returned) and ``errors``.
 """
 
+from liftlog.client.batches import Columns, Fetched
 from liftlog.client.client import Client
 from liftlog.client.cluster import ClusterStatus, PartitionStatus, ServerStatus
 from liftlog.client.errors import (
     AckTimeoutError,
     ClientClosedError,
     ConfigurationError,
+    CorruptDataError,
     DeadlineExceededError,
     FailedPreconditionError,
     IncorrectOffsetError,
@@ -40,6 +43,7 @@ from liftlog.client.errors import (
     NoSuchStreamError,
     NotFoundError,
     NotLeaderError,
+    OffsetOutOfRangeError,
     PartitionPausedError,
     PermissionDeniedError,
     PublishAsyncFailed,
@@ -75,10 +79,13 @@ __all__ = [
     "Client",
     "ClientClosedError",
     "ClusterStatus",
+    "Columns",
     "ConfigurationError",
+    "CorruptDataError",
     "DeadlineExceededError",
     "EventTimestamps",
     "FailedPreconditionError",
+    "Fetched",
     "IncorrectOffsetError",
     "InternalError",
     "InvalidArgumentError",
@@ -91,6 +98,7 @@ __all__ = [
     "NoSuchStreamError",
     "NotFoundError",
     "NotLeaderError",
+    "OffsetOutOfRangeError",
     "OutgoingMessage",
     "PartitionInfo",
     "PartitionPausedError",

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import secrets
 import weakref
-from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -37,7 +37,8 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-from liftlog.api import api_pb2, cluster_pb2
+from liftlog.api import api_pb2, batches_pb2, cluster_pb2
+from liftlog.client.batches import Columns, Fetched, decode_batches
 from liftlog.client.cluster import ClusterStatus, PartitionStatus, not_offered
 from liftlog.client.errors import (
     AckTimeoutError,
@@ -51,6 +52,7 @@ from liftlog.client.errors import (
 )
 from liftlog.client.nats_helpers import connect_nats, encode_publish, publish_and_wait_ack, to_bytes, to_headers
 from liftlog.client.publish_async import PublishBatch, publish_async_attempt
+from liftlog.client.publish_batches import BatchesUnsupported, publish_batched
 from liftlog.client.routing import Routing
 from liftlog.client.stubs import Stub
 from liftlog.client.subscription import Subscription
@@ -141,6 +143,8 @@ class Client(Routing):
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
         self._nc: NatsClient | None = None
         self._nats_lock = asyncio.Lock()
+        #: Whether publish_many may use liftlog.Batches (False once a server did not offer it: Liftbridge).
+        self._batches_offered = True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -388,15 +392,39 @@ class Client(Routing):
         messages: delivery is at least once. With ``AckPolicy.NONE``, or with
         `resend_unacked` False (for a caller that checks the log itself
         before sending again), it is retried only if nothing was sent yet.
+
+        Against a liftlog server the messages go in chunks of up to `window`
+        (at most 1000 and 256 KiB), one ``liftlog.Batches/Publish`` request
+        each, stored atomically and acknowledged together (see
+        :mod:`liftlog.client.publish_batches`): many times faster, but the
+        stored messages and their acks carry no correlation id, and a chunk's
+        refusal refuses all of it. Liftbridge servers get ``PublishAsync``.
         """
         self._check_open()
         if window < 1:
             raise InvalidArgumentError(f"window must be at least 1, got {window}")
         want_acks = ack_policy != AckPolicy.NONE
+        deadline = self.timeout if timeout is None else timeout
+        if self._batches_offered:
+            try:
+                return await publish_batched(
+                    self,
+                    stream,
+                    values,
+                    partition=partition,
+                    key=key,
+                    headers=headers,
+                    ack_policy=ack_policy,
+                    window=window,
+                    timeout=deadline,
+                    resend_unacked=resend_unacked,
+                )
+            except BatchesUnsupported as unsupported:
+                self._batches_offered = False  # a Liftbridge server: PublishAsync from now on
+                values = unsupported.values
         batch = PublishBatch(
             values, stream=stream, partition=partition, key=key, headers=headers, ack_policy=ack_policy
         )
-        deadline = self.timeout if timeout is None else timeout
 
         def retryable() -> bool:
             return (want_acks and resend_unacked) or batch.count == 0
@@ -457,6 +485,103 @@ class Client(Routing):
         sub = Subscription(self, req, read_uncommitted=read_uncommitted)
         self._subscriptions.add(sub)
         return sub
+
+    async def fetch(
+        self,
+        stream: str,
+        *,
+        partition: int = 0,
+        offset: int = 0,
+        end_offset: int | None = None,
+        max_bytes: int = 0,
+        max_wait: float = 0.0,
+        read_isr_replica: bool = False,
+        resume: bool = False,
+        headers: bool = True,
+        fields: bool = True,
+    ) -> Fetched:
+        """One fetch of stored record batches (liftlog's ``liftlog.Batches/Fetch``), decoded into columns.
+
+        Returns the committed records from `offset` on (before `end_offset`),
+        about `max_bytes` of them (0: the server's 1 MiB), waiting up to
+        `max_wait` seconds when there are none yet. `headers` and `fields`
+        decode user headers and the reply, ack inbox, correlation id and ack
+        policy (needed for :meth:`Columns.messages`); leave them off when only
+        keys, values, subjects, offsets and timestamps matter. Raises
+        :class:`OffsetOutOfRangeError` for an offset retention removed or past
+        the log's end, :class:`CorruptDataError` for batches that fail their
+        check, and :class:`UnimplementedError` against a Liftbridge server.
+        """
+        self._check_open()
+        if offset < 0 or (end_offset is not None and end_offset < 0) or max_bytes < 0 or max_wait < 0:
+            raise InvalidArgumentError("offset, end_offset, max_bytes and max_wait must not be negative")
+        req = batches_pb2.FetchRequest(
+            stream=stream,
+            partition=partition,
+            offset=offset,
+            endOffset=end_offset or 0,
+            maxBytes=max_bytes,
+            maxWaitMs=int(max_wait * 1000),
+            readISRReplica=read_isr_replica,
+            resume=resume,
+        )
+        if end_offset == 0:
+            return Fetched(Columns(stream, partition), -1, 0, 0)
+        deadline = self.timeout + max_wait
+
+        async def call(stub: Stub) -> batches_pb2.FetchResponse:
+            resp: batches_pb2.FetchResponse = await stub.fetch_batches(req, timeout=deadline)
+            return resp
+
+        resp = await self._call_leader(stream, partition, call, isr=read_isr_replica)
+        limit = resp.nextOffset if end_offset is None else min(end_offset, resp.nextOffset)
+        cols, _ = decode_batches(
+            resp.batches, offset, limit, resp.subject, out=Columns(stream, partition), headers=headers, fields=fields
+        )
+        return Fetched(cols, resp.highWatermark, resp.logStartOffset, max(resp.nextOffset, offset))
+
+    async def read_range(
+        self,
+        stream: str,
+        *,
+        partition: int = 0,
+        start_offset: int = 0,
+        end_offset: int | None = None,
+        max_bytes: int = 0,
+        read_isr_replica: bool = False,
+        headers: bool = True,
+        fields: bool = True,
+    ) -> AsyncIterator[Columns]:
+        """The committed records of ``[start_offset, end_offset)`` as :class:`Columns`, one per fetch.
+
+        Without `end_offset` it reads up to the high watermark the first fetch
+        reports. Fetches follow the partition's leader (a failover costs a
+        retry, not the read); offsets compaction removed are skipped. See
+        :meth:`fetch` for `max_bytes`, `headers`, `fields` and the errors.
+        """
+        offset = start_offset
+        end = end_offset
+        while end is None or offset < end:
+            got = await self.fetch(
+                stream,
+                partition=partition,
+                offset=offset,
+                end_offset=end,
+                max_bytes=max_bytes,
+                read_isr_replica=read_isr_replica,
+                headers=headers,
+                fields=fields,
+            )
+            if end is None:
+                end = got.high_watermark + 1
+                if offset >= end:
+                    return
+            if got.columns:
+                yield got.columns
+            if got.next_offset <= offset:
+                # Nothing committed past here (a leader whose high watermark went back): wait, then ask again.
+                await asyncio.sleep(0.05)
+            offset = got.next_offset
 
     # ------------------------------------------------------------------ metadata
 

@@ -21,7 +21,8 @@ The hierarchy::
     │   ├── PartitionPausedError
     │   └── IncorrectOffsetError
     ├── InvalidArgumentError (also ValueError)
-    │   └── MessageTooLargeError
+    │   ├── MessageTooLargeError
+    │   └── OffsetOutOfRangeError
     ├── DeadlineExceededError (also TimeoutError)
     │   └── AckTimeoutError
     ├── UnavailableError
@@ -29,6 +30,7 @@ The hierarchy::
     ├── LimitExceededError
     ├── PermissionDeniedError
     ├── InternalError
+    ├── CorruptDataError
     ├── ConfigurationError (also ValueError)
     ├── ClientClosedError
     └── PublishAsyncFailed: one PublishAsync message refused; each raised
@@ -52,6 +54,7 @@ __all__ = [
     "AckTimeoutError",
     "ClientClosedError",
     "ConfigurationError",
+    "CorruptDataError",
     "DeadlineExceededError",
     "FailedPreconditionError",
     "IncorrectOffsetError",
@@ -64,6 +67,7 @@ __all__ = [
     "NoSuchStreamError",
     "NotFoundError",
     "NotLeaderError",
+    "OffsetOutOfRangeError",
     "PartitionPausedError",
     "PermissionDeniedError",
     "PublishAsyncFailed",
@@ -72,6 +76,7 @@ __all__ = [
     "StreamExistsError",
     "UnavailableError",
     "UnimplementedError",
+    "as_publish_failure",
     "error_from_ack",
     "error_from_async_error",
     "error_from_rpc",
@@ -148,6 +153,10 @@ class MessageTooLargeError(InvalidArgumentError):
     """The message is larger than the server accepts."""
 
 
+class OffsetOutOfRangeError(InvalidArgumentError):
+    """The offset is outside the partition's log: removed by retention, or past its end (OUT_OF_RANGE)."""
+
+
 class DeadlineExceededError(LiftlogError, TimeoutError):
     """The RPC did not complete before its deadline (DEADLINE_EXCEEDED)."""
 
@@ -174,6 +183,10 @@ class PermissionDeniedError(LiftlogError):
 
 class InternalError(LiftlogError):
     """The server failed internally (INTERNAL)."""
+
+
+class CorruptDataError(LiftlogError):
+    """Fetched record batches failed their CRC or structure check (client-side: nothing was decoded from them)."""
 
 
 class ConfigurationError(LiftlogError, ValueError):
@@ -260,6 +273,7 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.INCORRECT_OFFSET: IncorrectOffsetError,
     Reason.TOO_LARGE: MessageTooLargeError,
     Reason.INVALID_ARGUMENT: InvalidArgumentError,
+    Reason.OUT_OF_RANGE: OffsetOutOfRangeError,
     Reason.ACK_TIMEOUT: AckTimeoutError,
     Reason.NOT_APPLIED: DeadlineExceededError,
     Reason.OUTCOME_UNKNOWN: DeadlineExceededError,
@@ -389,6 +403,29 @@ def error_from_async_error(
     elif code == api_pb2.PublishAsyncError.BAD_REQUEST and "too large" in lowered:
         cls = PublishAsyncTooLargeError
     return cls(message, async_code=code, correlation_id=correlation_id, acks=acks)
+
+
+_AS_PUBLISH_FAILURE: Final[tuple[tuple[type[LiftlogError], type[PublishAsyncFailed], int], ...]] = (
+    (MessageTooLargeError, PublishAsyncTooLargeError, api_pb2.PublishAsyncError.BAD_REQUEST),
+    (InvalidArgumentError, PublishAsyncInvalidArgumentError, api_pb2.PublishAsyncError.BAD_REQUEST),
+    (ReadonlyError, PublishAsyncReadonlyError, api_pb2.PublishAsyncError.READONLY),
+    (IncorrectOffsetError, PublishAsyncIncorrectOffsetError, api_pb2.PublishAsyncError.INCORRECT_OFFSET),
+    (NoSuchPartitionError, PublishAsyncNoSuchPartitionError, api_pb2.PublishAsyncError.NOT_FOUND),
+    (NoSuchStreamError, PublishAsyncNoSuchStreamError, api_pb2.PublishAsyncError.NOT_FOUND),
+    (PermissionDeniedError, PublishAsyncPermissionDeniedError, api_pb2.PublishAsyncError.PERMISSION_DENIED),
+    (InternalError, PublishAsyncInternalError, api_pb2.PublishAsyncError.INTERNAL),
+)
+
+
+def as_publish_failure(err: LiftlogError, acks: Iterable[Ack] = ()) -> LiftlogError:
+    """A refusal of a batched publish as the :class:`PublishAsyncFailed` ``publish_many`` raises for it.
+
+    Errors that are not a refusal of the messages (NotLeader, Unavailable, deadlines) come back as they are.
+    """
+    for cls, failure_cls, async_code in _AS_PUBLISH_FAILURE:
+        if isinstance(err, cls):
+            return failure_cls(err.message, async_code=async_code, acks=acks, code=err.code, reason=err.reason)
+    return err
 
 
 _ACK_ERROR_MESSAGES: Final[dict[int, tuple[type[LiftlogError], str]]] = {

@@ -1,7 +1,8 @@
 """The gRPC layer under the client: ``proto.API`` stubs and grpc.aio call helpers.
 
 :class:`Stub` binds the ``proto.API`` methods the client uses (and liftlog's
-own ``liftlog.Cluster`` ones) to one channel to one server; :func:`open_stub` opens that channel. :data:`EOF` is what a
+own ``liftlog.Cluster`` and ``liftlog.Batches`` ones) to one channel to one
+server; :func:`open_stub` opens that channel. :data:`EOF` is what a
 grpc.aio streaming call's ``read`` returns at the end of the stream, and
 :func:`being_cancelled` tells a task's own cancellation apart from the
 ``CancelledError`` a read raises when its call is cancelled.
@@ -18,7 +19,7 @@ from typing import Any, Final
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
-from liftlog.api import api_pb2, cluster_pb2
+from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 
 __all__ = ["EOF", "Stub", "being_cancelled", "open_stub"]
 
@@ -44,11 +45,13 @@ class Stub:
         "cluster_status",
         "create_stream",
         "delete_stream",
+        "fetch_batches",
         "fetch_metadata",
         "fetch_partition_metadata",
         "pause_stream",
         "publish",
         "publish_async",
+        "publish_batch",
         "publish_to_subject",
         "set_stream_readonly",
         "subscribe",
@@ -80,6 +83,10 @@ class Stub:
         # liftlog's own service: a Liftbridge server answers it UNIMPLEMENTED.
         self.cluster_status = unary(
             "Status", cluster_pb2.ClusterStatusRequest, cluster_pb2.ClusterStatusResponse, "liftlog.Cluster"
+        )
+        self.fetch_batches = unary("Fetch", batches_pb2.FetchRequest, batches_pb2.FetchResponse, "liftlog.Batches")
+        self.publish_batch = unary(
+            "Publish", batches_pb2.PublishRequest, batches_pb2.PublishResponse, "liftlog.Batches"
         )
         self.subscribe = channel.unary_stream(
             "/proto.API/Subscribe",

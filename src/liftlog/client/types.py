@@ -112,31 +112,61 @@ class Message:
 
     @classmethod
     def from_proto(cls, msg: api_pb2.Message) -> Message:
-        """Convert an ``api_pb2.Message`` (the subscription hot path).
-
-        The instance is filled through its slot descriptors: a frozen
-        dataclass's ``__init__`` goes through ``object.__setattr__`` for every
-        field, which is measurably slower per message.
-        """
-        m = _new_object(cls)
-        _set_offset(m, msg.offset)
-        _set_key(m, msg.key or None)
-        _set_value(m, msg.value)
-        _set_timestamp(m, msg.timestamp)
-        _set_stream(m, msg.stream)
-        _set_partition(m, msg.partition)
-        _set_subject(m, msg.subject)
-        _set_reply_subject(m, msg.replySubject)
+        """Convert an ``api_pb2.Message`` (the subscription hot path)."""
         headers = msg.headers
-        # dict() of an empty protobuf map still costs as much as a full copy.
-        _set_headers(m, dict(headers.items()) if headers else {})
-        _set_ack_inbox(m, msg.ackInbox)
-        _set_correlation_id(m, msg.correlationId)
-        _set_ack_policy(m, _ACK_POLICIES.get(msg.ackPolicy, AckPolicy.LEADER))
-        return m
+        return message(
+            msg.offset,
+            msg.key or None,
+            msg.value,
+            msg.timestamp,
+            msg.stream,
+            msg.partition,
+            msg.subject,
+            msg.replySubject,
+            # dict() of an empty protobuf map still costs as much as a full copy.
+            dict(headers.items()) if headers else {},
+            msg.ackInbox,
+            msg.correlationId,
+            msg.ackPolicy,
+        )
 
 
 _new_object: Final[Callable[[type[Message]], Message]] = object.__new__
+
+
+def message(
+    offset: int,
+    key: bytes | None,
+    value: bytes,
+    timestamp: int,
+    stream: str,
+    partition: int,
+    subject: str,
+    reply_subject: str,
+    headers: dict[str, bytes],
+    ack_inbox: str,
+    correlation_id: str,
+    ack_policy: int,
+) -> Message:
+    """A :class:`Message`, built through its slot descriptors (the read paths make one per record).
+
+    A frozen dataclass's ``__init__`` goes through ``object.__setattr__`` for
+    every field, which is measurably slower per message.
+    """
+    m = _new_object(Message)
+    _set_offset(m, offset)
+    _set_key(m, key)
+    _set_value(m, value)
+    _set_timestamp(m, timestamp)
+    _set_stream(m, stream)
+    _set_partition(m, partition)
+    _set_subject(m, subject)
+    _set_reply_subject(m, reply_subject)
+    _set_headers(m, headers)
+    _set_ack_inbox(m, ack_inbox)
+    _set_correlation_id(m, correlation_id)
+    _set_ack_policy(m, _ACK_POLICIES.get(ack_policy, AckPolicy.LEADER))
+    return m
 
 
 def _slot_setter(cls: type[Any], name: str) -> Callable[[Any, Any], None]:

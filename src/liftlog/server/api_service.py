@@ -55,7 +55,7 @@ from .partition import Partition
 from .streams import StreamManager
 from .subscribe import BUFFER_MAX_BYTES, FETCH_MAX_MESSAGES, EndOfReadonly, PartitionGone, read_subscription
 
-__all__ = ["ApiLimits", "ApiService", "RpcFailure"]
+__all__ = ["ApiLimits", "ApiService", "RpcFailure", "abort_with", "failure_from"]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def failure_from(exc: MetadataError) -> RpcFailure:
     return RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc))
 
 
-async def _abort(ctx: ServerContext, failure: RpcFailure) -> NoReturn:
+async def abort_with(ctx: ServerContext, failure: RpcFailure) -> NoReturn:
     await ctx.abort(failure.code, failure.message, trailing_metadata=((ERROR_KEY, failure.reason.value),))
     raise AssertionError("unreachable")  # pragma: no cover  (abort raises)
 
@@ -186,7 +186,7 @@ class ApiService:
                 )
             )
         except MetadataError as exc:
-            await _abort(context, failure_from(exc))
+            await abort_with(context, failure_from(exc))
         return api_pb2.CreateStreamResponse()
 
     @staticmethod
@@ -195,7 +195,7 @@ class ApiService:
         try:
             await change
         except MetadataError as exc:
-            await _abort(context, failure_from(exc))
+            await abort_with(context, failure_from(exc))
 
     @staticmethod
     def _settings(req: api_pb2.CreateStreamRequest) -> StreamSettings:
@@ -241,24 +241,13 @@ class ApiService:
     async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[api_pb2.Message | list[bytes]]:
         req: api_pb2.SubscribeRequest = request
         try:
-            meta = self._streams.metadata.partition(req.stream, req.partition)
-            if meta.paused:
-                if not req.resume:
-                    raise RpcFailure(
-                        Code.FAILED_PRECONDITION,
-                        Reason.PAUSED,
-                        f"partition {req.stream}/{req.partition} is paused; subscribe with resume to resume it",
-                    )
-                await self._cluster.resume(req.stream, req.partition)
-            part = self._hosted(req.stream, req.partition, allow_replica=req.readISRReplica)
-        except MetadataError as exc:
-            await _abort(context, failure_from(exc))
+            part = await self.readable(req.stream, req.partition, resume=req.resume, allow_replica=req.readISRReplica)
         except RpcFailure as failure:
-            await _abort(context, failure)
+            await abort_with(context, failure)
         peer = context.peer() or "unknown"
         refusal = self._subscription_refusal(peer)
         if refusal is not None:
-            await _abort(context, refusal)
+            await abort_with(context, refusal)
         self.subscriptions += 1
         self.subscriptions_by_peer[peer] += 1
         part.subscribers += 1
@@ -274,9 +263,9 @@ class ApiService:
             async for message in messages:
                 yield message
         except PartitionGone as exc:
-            await _abort(context, self._gone(req.stream, req.partition, str(exc)))
+            await abort_with(context, self.gone(req.stream, req.partition, str(exc)))
         except EndOfReadonly as exc:
-            await _abort(context, RpcFailure(Code.FAILED_PRECONDITION, Reason.READONLY, str(exc)))
+            await abort_with(context, RpcFailure(Code.FAILED_PRECONDITION, Reason.READONLY, str(exc)))
         finally:
             part.subscribers -= 1
             self.subscriptions -= 1
@@ -304,7 +293,26 @@ class ApiService:
             )
         return None
 
-    def _gone(self, stream: str, partition: int, reason: str) -> RpcFailure:
+    async def readable(self, stream: str, partition: int, *, resume: bool, allow_replica: bool) -> Partition:
+        """The replica here that may serve reads of a partition (resuming it first if asked to).
+
+        Raises RpcFailure: NOT_FOUND, PAUSED (paused and not ``resume``), NOT_LEADER, UNAVAILABLE.
+        """
+        try:
+            meta = self._streams.metadata.partition(stream, partition)
+            if meta.paused:
+                if not resume:
+                    raise RpcFailure(
+                        Code.FAILED_PRECONDITION,
+                        Reason.PAUSED,
+                        f"partition {stream}/{partition} is paused; subscribe with resume to resume it",
+                    )
+                await self._cluster.resume(stream, partition)
+            return self.hosted(stream, partition, allow_replica=allow_replica)
+        except MetadataError as exc:
+            raise failure_from(exc) from exc
+
+    def gone(self, stream: str, partition: int, reason: str) -> RpcFailure:
         try:
             meta = self._streams.metadata.partition(stream, partition)
         except MetadataError:
@@ -313,7 +321,7 @@ class ApiService:
             return RpcFailure(Code.FAILED_PRECONDITION, Reason.PAUSED, f"partition {stream}/{partition} was paused")
         return RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, reason)
 
-    def _hosted(self, stream: str, partition: int, allow_replica: bool = False) -> Partition:
+    def hosted(self, stream: str, partition: int, allow_replica: bool = False) -> Partition:
         """This server's replica of a partition it leads (or, with ``allow_replica``, is in the ISR of).
 
         Raises NoSuchStream/NoSuchPartition for unknown ones, RpcFailure NOT_LEADER otherwise.
@@ -408,44 +416,53 @@ class ApiService:
 
     async def FetchPartitionMetadata(self, request: Any, context: Any) -> api_pb2.FetchPartitionMetadataResponse:
         try:
-            part = self._hosted(request.stream, request.partition)
+            part = self.hosted(request.stream, request.partition)
         except MetadataError as exc:
-            await _abort(context, failure_from(exc))
+            await abort_with(context, failure_from(exc))
         except RpcFailure as failure:
-            await _abort(context, failure)
+            await abort_with(context, failure)
         return api_pb2.FetchPartitionMetadataResponse(metadata=self._partition_metadata(part.meta, part))
 
     # -- publish -----------------------------------------------------------
 
-    async def _send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
-        """Validate and publish one request; the future resolves with its ack (None for AckPolicy NONE)."""
+    async def publishable(self, stream: str, partition: int, ack_policy: int) -> tuple[PartitionMeta, bool]:
+        """The partition's metadata and whether its stream checks expected offsets, once it may take a publish.
+
+        Resumes a paused partition. Raises RpcFailure: NOT_FOUND, READONLY, UNAVAILABLE (a fenced leader
+        here), FAILED_PRECONDITION (ack ALL with too few in-sync replicas).
+        """
         try:
-            meta = self._streams.metadata.partition(req.stream, req.partition)
+            meta = self._streams.metadata.partition(stream, partition)
             if meta.readonly:
                 raise RpcFailure(
-                    Code.FAILED_PRECONDITION, Reason.READONLY, f"partition {req.stream}/{req.partition} is readonly"
+                    Code.FAILED_PRECONDITION, Reason.READONLY, f"partition {stream}/{partition} is readonly"
                 )
             if meta.paused:
-                await self._cluster.resume(req.stream, req.partition)
-            local = self._streams.partitions.get((req.stream, req.partition))
+                await self._cluster.resume(stream, partition)
+            local = self._streams.partitions.get((stream, partition))
             if local is not None and local.fenced is not None and meta.leader == self.server_id:
                 # Its leader is here and takes no writes: the publish would only wait out its ack timeout.
                 raise self._unavailable(local)
             if local is not None and meta.leader == self.server_id and not local.accepting:
                 await self._until_listening(local)
             # Any server may publish: the message goes to the partition's subject, the leader acks.
-            occ = self._streams.occ_enabled(req.stream)
-            min_isr = self._streams.min_isr(req.stream)
-            if req.ackPolicy == api_pb2.ALL and len(meta.isr) < min_isr:
+            occ = self._streams.occ_enabled(stream)
+            min_isr = self._streams.min_isr(stream)
+            if ack_policy == api_pb2.ALL and len(meta.isr) < min_isr:
                 raise RpcFailure(
                     Code.FAILED_PRECONDITION,
                     Reason.INTERNAL,
-                    f"partition {req.stream}/{req.partition} has {len(meta.isr)} in-sync replicas "
+                    f"partition {stream}/{partition} has {len(meta.isr)} in-sync replicas "
                     f"({', '.join(meta.isr)}), fewer than min.insync.replicas {min_isr}: "
                     "ack ALL cannot be promised",
                 )
         except MetadataError as exc:
             raise failure_from(exc) from exc
+        return meta, occ
+
+    async def _send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
+        """Validate and publish one request; the future resolves with its ack (None for AckPolicy NONE)."""
+        meta, occ = await self.publishable(req.stream, req.partition, req.ackPolicy)
         self._check_size(req)
         policy = req.ackPolicy
         message = api_pb2.Message(key=req.key, value=req.value, offset=req.expectedOffset if occ else -1)
@@ -501,20 +518,31 @@ class ApiService:
     async def _publish_envelope(
         self, subject: str, message: api_pb2.Message, future: asyncio.Future[api_pb2.Ack] | None
     ) -> None:
+        await self.publish_payload(subject, encode_publish_message(message), message.ackInbox, message.correlationId)
+
+    async def publish_payload(self, subject: str, payload: bytes, inbox: str = "", correlation_id: str = "") -> None:
+        """Publish on NATS; on failure, forget the ack awaited for (``inbox``, ``correlation_id``): RpcFailure."""
         try:
-            await self._publish(subject, encode_publish_message(message))
+            await self._publish(subject, payload)
         except MaxPayloadError as exc:
-            if future is not None:
-                self._acks.forget(message.ackInbox, message.correlationId)
+            self._acks.forget(inbox, correlation_id)
             raise RpcFailure(
                 Code.INVALID_ARGUMENT, Reason.TOO_LARGE, f"message is larger than the NATS max payload: {exc}"
             ) from exc
         except Exception as exc:
-            if future is not None:
-                self._acks.forget(message.ackInbox, message.correlationId)
+            self._acks.forget(inbox, correlation_id)
             raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, f"cannot publish to NATS: {exc}") from exc
 
-    async def _await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
+    def expect_ack(self, inbox: str, correlation_id: str) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
+        """(ack inbox, correlation id, future of the ack) for a message about to be published."""
+        inbox, correlation_id = self._ack_route(inbox, correlation_id)
+        return inbox, correlation_id, self._acks.expect(inbox, correlation_id)
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self._max_message_bytes
+
+    async def await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
         if future.done():  # acks come in batches: most are here before anyone waits
             return self._ack_result(future)
         timeout = self._ack_timeout if timeout is None else min(timeout, self._ack_timeout * 10)
@@ -569,9 +597,9 @@ class ApiService:
             future = await self._send(request)
             if future is None:
                 return api_pb2.PublishResponse()
-            ack = self._as_sent(await self._await_ack(future, context.time_remaining()), request.correlationId)
+            ack = self._as_sent(await self.await_ack(future, context.time_remaining()), request.correlationId)
         except RpcFailure as failure:
-            await _abort(context, failure)
+            await abort_with(context, failure)
         return api_pb2.PublishResponse(ack=ack)
 
     async def PublishToSubject(self, request: Any, context: Any) -> api_pb2.PublishToSubjectResponse:
@@ -597,9 +625,9 @@ class ApiService:
             await self._publish_envelope(req.subject, message, future)
             if future is None:
                 return api_pb2.PublishToSubjectResponse()
-            ack = self._as_sent(await self._await_ack(future, context.time_remaining()), req.correlationId)
+            ack = self._as_sent(await self.await_ack(future, context.time_remaining()), req.correlationId)
         except RpcFailure as failure:
-            await _abort(context, failure)
+            await abort_with(context, failure)
         return api_pb2.PublishToSubjectResponse(ack=ack)
 
     async def PublishAsync(self, request_iterator: Any, context: Any) -> None:
@@ -652,7 +680,7 @@ class ApiService:
                     response = self._async_error(cid, item)
                 else:
                     try:
-                        ack = self._as_sent(await self._await_ack(item, None), cid)
+                        ack = self._as_sent(await self.await_ack(item, None), cid)
                     except RpcFailure as failure:
                         response = self._async_error(cid, failure)
                     else:
@@ -677,7 +705,7 @@ class ApiService:
     # -- later issues --------------------------------------------------------
 
     async def _unimplemented(self, context: Any, what: str) -> NoReturn:
-        await _abort(
+        await abort_with(
             context,
             RpcFailure(
                 Code.UNIMPLEMENTED,

@@ -1,17 +1,12 @@
 """How a NATS message becomes a stored record, and a stored record an API ``Message``.
 
-Liftbridge returns the NATS subject, reply subject, ack inbox, correlation id
-and ack policy of every message on subscribe, so they are stored with it, in
-one reserved header, ``\\x00fields``, whose value is those fields already in
-the protobuf encoding of ``Message`` (subject = 7, replySubject = 8,
-ackInbox = 10, correlationId = 11, ackPolicy = 12): a catch-up read copies it
-into each message as it is, instead of parsing and re-encoding four headers.
-Records written before kept each field in its own header (``\\x00subject``,
-``\\x00reply``, ``\\x00ackInbox``, ``\\x00correlationId``, ``\\x00ackPolicy``);
-both are read. Header names starting with NUL are reserved: user headers
-with such names are dropped on the way in. To keep records small, the
-subject is stored only when it differs from the partition's subject
-(wildcard streams) and empty fields are not stored.
+A record keeps its message's NATS fields (subject, reply, ack inbox,
+correlation id, ack policy) in the reserved header ``\\x00fields``, already
+protobuf-encoded as ``Message`` fields (``liftlog.api.stored``): a catch-up
+read copies it into each message as it is, instead of parsing and
+re-encoding four headers. Records written before kept one header per field;
+both are read. User headers with reserved names (starting with NUL) are
+dropped on the way in.
 
 Sans-IO: plain functions over bytes and protobuf messages.
 """
@@ -23,33 +18,49 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from liftlog.api import api_pb2
+from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
+from liftlog.api.batch_envelope import BATCH_MAGIC, decode_record_batch
 from liftlog.api.envelope import decode_publish_message
-from liftlog.storage import EMPTY_HEADERS, NewRecord, Record
-from liftlog.storage.records import BATCH_HEADER_SIZE, RECORD_HEADER, RECORD_OVERHEAD, BatchHeader
+from liftlog.api.stored import (
+    H_ACK_INBOX,
+    H_ACK_POLICY,
+    H_CORRELATION_ID,
+    H_FIELDS,
+    H_REPLY,
+    H_SUBJECT,
+    RESERVED,
+)
+from liftlog.api.stored import encode_fields as _fields
+from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
+from liftlog.storage.records import (
+    BATCH_HEADER_SIZE,
+    RECORD_HEADER,
+    RECORD_OVERHEAD,
+    BatchHeader,
+    decode_new_records,
+)
 
 __all__ = ["Incoming", "encode_messages", "incoming_from_nats", "record_size", "record_to_message"]
-
-RESERVED = "\x00"
-H_SUBJECT = "\x00subject"
-H_REPLY = "\x00reply"
-H_ACK_INBOX = "\x00ackInbox"
-H_CORRELATION_ID = "\x00correlationId"
-H_ACK_POLICY = "\x00ackPolicy"
-H_FIELDS = "\x00fields"
 
 _POLICY_BYTES = {p: bytes([p]) for p in (api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE)}
 
 
 class Incoming(NamedTuple):
-    """A message received for a partition, before it has an offset."""
+    """A message received for a partition, before it has an offset.
+
+    A batched publish (``liftlog.Batches/Publish``) is one Incoming whose
+    ``more`` records follow ``record``: they are stored together or not at
+    all, and acknowledged once, with the offset of the last.
+    """
 
     record: NewRecord
     subject: str
     ack_inbox: str
     correlation_id: str
     ack_policy: int
-    #: With optimistic concurrency control: the offset the publisher expects it to get.
+    #: With optimistic concurrency control: the offset the publisher expects it (the first record) to get.
     expected_offset: int
+    more: tuple[NewRecord, ...] = ()
 
 
 def record_size(record: NewRecord) -> int:
@@ -61,9 +72,17 @@ def record_size(record: NewRecord) -> int:
 
 
 def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject: str) -> Incoming:
-    """Unwrap a Publish envelope if there is one; anything else is a plain value."""
-    message = decode_publish_message(data) if data[:1] == b"\xb9" else None
+    """Unwrap a Publish or record batch envelope if there is one; anything else is a plain value."""
+    message = None
     own_subject = subject if subject != partition_subject else ""
+    if data[:1] == b"\xb9":
+        if data[:4] == BATCH_MAGIC:
+            batch = decode_record_batch(data)
+            incoming = _incoming_batch(batch, subject, own_subject, reply) if batch is not None else None
+            if incoming is not None:
+                return incoming
+        else:
+            message = decode_publish_message(data)
     if message is None:
         if not own_subject and not reply:
             return Incoming(NewRecord(data), subject, "", "", api_pb2.NONE, -1)
@@ -81,16 +100,27 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
     return Incoming(record, subject, inbox, cid, policy, message.offset)
 
 
-def _fields(subject: str, reply: str, inbox: str, correlation_id: str, policy: int) -> bytes:
-    """The stored ``Message`` fields, protobuf-encoded (empty ones left out, as protobuf does)."""
-    out = b""
-    for tag, text in ((b"\x3a", subject), (b"\x42", reply), (b"\x52", inbox), (b"\x5a", correlation_id)):
-        if text:
-            raw = text.encode()
-            out += tag + _varint(len(raw)) + raw
-    if policy:
-        out += b"\x60" + _varint(policy)
-    return out
+def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, reply: str) -> Incoming | None:
+    """The records of a batch envelope, or None when they are not well formed (then it is a plain value)."""
+    try:
+        records = decode_new_records(batch.records, batch.count)
+    except InvalidBatch:
+        return None
+    # Like a Publish envelope's: the batch's ack fields are the publisher's business, not stored per record.
+    fields = _fields(own_subject, reply, "", "", 0)
+    if fields or any(r.headers for r in records):
+        records = [_with_fields(r, fields) for r in records]
+    expected = batch.expectedOffset if batch.HasField("expectedOffset") else -1
+    return Incoming(
+        records[0], subject, batch.ackInbox, batch.correlationId, batch.ackPolicy, expected, tuple(records[1:])
+    )
+
+
+def _with_fields(record: NewRecord, fields: bytes) -> NewRecord:
+    headers = {k: v for k, v in record.headers.items() if not k.startswith(RESERVED)}
+    if fields:
+        headers[H_FIELDS] = fields
+    return NewRecord(record.value, record.key, headers or EMPTY_HEADERS)
 
 
 def record_to_message(record: Record, stream: str, partition: int, partition_subject: str) -> api_pb2.Message:

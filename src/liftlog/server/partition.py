@@ -31,7 +31,7 @@ from liftlog.api import api_pb2
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
-from liftlog.storage import CommitLog, FileIO, LogConfig, LogFenced, RecordTooLarge, StorageError
+from liftlog.storage import CommitLog, FileIO, LogConfig, LogFenced, NewRecord, RecordTooLarge, StorageError
 from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
@@ -264,7 +264,9 @@ class Partition:
         for item in items:
             if occ and item.expected_offset != -1 and item.expected_offset != next_offset:
                 rejected.append((item, api_pb2.Ack.INCORRECT_OFFSET))
-            elif len(item.record.value) > max_bytes and record_size(item.record) > max_bytes:
+            elif (len(item.record.value) > max_bytes and record_size(item.record) > max_bytes) or (
+                item.more and any(len(r.value) > max_bytes and record_size(r) > max_bytes for r in item.more)
+            ):
                 rejected.append((item, api_pb2.Ack.TOO_LARGE))
             elif under_min_isr and item.ack_policy == api_pb2.ALL:
                 # Acknowledging it as committed with too few copies would promise what we cannot keep.
@@ -272,13 +274,13 @@ class Partition:
                 too_few_copies += 1
             else:
                 accepted.append(item)
-                next_offset += 1
+                next_offset += 1 + len(item.more)
         base = log_.log_end_offset
         if accepted:
             # Group commit: the fsync waits for the end of this event-loop turn, shared with other batches.
             log_.defer_fsync = self.group_commit is not None
             try:
-                log_.append([item.record for item in accepted], self._write_epoch, now)
+                log_.append(_records(accepted), self._write_epoch, now)
             except RecordTooLarge:
                 # Header overhead pushed one over the limit: write the rest one by one.
                 self._append_one_by_one(accepted, now)
@@ -294,8 +296,11 @@ class Partition:
         if accepted:
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
-        for offset, item in enumerate(accepted, base):
+        offset = base
+        for item in accepted:
+            offset += len(item.more)  # a batch is acknowledged with its last offset
             self._written(item, offset, now)
+            offset += 1
         for item, error in rejected:
             self._refused(item, error, now)
         if log_.unsynced and self.group_commit is not None:
@@ -408,9 +413,9 @@ class Partition:
     def _append_one_by_one(self, items: list[Incoming], now: int) -> None:
         assert self.log is not None
         for item in items:
-            offset = self.log.log_end_offset
+            offset = self.log.log_end_offset + len(item.more)
             try:
-                self.log.append([item.record], self._write_epoch, now)
+                self.log.append([item.record, *item.more], self._write_epoch, now)
             except (RecordTooLarge, StorageError, OSError) as exc:
                 if isinstance(exc, RecordTooLarge):
                     self._refused(item, api_pb2.Ack.TOO_LARGE, now)
@@ -601,3 +606,14 @@ class Partition:
 
     def __repr__(self) -> str:
         return f"<Partition {self.stream}/{self.id} subject={self.subject!r}>"
+
+
+def _records(items: list[Incoming]) -> list[NewRecord]:
+    """The records of ``items``, a batch's all in a row."""
+    if not any(item.more for item in items):
+        return [item.record for item in items]
+    out: list[NewRecord] = []
+    for item in items:
+        out.append(item.record)
+        out.extend(item.more)
+    return out

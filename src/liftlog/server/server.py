@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import nats
 
-from liftlog.api import api_pb2, cluster_pb2
+from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.metadata import CorruptMetadataError, MetadataFile
 from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.model import CreateStream, ServerMeta
@@ -45,6 +45,7 @@ from liftlog.storage.fileio import DEFAULT_FILE_IO
 from . import ratelimit
 from .acks import AckRouter
 from .api_service import ApiLimits, ApiService
+from .batches_service import BatchesService
 from .cluster import MetadataService
 from .cluster_service import ClusterStatusService
 from .config import ServerConfig
@@ -462,6 +463,7 @@ class Server:
             ),
         )
         server.add_methods(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service))
+        server.add_methods(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(service)))
         server.add_methods(
             service_methods(
                 cluster_pb2.DESCRIPTOR.services_by_name["Cluster"], ClusterStatusService(self.cluster, self.streams)

@@ -2,10 +2,12 @@
 
 Planning turns the subscription options into stream partitions and their
 offset bounds: ``earliest`` is the first retained message, ``end`` is the high
-watermark + 1, so only committed messages are ever read. A read task
-subscribes from its range's start with a stop at its last offset, so the
-server ends the call there and compaction gaps cost nothing; it hands Spark
-Arrow record batches, one per :data:`BATCH_ROWS` messages.
+watermark + 1, so only committed messages are ever read. A read task fetches
+its range's stored record batches (``liftlog.Batches/Fetch``, about
+:data:`FETCH_BYTES` a call) and hands Spark one Arrow record batch per fetch,
+built from the decoded column lists. Against a server without that service
+(Liftbridge) it subscribes from its range's start with a stop at its last
+offset instead, an Arrow batch per :data:`BATCH_ROWS` messages.
 """
 
 from __future__ import annotations
@@ -15,17 +17,22 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from liftlog.client import (
     Client,
+    Columns,
     DeadlineExceededError,
+    Fetched,
     LiftlogError,
     NoSuchStreamError,
     NotLeaderError,
+    OffsetOutOfRangeError,
     StartPosition,
     StopPosition,
     UnavailableError,
+    UnimplementedError,
 )
 
 from .blocking import BlockingClient, LiftlogSparkError
@@ -46,8 +53,10 @@ __all__ = [
 
 log = logging.getLogger("liftlog.spark")
 
-#: Messages per Arrow record batch handed to Spark.
+#: Messages per Arrow record batch handed to Spark (reads through Subscribe).
 BATCH_ROWS = 8192
+#: Bytes a read task asks for per fetch (an Arrow record batch each).
+FETCH_BYTES = 4 << 20
 #: How often a read task subscribes again after its partition's leader went away, before it fails.
 RESUBSCRIBES = 5
 #: How long a read task waits for a partition's high watermark to reach its range's end.
@@ -271,45 +280,148 @@ class RangeReader:
                 start = bounds.earliest
             if start >= end:
                 return
-            expected = start
-            checked_gap = False
-            failures = 0
-            while expected < end:
-                sub = bc.client.subscribe(
-                    r.stream,
-                    partition=r.partition,
-                    start_position=StartPosition.OFFSET,
-                    start_offset=expected,
-                    stop_position=StopPosition.STOP_OFFSET,
-                    stop_offset=end - 1,
+            try:
+                yield from self._fetched(bc, schema, start, end)
+            except _NoBatchFetch:
+                # A Liftbridge server: one Subscribe message per record instead.
+                yield from self._subscribed(bc, schema, start, end)
+
+    def _fetched(self, bc: BlockingClient, schema: pa.Schema, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """``[start, end)`` through ``liftlog.Batches/Fetch``: stored batches, decoded a fetch at a time.
+
+        Raises _NoBatchFetch before yielding anything when the server does not offer it.
+        """
+        r = self.range
+        expected = start
+        checked_gap = False
+        stalled_since: float | None = None
+        while expected < end:
+            try:
+                got = bc.run(partial(_fetch, r, expected, end, self.include_headers))
+            except UnimplementedError as exc:
+                if expected != start:
+                    raise LiftlogSparkError(f"stream {r.stream!r} partition {r.partition}: {exc.message}") from exc
+                raise _NoBatchFetch from exc
+            except OffsetOutOfRangeError:
+                # Retention removed what this read was about to take.
+                now = self._bounds(bc, wait=False)
+                if now.earliest <= expected:
+                    raise
+                self._lost(expected, min(now.earliest, end), "removed by retention during the read")
+                expected = min(now.earliest, end)
+                continue
+            except LiftlogError as exc:
+                raise LiftlogSparkError(
+                    f"reading stream {r.stream!r} partition {r.partition} at offset {expected} failed: {exc.message}"
+                ) from exc
+            cols = got.columns
+            if cols:
+                first = cols.offsets[0]
+                if first > expected and not checked_gap and got.log_start_offset > expected:
+                    # Retention racing this read (compaction leaves gaps too, but never moves the start).
+                    checked_gap = True
+                    self._lost(expected, min(got.log_start_offset, first), "removed by retention during the read")
+                yield columns_batch(schema, r, cols, self.include_headers)
+            if got.next_offset > expected:
+                expected = got.next_offset
+                stalled_since = None
+                continue
+            # Nothing committed at `expected` yet: a new leader whose high watermark lags the planned end.
+            now_t = time.monotonic()
+            if stalled_since is None:
+                stalled_since = now_t
+            elif now_t - stalled_since > HW_WAIT_S:
+                raise LiftlogSparkError(
+                    f"stream {r.stream!r} partition {r.partition}: offsets {expected} to {end - 1} were planned "
+                    f"but are not committed after {HW_WAIT_S:.0f} s (high watermark {got.high_watermark})"
                 )
-                try:
-                    while True:
-                        chunk, failure = bc.run_coroutine(_take(sub, BATCH_ROWS, self.include_headers))
-                        if chunk is not None:
-                            offsets = chunk[3]
-                            if offsets[0] > expected and not checked_gap:
-                                # A gap: compaction, or retention racing this read. Only retention moves the start.
-                                checked_gap = True
-                                now = self._bounds(bc, wait=False).earliest
-                                if now > expected:
-                                    self._lost(expected, min(now, offsets[0]), "removed by retention during the read")
-                            expected = offsets[-1] + 1
-                            yield _record_batch(schema, r, chunk, self.include_headers)
-                        if failure is not None:
-                            # The leader went away mid-read: subscribe again, from the next offset, wherever it is now.
-                            failures += 1
-                            if failures > RESUBSCRIBES:
-                                raise LiftlogSparkError(
-                                    f"reading stream {r.stream!r} partition {r.partition} failed {failures} times, "
-                                    f"last at offset {expected}: {failure.message}"
-                                ) from failure
-                            log.warning("stream %r partition %d: %s; resubscribing", r.stream, r.partition, failure)
-                            break
-                        if chunk is None:
-                            return  # the server ended the subscription at the range's last offset
-                finally:
-                    bc.run_coroutine(sub.close())
+            time.sleep(0.05)
+
+    def _subscribed(self, bc: BlockingClient, schema: pa.Schema, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """``[start, end)`` through Subscribe, for servers without ``liftlog.Batches``."""
+        r = self.range
+        expected = start
+        checked_gap = False
+        failures = 0
+        while expected < end:
+            sub = bc.client.subscribe(
+                r.stream,
+                partition=r.partition,
+                start_position=StartPosition.OFFSET,
+                start_offset=expected,
+                stop_position=StopPosition.STOP_OFFSET,
+                stop_offset=end - 1,
+            )
+            try:
+                while True:
+                    chunk, failure = bc.run_coroutine(_take(sub, BATCH_ROWS, self.include_headers))
+                    if chunk is not None:
+                        offsets = chunk[3]
+                        if offsets[0] > expected and not checked_gap:
+                            # A gap: compaction, or retention racing this read. Only retention moves the start.
+                            checked_gap = True
+                            now = self._bounds(bc, wait=False).earliest
+                            if now > expected:
+                                self._lost(expected, min(now, offsets[0]), "removed by retention during the read")
+                        expected = offsets[-1] + 1
+                        yield _record_batch(schema, r, chunk, self.include_headers)
+                    if failure is not None:
+                        # The leader went away mid-read: subscribe again, from the next offset, wherever it is now.
+                        failures += 1
+                        if failures > RESUBSCRIBES:
+                            raise LiftlogSparkError(
+                                f"reading stream {r.stream!r} partition {r.partition} failed {failures} times, "
+                                f"last at offset {expected}: {failure.message}"
+                            ) from failure
+                        log.warning("stream %r partition %d: %s; resubscribing", r.stream, r.partition, failure)
+                        break
+                    if chunk is None:
+                        return  # the server ended the subscription at the range's last offset
+            finally:
+                bc.run_coroutine(sub.close())
+
+
+async def _fetch(r: OffsetRange, offset: int, end: int, include_headers: bool, client: Client) -> Fetched:
+    return await client.fetch(
+        r.stream,
+        partition=r.partition,
+        offset=offset,
+        end_offset=end,
+        max_bytes=FETCH_BYTES,
+        headers=include_headers,
+        fields=False,
+    )
+
+
+class _NoBatchFetch(Exception):
+    """The server does not offer ``liftlog.Batches/Fetch`` (a Liftbridge server)."""
+
+
+def columns_batch(schema: pa.Schema, r: OffsetRange, cols: Columns, include_headers: bool) -> Any:
+    """An Arrow record batch of decoded columns: the column lists go to Arrow as they are."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(cols)
+    subject = cols.subjects[0]
+    if cols.subjects.count(subject) == n:  # one subject (no wildcard): no Python list for Arrow to walk
+        subjects = pa.repeat(pa.scalar(subject, pa.string()), n)
+    else:
+        subjects = pa.array(cols.subjects, pa.string())
+    micros = np.fromiter(cols.timestamps, np.int64, n) // 1000
+    columns: list[Any] = [
+        pa.array(cols.keys, pa.binary()),
+        pa.array(cols.values, pa.binary()),
+        pa.repeat(pa.scalar(r.stream, pa.string()), n),
+        subjects,
+        pa.repeat(pa.scalar(r.partition, pa.int32()), n),
+        pa.array(np.fromiter(cols.offsets, np.int64, n)),
+        pa.array(micros, pa.timestamp("us", tz="UTC")),
+    ]
+    if include_headers:
+        rows = [[{"key": k, "value": v} for k, v in h.items()] for h in cols.headers]
+        columns.append(pa.array(rows, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _record_batch(schema: pa.Schema, r: OffsetRange, chunk: tuple[list[Any], ...], include_headers: bool) -> Any:

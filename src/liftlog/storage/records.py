@@ -52,9 +52,11 @@ __all__ = [
     "NewRecord",
     "Record",
     "batch_crc_ok",
+    "decode_new_records",
     "decode_records",
     "encode_batch",
     "encode_empty_batch",
+    "encode_records",
     "iter_batch_headers",
     "parse_batch_header",
     "record_keys",
@@ -140,9 +142,22 @@ def encode_batch(
     encoded size exceeds ``max_record_bytes`` raises RecordTooLarge and
     nothing is encoded.
     """
-    limit = max_record_bytes - 4
     if not records:
         raise InvalidBatch("a batch needs at least one record")
+    body, first_ts, max_ts = _encode_records(records, default_timestamp, max_record_bytes)
+    return _seal(base_offset, leader_epoch, len(records) - 1, first_ts, max_ts, len(records), body)
+
+
+def encode_records(records: Sequence[NewRecord], default_timestamp: int = 0) -> bytes:
+    """The records part of a batch (offset deltas from 0), without its header: what a batched publish sends."""
+    return _encode_records(records, default_timestamp, 2**31 - 1)[0]
+
+
+def _encode_records(
+    records: Sequence[NewRecord], default_timestamp: int, max_record_bytes: int
+) -> tuple[bytes, int, int]:
+    """(encoded records, first timestamp, max timestamp)."""
+    limit = max_record_bytes - 4
     parts: list[bytes] = [b""]
     append = parts.append
     pack = RECORD_HEADER.pack
@@ -172,8 +187,60 @@ def encode_batch(
             if key:
                 append(key)
             append(value)
-    body_bytes = b"".join(parts)
-    return _seal(base_offset, leader_epoch, len(records) - 1, first_ts, max_ts, len(records), body_bytes)
+    return b"".join(parts), first_ts, max_ts
+
+
+def decode_new_records(data: bytes | memoryview, count: int) -> list[NewRecord]:
+    """Records encoded by :func:`encode_records`, to append again (timestamps dropped: the log sets them).
+
+    Checks the structure strictly (``count`` records with offset deltas 0,
+    1, ..., every length within the record and the data ending with the
+    last record), since the bytes come from the network; raises
+    InvalidBatch naming the first problem.
+    """
+    if count < 1:
+        raise InvalidBatch(f"a batch needs at least one record, it says it has {count}")
+    mv = memoryview(data)
+    end = len(mv)
+    pos = 0
+    out: list[NewRecord] = []
+    append = out.append
+    unpack = RECORD_HEADER.unpack_from
+    try:
+        for i in range(count):
+            length, delta, _ts, key_len, value_len, n_headers = unpack(mv, pos)
+            record_end = pos + 4 + length
+            if delta != i or record_end > end or key_len < -1 or value_len < 0:
+                raise InvalidBatch(f"record {i} of the batch is malformed (offset delta {delta}, length {length})")
+            p = pos + RECORD_OVERHEAD
+            key = None
+            if key_len >= 0:
+                key = bytes(mv[p : p + key_len])
+                p += key_len
+            value = bytes(mv[p : p + value_len])
+            p += value_len
+            headers = EMPTY_HEADERS
+            if n_headers:
+                headers = _decode_headers(mv, p, n_headers)
+                p = _headers_end(mv, p, n_headers)
+            if p != record_end:
+                raise InvalidBatch(f"record {i} of the batch has {record_end - p} bytes its fields do not account for")
+            append(NewRecord(value, key, headers))
+            pos = record_end
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise InvalidBatch(f"record {len(out)} of the batch is malformed: {exc}") from exc
+    if pos != end:
+        raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
+    return out
+
+
+def _headers_end(mv: memoryview, pos: int, count: int) -> int:
+    for _ in range(count):
+        (name_len,) = _HEADER_NAME.unpack_from(mv, pos)
+        pos += 2 + name_len
+        (value_len,) = _HEADER_VALUE.unpack_from(mv, pos)
+        pos += 4 + value_len
+    return pos
 
 
 def encode_empty_batch(base_offset: int, last_offset_delta: int, leader_epoch: int) -> bytes:

@@ -1,0 +1,185 @@
+"""``publish_many`` against liftlog servers: chunks of messages through ``liftlog.Batches/Publish``.
+
+The messages are encoded in the storage format (``liftlog.storage.records``)
+in chunks of at most ``window`` messages (and :data:`CHUNK_MESSAGES`,
+:data:`CHUNK_BYTES`); each chunk is one request, stored atomically at
+consecutive offsets and acknowledged once, and enough chunks are in flight to
+keep ``window`` messages unacknowledged. A Python object per message is made
+only for the :class:`Ack` the caller gets back.
+
+Differences from the PublishAsync path (what Liftbridge servers get): the
+stored messages carry no ack inbox or correlation id (a subscriber sees them
+empty, and so are the acks'), and a chunk is refused or stored as a whole.
+A chunk that fails with NotLeader or Unavailable is sent again (at least
+once), possibly after chunks that followed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from liftlog.api import batches_pb2
+from liftlog.client.errors import AckTimeoutError, LiftlogError, UnimplementedError, as_publish_failure
+from liftlog.client.nats_helpers import to_bytes, to_headers
+from liftlog.client.types import Ack, AckPolicy, OutgoingMessage
+from liftlog.storage.records import NewRecord, encode_records
+
+if TYPE_CHECKING:
+    from liftlog.client.routing import Routing
+    from liftlog.client.stubs import Stub
+
+__all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "BatchesUnsupported", "publish_batched"]
+
+CHUNK_MESSAGES = 1000
+CHUNK_BYTES = 256 << 10  # well under NATS's default max payload of 1 MiB
+
+Value = bytes | str | OutgoingMessage
+
+
+class BatchesUnsupported(Exception):
+    """The server has no ``liftlog.Batches`` (a Liftbridge server); ``values`` is the input, none of it sent."""
+
+    def __init__(self, values: Iterable[Value] | AsyncIterable[Value]) -> None:
+        super().__init__("liftlog.Batches/Publish is not offered")
+        self.values = values
+
+
+async def publish_batched(
+    client: Routing,
+    stream: str,
+    values: Iterable[Value] | AsyncIterable[Value],
+    *,
+    partition: int,
+    key: bytes | str | None,
+    headers: Mapping[str, bytes | str] | None,
+    ack_policy: AckPolicy,
+    window: int,
+    timeout: float,
+    resend_unacked: bool,
+) -> list[Ack]:
+    """Publish ``values`` in chunks; the acks in input order (none with ``AckPolicy.NONE``).
+
+    Raises BatchesUnsupported, before anything is stored, when the server does not offer batches.
+    """
+    chunk_size = max(1, min(window, CHUNK_MESSAGES))
+    room = asyncio.Semaphore(max(1, window // chunk_size))
+    default_key = to_bytes(key) if key is not None else None
+    default_headers = to_headers(headers) if headers else None
+    want_acks = ack_policy != AckPolicy.NONE
+    sending: list[asyncio.Task[list[Ack]]] = []
+    chunks = _chunks(values, chunk_size, default_key, default_headers)
+    first = True
+    try:
+        async for raw, records in chunks:
+            await room.acquire()
+            if any(t.done() and not t.cancelled() and t.exception() is not None for t in sending):
+                room.release()
+                break
+            task = asyncio.ensure_future(
+                _send(client, stream, partition, records, ack_policy, timeout, want_acks and resend_unacked)
+            )
+            task.add_done_callback(lambda _: room.release())
+            sending.append(task)
+            if first:  # the first answer tells whether the server offers batches at all
+                first = False
+                try:
+                    await asyncio.wait([task])
+                    task.result()
+                except UnimplementedError:
+                    raise BatchesUnsupported(_prepend(raw, chunks)) from None
+                except LiftlogError:
+                    break
+        if sending:
+            await asyncio.wait(sending)
+        acks: list[Ack] = []
+        for task in sending:
+            error = task.exception()
+            if error is not None:
+                if isinstance(error, LiftlogError):
+                    raise as_publish_failure(error, acks) from error
+                raise error
+            acks.extend(task.result())
+        return acks
+    finally:
+        for task in sending:
+            task.cancel()
+
+
+async def _send(
+    client: Routing,
+    stream: str,
+    partition: int,
+    records: list[NewRecord],
+    ack_policy: AckPolicy,
+    timeout: float,
+    retry: bool,
+) -> list[Ack]:
+    req = batches_pb2.PublishRequest(
+        stream=stream, partition=partition, records=encode_records(records), count=len(records), ackPolicy=ack_policy
+    )
+
+    async def call(stub: Stub) -> batches_pb2.PublishResponse:
+        resp: batches_pb2.PublishResponse = await stub.publish_batch(req, timeout=timeout)
+        return resp
+
+    resp = await client._call_leader(
+        stream, partition, call, timeout_error=AckTimeoutError, retryable=None if retry else (lambda: False)
+    )
+    if ack_policy == AckPolicy.NONE:
+        return []
+    subject = resp.partitionSubject
+    received, committed = resp.receptionTimestamp, resp.commitTimestamp
+    return [
+        Ack(stream, subject, subject, offset, "", "", ack_policy, received, committed)
+        for offset in range(resp.baseOffset, resp.baseOffset + resp.count)
+    ]
+
+
+async def _chunks(
+    values: Iterable[Value] | AsyncIterable[Value],
+    size: int,
+    key: bytes | None,
+    headers: dict[str, bytes] | None,
+) -> AsyncIterator[tuple[list[Value], list[NewRecord]]]:
+    """(the input values, their records) per chunk of at most ``size`` messages and about CHUNK_BYTES."""
+    raw: list[Value] = []
+    records: list[NewRecord] = []
+    used = 0
+    empty: Mapping[str, bytes] = {}
+    plain_headers = headers or empty
+    items = values if isinstance(values, AsyncIterable) else _aiter(values)
+    async for value in items:
+        if isinstance(value, OutgoingMessage):
+            record = NewRecord(
+                to_bytes(value.value),
+                to_bytes(value.key) if value.key is not None else key,
+                to_headers(value.headers) if value.headers else plain_headers,
+            )
+        else:
+            record = NewRecord(value.encode() if isinstance(value, str) else value, key, plain_headers)
+        raw.append(value)
+        records.append(record)
+        used += len(record.value) + 26
+        if len(records) >= size or used >= CHUNK_BYTES:
+            yield raw, records
+            raw, records, used = [], [], 0
+    if records:
+        yield raw, records
+
+
+async def _aiter(values: Iterable[Value]) -> AsyncIterator[Value]:
+    for value in values:
+        yield value
+
+
+async def _prepend(
+    first: list[Value], rest: AsyncIterator[tuple[list[Value], list[NewRecord]]]
+) -> AsyncIterator[Value]:
+    """The input again, for the PublishAsync path: the chunk already taken, then whatever is left."""
+    for value in first:
+        yield value
+    async for raw, _ in rest:
+        for value in raw:
+            yield value

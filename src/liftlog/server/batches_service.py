@@ -1,0 +1,177 @@
+"""The gRPC ``liftlog.Batches`` service: record batches in and out, for clients that move many messages.
+
+A Subscribe call costs the server a protobuf ``Message`` per record and the
+client a message object per record; ``Fetch`` hands out the stored bytes as
+they are (one ``pread``, no per-record work here), and the client checks and
+decodes them in bulk (``liftlog.client.batches``). It serves what Subscribe
+serves, committed records from the leader or, when asked, an in-sync
+replica, with the same errors.
+
+``Publish`` takes many records in the storage format and publishes them on
+the partition's subject as one NATS message (``liftlog.api.batch_envelope``),
+which every stream on the subject stores as one batch; the leader
+acknowledges it once. The checks are Publish's, plus the records' structure
+and sizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+from liftlog.api import api_pb2, batches_pb2
+from liftlog.api.batch_envelope import encode_record_batch
+from liftlog.api.errors import Reason
+from liftlog.rpc import StatusCode
+from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
+from liftlog.storage.records import decode_new_records
+
+from .api_service import ApiService, RpcFailure, abort_with
+
+__all__ = ["DEFAULT_FETCH_BYTES", "MAX_FETCH_BYTES", "BatchesService"]
+
+DEFAULT_FETCH_BYTES = 1 << 20
+MAX_FETCH_BYTES = 16 << 20
+#: Longest wait for new data a request may ask for.
+MAX_WAIT_MS = 60_000
+_BATCH_START = struct.Struct(">qi")
+_LAST_DELTA = struct.Struct(">i")
+
+
+def next_offset(batches: bytes, offset: int, end: int) -> int:
+    """The offset after the last one ``batches`` covers, at most ``end`` (``offset`` if there are none)."""
+    pos, size = 0, len(batches)
+    last = offset
+    while pos + 27 <= size:
+        base, length = _BATCH_START.unpack_from(batches, pos)
+        (delta,) = _LAST_DELTA.unpack_from(batches, pos + 23)
+        last = max(last, base + delta + 1)
+        pos += 12 + length
+    return min(last, end)
+
+
+class BatchesService:
+    """``liftlog.Batches``; partitions are found (and leadership checked) through the API service."""
+
+    def __init__(self, api: ApiService) -> None:
+        self._api = api
+
+    async def Fetch(self, request: Any, context: Any) -> batches_pb2.FetchResponse:
+        req: batches_pb2.FetchRequest = request
+        try:
+            if req.offset < 0 or req.endOffset < 0 or req.maxBytes < 0 or req.maxWaitMs < 0:
+                raise RpcFailure(
+                    StatusCode.INVALID_ARGUMENT,
+                    Reason.INVALID_ARGUMENT,
+                    "offset, endOffset, maxBytes and maxWaitMs must not be negative",
+                )
+            part = await self._api.readable(
+                req.stream, req.partition, resume=req.resume, allow_replica=req.readISRReplica
+            )
+            max_bytes = min(req.maxBytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES)
+            wait = min(req.maxWaitMs, MAX_WAIT_MS) / 1000
+            remaining = context.time_remaining()
+            if remaining is not None:  # answer (empty) before the caller's deadline, not after it
+                wait = min(wait, max(0.0, remaining - 0.05))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            offset = req.offset
+            while True:
+                log = part.log
+                if log is None or part.closed_reason is not None:
+                    raise self._api.gone(req.stream, req.partition, part.closed_reason or "closed")
+                hw = log.high_watermark
+                start = log.log_start_offset
+                if offset < start:
+                    raise RpcFailure(
+                        StatusCode.OUT_OF_RANGE,
+                        Reason.OUT_OF_RANGE,
+                        f"offset {offset} of stream {req.stream!r} partition {req.partition} is no longer in the "
+                        f"log (removed by retention): it starts at {start}",
+                    )
+                if offset > log.log_end_offset:
+                    raise RpcFailure(
+                        StatusCode.OUT_OF_RANGE,
+                        Reason.OUT_OF_RANGE,
+                        f"offset {offset} of stream {req.stream!r} partition {req.partition} is past the end of "
+                        f"the log (its next offset is {log.log_end_offset})",
+                    )
+                end = hw + 1 if not req.endOffset else min(hw + 1, req.endOffset)
+                if offset < end:
+                    try:
+                        data = log.read_raw(offset, max_bytes, end)
+                    except OffsetOutOfRange:
+                        continue  # retention moved the start meanwhile: the checks above name it
+                    except LogClosed as exc:
+                        raise self._api.gone(req.stream, req.partition, str(exc)) from exc
+                    return self._response(data, hw, start, next_offset(data, offset, end), part.subject)
+                stop = req.endOffset and offset >= req.endOffset
+                left = deadline - loop.time()
+                if stop or left <= 0 or (part.meta.readonly and not part.accepting):
+                    return self._response(b"", hw, start, offset, part.subject)
+                try:
+                    async with asyncio.timeout(left):
+                        await part.wait_for_data()
+                except TimeoutError:
+                    pass
+        except RpcFailure as failure:
+            await abort_with(context, failure)
+
+    @staticmethod
+    def _response(data: bytes, hw: int, start: int, next_at: int, subject: str) -> batches_pb2.FetchResponse:
+        return batches_pb2.FetchResponse(
+            batches=data, highWatermark=hw, logStartOffset=start, nextOffset=next_at, subject=subject
+        )
+
+    async def Publish(self, request: Any, context: Any) -> batches_pb2.PublishResponse:
+        req: batches_pb2.PublishRequest = request
+        api = self._api
+        try:
+            if req.ackPolicy not in (api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE):
+                raise RpcFailure(
+                    StatusCode.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, f"unknown ack policy {req.ackPolicy}"
+                )
+            meta, occ = await api.publishable(req.stream, req.partition, req.ackPolicy)
+            self._check_records(req, api.max_message_bytes)
+            envelope = batches_pb2.RecordBatchEnvelope(records=req.records, count=req.count, ackPolicy=req.ackPolicy)
+            if occ and req.HasField("expectedOffset"):
+                envelope.expectedOffset = req.expectedOffset
+            if req.ackPolicy == api_pb2.NONE:
+                await api.publish_payload(meta.subject, encode_record_batch(envelope))
+                return batches_pb2.PublishResponse(baseOffset=-1, count=req.count, partitionSubject=meta.subject)
+            envelope.ackInbox, envelope.correlationId, future = api.expect_ack("", "")
+            await api.publish_payload(
+                meta.subject, encode_record_batch(envelope), envelope.ackInbox, envelope.correlationId
+            )
+            ack = await api.await_ack(future, context.time_remaining())
+        except RpcFailure as failure:
+            await abort_with(context, failure)
+        return batches_pb2.PublishResponse(
+            baseOffset=ack.offset - req.count + 1,
+            count=req.count,
+            partitionSubject=ack.partitionSubject,
+            receptionTimestamp=ack.receptionTimestamp,
+            commitTimestamp=ack.commitTimestamp,
+        )
+
+    @staticmethod
+    def _check_records(req: batches_pb2.PublishRequest, max_message_bytes: int) -> None:
+        """The records must be well formed and each within streams.max.message.bytes (as the leader checks)."""
+        try:
+            records = decode_new_records(req.records, req.count)
+        except InvalidBatch as exc:
+            raise RpcFailure(
+                StatusCode.INVALID_ARGUMENT,
+                Reason.INVALID_ARGUMENT,
+                f"the records of the batch are not in the storage format (docs/storage-format.md): {exc}",
+            ) from exc
+        for i, record in enumerate(records):
+            size = len(record.value) + (len(record.key) if record.key else 0)  # what Publish checks
+            if size > max_message_bytes:
+                raise RpcFailure(
+                    StatusCode.INVALID_ARGUMENT,
+                    Reason.TOO_LARGE,
+                    f"message {i} of the batch has {size} bytes, more than streams.max.message.bytes "
+                    f"({max_message_bytes})",
+                )
