@@ -209,6 +209,8 @@ async def test_batch_publish_errors_name_the_problem(stubs: tuple, name: str) ->
     assert "message 1 of the batch" in (err.details() or "")
     err = await rpc_error(batches.Publish(batch_request(name, [b"a"], ackPolicy=7)))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "ack policy 7" in (err.details() or "")
+    err = await rpc_error(batches.Publish(batch_request(name, [b"y" * 1024] * 2000)))  # 2 MB: one NATS message
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "NATS max payload" in (err.details() or "")
     ok = await batches.Publish(batch_request(name, [b"a", b"b"], expectedOffset=0))
     assert ok.baseOffset == 0
     err = await rpc_error(batches.Publish(batch_request(name, [b"c"], expectedOffset=0)))

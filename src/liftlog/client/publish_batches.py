@@ -159,10 +159,14 @@ async def _chunks(
             )
         else:
             record = NewRecord(value.encode() if isinstance(value, str) else value, key, plain_headers)
+        cost = len(record.value) + 26 + (len(record.key) if record.key else 0)
+        if records and used + cost > CHUNK_BYTES:  # a big message starts a chunk of its own
+            yield raw, records
+            raw, records, used = [], [], 0
         raw.append(value)
         records.append(record)
-        used += len(record.value) + 26
-        if len(records) >= size or used >= CHUNK_BYTES:
+        used += cost
+        if len(records) >= size:
             yield raw, records
             raw, records, used = [], [], 0
     if records:

@@ -3,9 +3,11 @@
 A task gets Arrow record batches with a ``value`` column and optionally
 ``key``, ``headers``, ``partition`` and ``stream`` (other columns are
 ignored, so a DataFrame read from liftlog can be written back). Rows are
-grouped by target partition and published with PublishAsync, ack ALL, one
-call per partition at a time, so each partition receives a task's rows in
-order. Any refusal or timeout fails the task.
+grouped by target partition and published with ``publish_many``, ack ALL,
+one call per partition at a time, so each partition receives a task's rows
+in order (liftlog servers take them in atomic chunks through
+``liftlog.Batches/Publish``, Liftbridge servers through PublishAsync). Any
+refusal or timeout fails the task.
 
 Exactly once, for streaming writes (:class:`Txn`): Spark re-runs a failed
 micro-batch task with the same input, so a task's output is the same multiset
@@ -196,13 +198,13 @@ def _rows(batch: pa.RecordBatch, default_stream: str | None, first_row: int) -> 
 
 
 def _digest(stream: str, key: bytes | None, value: bytes, headers: dict[str, bytes], partition: int | None) -> bytes:
-    h = hashlib.blake2b(digest_size=12)
+    # One hash call over the joined parts (the same digest as updating part by part, at a third of the cost).
+    parts: list[bytes] = []
     for part in (stream.encode(), b"-" if key is None else b"+" + key, value, str(partition).encode()):
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
+        parts += (len(part).to_bytes(8, "big"), part)
     for k, v in sorted(headers.items()):
-        h.update(len(k).to_bytes(8, "big") + k.encode() + len(v).to_bytes(8, "big") + v)
-    return h.digest()
+        parts.append(len(k).to_bytes(8, "big") + k.encode() + len(v).to_bytes(8, "big") + v)
+    return hashlib.blake2b(b"".join(parts), digest_size=12).digest()
 
 
 async def _settled(client: Client, stream: str, partition: int) -> PartitionInfo:
@@ -286,6 +288,7 @@ def write_batches(
         seen: dict[tuple[str, int], set[bytes]] = {}  # exactly once: row ids already in each partition
         occurrences: Counter[bytes] = Counter()
         row_number = 0
+        tag = txn.tag if txn is not None else b""
         for batch in batches:
             if row_number == 0:
                 check_columns(batch.schema.names, default_stream)
@@ -311,7 +314,7 @@ def write_batches(
                     if row_id in seen[place]:
                         result.skipped += 1
                         continue
-                    headers[TXN_HEADER] = txn.tag
+                    headers[TXN_HEADER] = tag
                     headers[ROW_HEADER] = row_id
                 groups.setdefault((stream, target), []).append(OutgoingMessage(value, key, headers or None))
             row_number += batch.num_rows

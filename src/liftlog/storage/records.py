@@ -253,14 +253,22 @@ def encode_empty_batch(base_offset: int, last_offset_delta: int, leader_epoch: i
 
 
 def _encode_headers(headers: Mapping[str, bytes]) -> bytes:
-    out = bytearray()
+    parts: list[bytes] = []
+    names = _ENCODED_NAMES
+    pack_value = _HEADER_VALUE.pack
     for name, value in headers.items():
-        raw = name.encode()
-        out += _HEADER_NAME.pack(len(raw))
-        out += raw
-        out += _HEADER_VALUE.pack(len(value))
-        out += value
-    return bytes(out)
+        prefix = names.get(name)
+        if prefix is None:
+            raw = name.encode()
+            prefix = _HEADER_NAME.pack(len(raw)) + raw
+            if len(names) < 1024:  # header names repeat from record to record
+                names[name] = prefix
+        parts += (prefix, pack_value(len(value)), value)
+    return b"".join(parts)
+
+
+#: Encoded header names (length prefix and UTF-8), by name.
+_ENCODED_NAMES: dict[str, bytes] = {}
 
 
 def _seal(
