@@ -420,7 +420,8 @@ def bench(
 
     \b
       sync        1 publisher, one Publish RPC at a time (3,000 messages)
-      async       PublishAsync stream with --window in flight (20,000)
+      async       publish_many with --window in flight (20,000): batched publish
+                  requests on liftlog, a PublishAsync stream on Liftbridge
       concurrent  --concurrency publishers, one Publish RPC at a time each (8,000 in all)
       nats        Publish envelopes over plain NATS, acks on one inbox, --window in flight (50,000)
       consume     read back a prefilled stream, EARLIEST to STOP_LATEST (50,000)
@@ -428,7 +429,7 @@ def bench(
 
     --count N sets every scenario's message count (split among the
     publishers in 'concurrent'). Latencies run from sending to the ack (to
-    receipt for e2e); 'async' infers them from when PublishAsync's window
+    receipt for e2e); 'async' infers them from when publish_many's window
     lets each message out (latency_method in the JSON). The table, with
     Liftbridge's figures on this machine class, goes to stderr; one JSON
     line goes to stdout.
@@ -439,7 +440,7 @@ def bench(
 
     \b
       single      'async' with ack ALL on a standalone server, run first (20,000)
-      rf3-all     PublishAsync with --window in flight, ack ALL (20,000)
+      rf3-all     'async' on the replicated stream, ack ALL (20,000)
       rf3-leader  the same with ack LEADER (20,000)
       failover    sequential ack-ALL publishes; halfway, kill -9 the leader and
                   time the first ack of a new leader (2,000 acks; runs last)

@@ -251,7 +251,7 @@ async def spawned_cluster(
 
 
 async def _replicated(client: Client, s: Settings, stream: str, subject: str, count: int, policy: str) -> Result:
-    """The ``async`` scenario (PublishAsync, --window in flight) with ack `policy` on the replicated stream."""
+    """The ``async`` scenario (publish_many, --window in flight) with ack `policy` on the replicated stream."""
     result = await RUNNERS["async"](client, replace(s, ack_policy=policy, partitions=1), stream, subject, count)
     result.notes.insert(0, f"ack {policy.upper()}")
     return result
