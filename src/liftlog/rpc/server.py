@@ -182,9 +182,10 @@ class ServerContext:
     def done(self) -> bool:
         return self._call.finished
 
-    async def write(self, message: ProtoMessage | bytes) -> None:
-        """Send one response message (or its encoding) on a streaming call."""
-        await self._call.write(message if type(message) is bytes else message.SerializeToString())  # type: ignore[union-attr]
+    async def write(self, message: ProtoMessage | bytes | list[bytes]) -> None:
+        """Send one response message (or its encoding, or several encoded ones at once) on a streaming call."""
+        kind = type(message)
+        await self._call.write(message if kind is bytes or kind is list else message.SerializeToString())  # type: ignore[arg-type, union-attr]
 
 
 class _Call:

@@ -675,25 +675,49 @@ class ApiService:
                         return
                     await wake.wait()
                     wake.clear()
-                cid, item = queue[0]
-                if isinstance(item, RpcFailure):
-                    response = self._async_error(cid, item)
-                else:
-                    try:
-                        ack = self._as_sent(await self.await_ack(item, None), cid)
-                    except RpcFailure as failure:
-                        response = self._async_error(cid, failure)
+                # Every answer that is ready goes out in one write; a pending ack is waited for only at the head.
+                answers: list[bytes] = []
+                while len(answers) < len(queue) and len(answers) < 512:  # the reader appends meanwhile
+                    cid, item = queue[len(answers)]
+                    if isinstance(item, RpcFailure):
+                        answers.append(self._async_error(cid, item).SerializeToString())
+                    elif item.done():
+                        answers.append(self._answer(item, cid))
+                    elif answers:
+                        break
                     else:
-                        response = api_pb2.PublishResponse(ack=ack, correlationId=cid)
+                        try:
+                            await self.await_ack(item, None)
+                        except RpcFailure as failure:  # no ack in time
+                            answers.append(self._async_error(cid, failure).SerializeToString())
+                        else:
+                            answers.append(self._answer(item, cid))
                 # Completes once gRPC's window has room: a client that does not read its acks stalls here.
-                await context.write(response)
-                queue.popleft()
-                room.release()
+                await context.write(answers)
+                for _ in answers:
+                    queue.popleft()
+                    room.release()
         finally:
             reader.cancel()
             for _, item in queue:  # the caller went away: stop waiting for these acks
                 if isinstance(item, asyncio.Future):
                     item.cancel()
+
+    def _answer(self, future: asyncio.Future[api_pb2.Ack], cid: str) -> bytes:
+        """The encoded PublishResponse for a done ack: the ack, or the asyncError its failure means."""
+        try:
+            ack = self._ack_result(future)
+        except RpcFailure as failure:
+            return self._async_error(cid, failure).SerializeToString()
+        if cid:
+            ack.correlationId = cid  # the caller's id (the server matched the ack by its own)
+        # PublishResponse{ack = 1, correlationId = 3}, written here: no response message and no copy of the ack.
+        encoded = ack.SerializeToString()
+        out = b"\x0a" + _varint(len(encoded)) + encoded
+        if cid:
+            raw = cid.encode()
+            out += b"\x1a" + _varint(len(raw)) + raw
+        return out
 
     @staticmethod
     def _async_error(cid: str, failure: RpcFailure) -> api_pb2.PublishResponse:
@@ -735,3 +759,12 @@ class ApiService:
         self, request: Any, context: Any
     ) -> api_pb2.ReportConsumerGroupCoordinatorResponse:
         await self._unimplemented(context, "consumer groups")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
