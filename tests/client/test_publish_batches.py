@@ -41,3 +41,12 @@ async def test_async_input_is_chunked_too() -> None:
 
     got = [records async for _, records in _chunks(gen(), 2, None, None)]
     assert [[r.value for r in c] for c in got] == [[b"0", b"1"], [b"2", b"3"], [b"4"]]
+
+
+def test_a_batch_ack_is_an_ordinary_ack() -> None:
+    from liftlog.client import Ack, AckPolicy
+    from liftlog.client.types import batch_ack
+
+    made = batch_ack("s", "subj", 7, AckPolicy.ALL, 1, 2)
+    assert made == Ack("s", "subj", "subj", 7, "", "", AckPolicy.ALL, 1, 2)
+    assert hash(made) == hash(Ack("s", "subj", "subj", 7, "", "", AckPolicy.ALL, 1, 2))

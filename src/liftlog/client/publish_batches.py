@@ -24,6 +24,7 @@ from liftlog.api import batches_pb2
 from liftlog.client.errors import AckTimeoutError, LiftlogError, UnimplementedError, as_publish_failure
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.types import Ack, AckPolicy, OutgoingMessage
+from liftlog.client.types import batch_ack as make_ack
 from liftlog.storage.records import NewRecord, encode_records
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ async def _send(
     subject = resp.partitionSubject
     received, committed = resp.receptionTimestamp, resp.commitTimestamp
     return [
-        Ack(stream, subject, subject, offset, "", "", ack_policy, received, committed)
+        make_ack(stream, subject, offset, ack_policy, received, committed)
         for offset in range(resp.baseOffset, resp.baseOffset + resp.count)
     ]
 
@@ -155,7 +156,7 @@ async def _chunks(
             record = NewRecord(
                 to_bytes(value.value),
                 to_bytes(value.key) if value.key is not None else key,
-                to_headers(value.headers) if value.headers else plain_headers,
+                _as_headers(value.headers) if value.headers else plain_headers,
             )
         else:
             record = NewRecord(value.encode() if isinstance(value, str) else value, key, plain_headers)
@@ -171,6 +172,14 @@ async def _chunks(
             raw, records, used = [], [], 0
     if records:
         yield raw, records
+
+
+def _as_headers(headers: Mapping[str, bytes | str]) -> Mapping[str, bytes]:
+    """The headers with bytes values: as they are when they already are (the Spark sink's are)."""
+    for value in headers.values():
+        if type(value) is not bytes:
+            return to_headers(headers)
+    return headers  # type: ignore[return-value]
 
 
 async def _aiter(values: Iterable[Value]) -> AsyncIterator[Value]:

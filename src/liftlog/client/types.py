@@ -226,6 +226,35 @@ class Ack:
         )
 
 
+def batch_ack(stream: str, subject: str, offset: int, ack_policy: AckPolicy, received: int, committed: int) -> Ack:
+    """The :class:`Ack` of one message of a batched publish (built through its slots, like ``message``)."""
+    a = _new_ack(Ack)
+    _ack_stream(a, stream)
+    _ack_partition_subject(a, subject)
+    _ack_msg_subject(a, subject)
+    _ack_offset(a, offset)
+    _ack_inbox(a, "")
+    _ack_correlation_id(a, "")
+    _ack_policy(a, ack_policy)
+    _ack_received(a, received)
+    _ack_committed(a, committed)
+    _ack_error(a, AckError.OK)
+    return a
+
+
+_new_ack: Final[Callable[[type[Ack]], Ack]] = object.__new__
+_ack_stream = _slot_setter(Ack, "stream")
+_ack_partition_subject = _slot_setter(Ack, "partition_subject")
+_ack_msg_subject = _slot_setter(Ack, "msg_subject")
+_ack_offset = _slot_setter(Ack, "offset")
+_ack_inbox = _slot_setter(Ack, "ack_inbox")
+_ack_correlation_id = _slot_setter(Ack, "correlation_id")
+_ack_policy = _slot_setter(Ack, "ack_policy")
+_ack_received = _slot_setter(Ack, "reception_timestamp")
+_ack_committed = _slot_setter(Ack, "commit_timestamp")
+_ack_error = _slot_setter(Ack, "error")
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
     """A server of the cluster; ``host:port`` is its client (gRPC) address."""

@@ -25,7 +25,7 @@ from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.errors import Reason
 from liftlog.rpc import StatusCode
 from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
-from liftlog.storage.records import decode_new_records
+from liftlog.storage.records import check_records
 
 from .api_service import ApiService, RpcFailure, abort_with
 
@@ -159,19 +159,17 @@ class BatchesService:
     def _check_records(req: batches_pb2.PublishRequest, max_message_bytes: int) -> None:
         """The records must be well formed and each within streams.max.message.bytes (as the leader checks)."""
         try:
-            records = decode_new_records(req.records, req.count)
+            largest = check_records(req.records, req.count)  # key + value, what Publish checks
         except InvalidBatch as exc:
             raise RpcFailure(
                 StatusCode.INVALID_ARGUMENT,
                 Reason.INVALID_ARGUMENT,
                 f"the records of the batch are not in the storage format (docs/storage-format.md): {exc}",
             ) from exc
-        for i, record in enumerate(records):
-            size = len(record.value) + (len(record.key) if record.key else 0)  # what Publish checks
-            if size > max_message_bytes:
-                raise RpcFailure(
-                    StatusCode.INVALID_ARGUMENT,
-                    Reason.TOO_LARGE,
-                    f"message {i} of the batch has {size} bytes, more than streams.max.message.bytes "
-                    f"({max_message_bytes})",
-                )
+        if largest > max_message_bytes:
+            raise RpcFailure(
+                StatusCode.INVALID_ARGUMENT,
+                Reason.TOO_LARGE,
+                f"a message of the batch has {largest} bytes, more than streams.max.message.bytes "
+                f"({max_message_bytes})",
+            )

@@ -108,7 +108,7 @@ def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, 
         return None
     # Like a Publish envelope's: the batch's ack fields are the publisher's business, not stored per record.
     fields = _fields(own_subject, reply, "", "", 0)
-    if fields or any(r.headers for r in records):
+    if fields or any(name[:1] == RESERVED for r in records if r.headers for name in r.headers):
         records = [_with_fields(r, fields) for r in records]
     expected = batch.expectedOffset if batch.HasField("expectedOffset") else -1
     return Incoming(

@@ -52,6 +52,7 @@ __all__ = [
     "NewRecord",
     "Record",
     "batch_crc_ok",
+    "check_records",
     "decode_new_records",
     "decode_records",
     "encode_batch",
@@ -190,57 +191,89 @@ def _encode_records(
     return b"".join(parts), first_ts, max_ts
 
 
-def decode_new_records(data: bytes | memoryview, count: int) -> list[NewRecord]:
+def decode_new_records(data: bytes, count: int) -> list[NewRecord]:
     """Records encoded by :func:`encode_records`, to append again (timestamps dropped: the log sets them).
 
-    Checks the structure strictly (``count`` records with offset deltas 0,
-    1, ..., every length within the record and the data ending with the
-    last record), since the bytes come from the network; raises
-    InvalidBatch naming the first problem.
+    Checks the structure strictly (see :func:`check_records`), since the
+    bytes come from the network; raises InvalidBatch naming the first problem.
     """
-    if count < 1:
-        raise InvalidBatch(f"a batch needs at least one record, it says it has {count}")
-    mv = memoryview(data)
-    end = len(mv)
-    pos = 0
+    check_records(data, count)
     out: list[NewRecord] = []
     append = out.append
     unpack = RECORD_HEADER.unpack_from
+    unpack_name = _HEADER_NAME.unpack_from
+    unpack_value = _HEADER_VALUE.unpack_from
+    pos = 0
     try:
-        for i in range(count):
-            length, delta, _ts, key_len, value_len, n_headers = unpack(mv, pos)
-            record_end = pos + 4 + length
-            if delta != i or record_end > end or key_len < -1 or value_len < 0:
-                raise InvalidBatch(f"record {i} of the batch is malformed (offset delta {delta}, length {length})")
+        for _ in range(count):
+            length, _delta, _ts, key_len, value_len, n_headers = unpack(data, pos)
             p = pos + RECORD_OVERHEAD
             key = None
             if key_len >= 0:
-                key = bytes(mv[p : p + key_len])
+                key = data[p : p + key_len]
                 p += key_len
-            value = bytes(mv[p : p + value_len])
+            value = data[p : p + value_len]
             p += value_len
-            headers = EMPTY_HEADERS
+            headers: Mapping[str, bytes] = EMPTY_HEADERS
             if n_headers:
-                headers = _decode_headers(mv, p, n_headers)
-                p = _headers_end(mv, p, n_headers)
-            if p != record_end:
-                raise InvalidBatch(f"record {i} of the batch has {record_end - p} bytes its fields do not account for")
+                found: dict[str, bytes] = {}
+                for _ in range(n_headers):
+                    (name_len,) = unpack_name(data, p)
+                    name = data[p + 2 : p + 2 + name_len].decode()
+                    p += 2 + name_len
+                    (size,) = unpack_value(data, p)
+                    found[name] = data[p + 4 : p + 4 + size]
+                    p += 4 + size
+                headers = found
             append(NewRecord(value, key, headers))
-            pos = record_end
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise InvalidBatch(f"record {len(out)} of the batch is malformed: {exc}") from exc
-    if pos != end:
-        raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
+            pos += 4 + length
+    except UnicodeDecodeError as exc:
+        raise InvalidBatch(f"record {len(out)} of the batch has a header name that is not UTF-8: {exc}") from exc
     return out
 
 
-def _headers_end(mv: memoryview, pos: int, count: int) -> int:
-    for _ in range(count):
-        (name_len,) = _HEADER_NAME.unpack_from(mv, pos)
-        pos += 2 + name_len
-        (value_len,) = _HEADER_VALUE.unpack_from(mv, pos)
-        pos += 4 + value_len
-    return pos
+def check_records(data: bytes, count: int) -> int:
+    """Check that ``data`` is ``count`` records as :func:`encode_records` writes them; their largest key + value.
+
+    Offset deltas must be 0, 1, ..., every length must stay within its
+    record and the data must end with the last record. Raises InvalidBatch
+    naming the first problem. Builds no objects: a publish is checked where
+    it arrives, before it goes on.
+    """
+    if count < 1:
+        raise InvalidBatch(f"a batch needs at least one record, it says it has {count}")
+    end = len(data)
+    pos = 0
+    largest = 0
+    unpack = RECORD_HEADER.unpack_from
+    unpack_name = _HEADER_NAME.unpack_from
+    unpack_value = _HEADER_VALUE.unpack_from
+    i = 0
+    try:
+        for i in range(count):
+            length, delta, _ts, key_len, value_len, n_headers = unpack(data, pos)
+            record_end = pos + 4 + length
+            if delta != i or record_end > end or key_len < -1 or value_len < 0:
+                raise InvalidBatch(f"record {i} of the batch is malformed (offset delta {delta}, length {length})")
+            p = pos + RECORD_OVERHEAD + max(key_len, 0) + value_len
+            for _ in range(n_headers):
+                (name_len,) = unpack_name(data, p)
+                p += 2 + name_len
+                (size,) = unpack_value(data, p)
+                if size < 0:
+                    raise InvalidBatch(f"record {i} of the batch has a header of length {size}")
+                p += 4 + size
+            if p != record_end:
+                raise InvalidBatch(f"record {i} of the batch has {record_end - p} bytes its fields do not account for")
+            size = value_len + max(key_len, 0)
+            if size > largest:
+                largest = size
+            pos = record_end
+    except struct.error as exc:
+        raise InvalidBatch(f"record {i} of the batch is malformed: {exc}") from exc
+    if pos != end:
+        raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
+    return largest
 
 
 def encode_empty_batch(base_offset: int, last_offset_delta: int, leader_epoch: int) -> bytes:
