@@ -147,3 +147,45 @@ def test_a_batch_is_refused_as_a_whole(partition: Partition, acks: list[api_pb2.
     assert by_cid["stale"].ackError == api_pb2.Ack.INCORRECT_OFFSET, "the expected offset is the first record's"
     assert (by_cid["right"].offset, by_cid["next"].offset) == (1, 2)
     assert [r.value for r in partition.log.read(0, 10)] == [b"a", b"b", b"c"]  # type: ignore[union-attr]
+
+
+def encoded_batch(values: list[bytes], cid: str, expected: int = -1) -> Incoming:
+    """A batched publish as the intake gets it from NATS: its records stored as they came."""
+    from liftlog.api import batches_pb2
+    from liftlog.api.batch_envelope import encode_record_batch
+    from liftlog.server.messages import incoming_from_nats
+    from liftlog.storage.records import encode_records
+
+    envelope = batches_pb2.RecordBatchEnvelope(
+        records=encode_records([NewRecord(v, b"k", {"h": b"1"}) for v in values]),
+        count=len(values),
+        ackInbox="inbox",
+        correlationId=cid,
+    )
+    if expected != -1:
+        envelope.expectedOffset = expected
+    item = incoming_from_nats("orders", "", encode_record_batch(envelope), "orders")
+    assert item.encoded is not None and not item.more, "a clean batch is stored as it came"
+    return item
+
+
+def test_an_encoded_batch_is_stored_as_it_came_between_other_messages(
+    partition: Partition, acks: list[api_pb2.Ack]
+) -> None:
+    partition.append([incoming(b"a", "1"), encoded_batch([b"b", b"c"], "2"), incoming(b"d", "3"), incoming(b"e", "4")])
+    partition.append([encoded_batch([b"f"], "5", expected=5), encoded_batch([b"g"], "stale", expected=0)])
+    assert [(a.correlationId, a.offset, a.ackError) for a in acks] == [
+        ("1", 0, api_pb2.Ack.OK),
+        ("2", 2, api_pb2.Ack.OK),
+        ("3", 3, api_pb2.Ack.OK),
+        ("4", 4, api_pb2.Ack.OK),
+        ("5", 5, api_pb2.Ack.OK),
+        ("stale", -1, api_pb2.Ack.INCORRECT_OFFSET),
+    ]
+    records = partition.log.read(0, 10)  # type: ignore[union-attr]
+    assert [r.value for r in records] == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    assert records[1].key == b"k" and dict(records[1].headers) == {"h": b"1"}
+    assert records[1].timestamp == records[0].timestamp > 0, "the leader stamps a batch's records with its time"
+    batch = encoded_batch([b"x" * 101], "big")
+    partition.append([batch])
+    assert acks[-1].ackError == api_pb2.Ack.TOO_LARGE and partition.newest_offset == 5

@@ -379,3 +379,20 @@ def test_compaction_emptying_a_segment_does_not_move_the_log_start(open_log: Ope
     clock.advance_ms(61_000)  # past the age limit of its rewrite: now retention may drop it
     assert log.enforce_retention() > 0
     assert log.log_start_offset > 0
+
+
+def test_append_encoded_stores_records_encoded_elsewhere(tmp_path: Path) -> None:
+    from liftlog.storage.records import encode_records
+
+    log = CommitLog.open(tmp_path / "p", LogConfig(), clock=lambda: 1234)
+    log.append([NewRecord(b"first")])
+    assert log.append_encoded(encode_records([NewRecord(b"a"), NewRecord(b"b", b"k")]), 2) == 3
+    assert [(r.offset, r.value, r.key, r.timestamp) for r in log.read(0, 10)] == [
+        (0, b"first", None, 1234),
+        (1, b"a", None, 1234),
+        (2, b"b", b"k", 1234),
+    ]
+    with pytest.raises(InvalidBatch):
+        log.append_encoded(b"junk", 1)
+    assert log.log_end_offset == 3
+    log.close()

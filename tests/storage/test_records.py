@@ -144,3 +144,15 @@ def test_malformed_records_are_refused(mangle: Any, count: int, match: str) -> N
     data = mangle(encode_records([NewRecord(b"a", None, {"h": b"v"}), NewRecord(b"bb", b"k")]))
     with pytest.raises(InvalidBatch, match=match):
         decode_new_records(data, count)
+
+
+def test_sealed_records_are_the_batch_encode_batch_writes() -> None:
+    from liftlog.storage.records import check_records, encode_records, seal_records
+
+    records = [NewRecord(b"a", b"k", {"h": b"v"}), NewRecord(b"bb"), NewRecord(b"", None, {"\x00x": b""})]
+    data = encode_records(records, default_timestamp=5)
+    info = check_records(data, 3)
+    assert (info.largest_payload, info.reserved_headers, len(info.positions)) == (2, True, 3)
+    assert seal_records(10, 2, data, 3, 99) == encode_batch(10, 2, records, 99), "timestamps are the leader's"
+    with pytest.raises(RecordTooLarge):
+        seal_records(10, 2, data, 3, 99, max_record_bytes=info.largest_record - 1)

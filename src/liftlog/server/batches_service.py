@@ -159,7 +159,7 @@ class BatchesService:
     def _check_records(req: batches_pb2.PublishRequest, max_message_bytes: int) -> None:
         """The records must be well formed and each within streams.max.message.bytes (as the leader checks)."""
         try:
-            largest = check_records(req.records, req.count)  # key + value, what Publish checks
+            largest = check_records(req.records, req.count).largest_payload  # key + value, what Publish checks
         except InvalidBatch as exc:
             raise RpcFailure(
                 StatusCode.INVALID_ARGUMENT,

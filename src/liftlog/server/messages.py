@@ -37,12 +37,22 @@ from liftlog.storage.records import (
     RECORD_HEADER,
     RECORD_OVERHEAD,
     BatchHeader,
+    RecordsInfo,
+    check_records,
     decode_new_records,
 )
 
-__all__ = ["Incoming", "encode_messages", "incoming_from_nats", "record_size", "record_to_message"]
+__all__ = ["Encoded", "Incoming", "encode_messages", "incoming_from_nats", "record_size", "record_to_message"]
 
 _POLICY_BYTES = {p: bytes([p]) for p in (api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE)}
+
+
+class Encoded(NamedTuple):
+    """Records of a batched publish as they arrived (storage format, checked): stored without re-encoding."""
+
+    data: bytes
+    record_count: int
+    info: RecordsInfo
 
 
 class Incoming(NamedTuple):
@@ -61,6 +71,8 @@ class Incoming(NamedTuple):
     #: With optimistic concurrency control: the offset the publisher expects it (the first record) to get.
     expected_offset: int
     more: tuple[NewRecord, ...] = ()
+    #: A batched publish's records, when they can be stored as they came (then ``record`` is a stand-in).
+    encoded: Encoded | None = None
 
 
 def record_size(record: NewRecord) -> int:
@@ -103,17 +115,22 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
 def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, reply: str) -> Incoming | None:
     """The records of a batch envelope, or None when they are not well formed (then it is a plain value)."""
     try:
-        records = decode_new_records(batch.records, batch.count)
+        info = check_records(batch.records, batch.count)
     except InvalidBatch:
         return None
+    expected = batch.expectedOffset if batch.HasField("expectedOffset") else -1
     # Like a Publish envelope's: the batch's ack fields are the publisher's business, not stored per record.
     fields = _fields(own_subject, reply, "", "", 0)
-    if fields or any(name[:1] == RESERVED for r in records if r.headers for name in r.headers):
-        records = [_with_fields(r, fields) for r in records]
-    expected = batch.expectedOffset if batch.HasField("expectedOffset") else -1
+    if not fields and not info.reserved_headers:  # the usual batch: stored as it came
+        encoded = Encoded(batch.records, batch.count, info)
+        return Incoming(_STAND_IN, subject, batch.ackInbox, batch.correlationId, batch.ackPolicy, expected, (), encoded)
+    records = [_with_fields(r, fields) for r in decode_new_records(batch.records, batch.count)]
     return Incoming(
         records[0], subject, batch.ackInbox, batch.correlationId, batch.ackPolicy, expected, tuple(records[1:])
     )
+
+
+_STAND_IN = NewRecord(b"")
 
 
 def _with_fields(record: NewRecord, fields: bytes) -> NewRecord:

@@ -31,7 +31,16 @@ from liftlog.api import api_pb2
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
-from liftlog.storage import CommitLog, FileIO, LogConfig, LogFenced, NewRecord, RecordTooLarge, StorageError
+from liftlog.storage import (
+    CommitLog,
+    FileIO,
+    InvalidBatch,
+    LogConfig,
+    LogFenced,
+    NewRecord,
+    RecordTooLarge,
+    StorageError,
+)
 from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
@@ -285,8 +294,10 @@ class Partition:
         for item in items:
             if occ and item.expected_offset != -1 and item.expected_offset != next_offset:
                 rejected.append((item, api_pb2.Ack.INCORRECT_OFFSET))
-            elif (len(item.record.value) > max_bytes and record_size(item.record) > max_bytes) or (
-                item.more and any(len(r.value) > max_bytes and record_size(r) > max_bytes for r in item.more)
+            elif (
+                (len(item.record.value) > max_bytes and record_size(item.record) > max_bytes)
+                or (item.more and any(len(r.value) > max_bytes and record_size(r) > max_bytes for r in item.more))
+                or (item.encoded is not None and item.encoded.info.largest_payload > max_bytes)
             ):
                 rejected.append((item, api_pb2.Ack.TOO_LARGE))
             elif under_min_isr and item.ack_policy == api_pb2.ALL:
@@ -295,33 +306,21 @@ class Partition:
                 too_few_copies += 1
             else:
                 accepted.append(item)
-                next_offset += 1 + len(item.more)
+                next_offset += _count(item)
         base = log_.log_end_offset
+        written: list[tuple[Incoming, int]] = []
         if accepted:
             # Group commit: the fsync waits for the end of this event-loop turn, shared with other batches.
             log_.defer_fsync = self.group_commit is not None
             try:
-                log_.append(_records(accepted), self._write_epoch, now)
-            except RecordTooLarge:
-                # Header overhead pushed one over the limit: write the rest one by one.
-                self._append_one_by_one(accepted, now)
-                accepted = []
-            except (StorageError, OSError) as exc:
-                self.write_failed(exc)
-                rejected.extend((item, api_pb2.Ack.UNKNOWN) for item in accepted)
-                accepted = []
-            else:
-                self.write_succeeded()
+                written = self._write_runs(log_, accepted, rejected, now)
             finally:
                 log_.defer_fsync = False
-        if accepted:
+        if written:
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
-        offset = base
-        for item in accepted:
-            offset += len(item.more)  # a batch is acknowledged with its last offset
-            self._written(item, offset, now)
-            offset += 1
+        for item, last_offset in written:
+            self._written(item, last_offset, now)  # a batch is acknowledged with its last offset
         for item, error in rejected:
             self._refused(item, error, now)
         if log_.unsynced and self.group_commit is not None:
@@ -431,22 +430,63 @@ class Partition:
                 "%s: %d ack-ALL messages not acknowledged: %s", self, len(waiters), reason, key=f"{self}:unacked"
             )
 
-    def _append_one_by_one(self, items: list[Incoming], now: int) -> None:
+    def _write_runs(
+        self, log_: CommitLog, items: list[Incoming], rejected: list[tuple[Incoming, int]], now: int
+    ) -> list[tuple[Incoming, int]]:
+        """Write ``items``: (item, its last offset) of those written; the others go to ``rejected``.
+
+        Messages go together as one batch; a batched publish whose records arrived encoded is stored as
+        it is, as a batch of its own.
+        """
+        written: list[tuple[Incoming, int]] = []
+        epoch = self._write_epoch
+        runs = _runs(items)
+        for i, run in enumerate(runs):
+            start = log_.log_end_offset
+            encoded = run[0].encoded
+            try:
+                if encoded is not None:
+                    log_.append_encoded(encoded.data, encoded.record_count, epoch, now, encoded.info)
+                else:
+                    log_.append(_records(run), epoch, now)
+            except RecordTooLarge:
+                if encoded is not None:
+                    rejected.append((run[0], api_pb2.Ack.TOO_LARGE))
+                else:  # header overhead pushed one over the limit: write these one by one
+                    written.extend(self._append_one_by_one(run, rejected, now))
+                continue
+            except InvalidBatch:
+                rejected.append((run[0], api_pb2.Ack.UNKNOWN))  # checked on arrival: cannot happen
+                continue
+            except (StorageError, OSError) as exc:
+                self.write_failed(exc)
+                rejected.extend((item, api_pb2.Ack.UNKNOWN) for later in runs[i:] for item in later)
+                break
+            self.write_succeeded()
+            offset = start
+            for item in run:
+                offset += _count(item)
+                written.append((item, offset - 1))
+        return written
+
+    def _append_one_by_one(
+        self, items: list[Incoming], rejected: list[tuple[Incoming, int]], now: int
+    ) -> list[tuple[Incoming, int]]:
         assert self.log is not None
+        written: list[tuple[Incoming, int]] = []
         for item in items:
-            offset = self.log.log_end_offset + len(item.more)
             try:
                 self.log.append([item.record, *item.more], self._write_epoch, now)
             except (RecordTooLarge, StorageError, OSError) as exc:
                 if isinstance(exc, RecordTooLarge):
-                    self._refused(item, api_pb2.Ack.TOO_LARGE, now)
+                    rejected.append((item, api_pb2.Ack.TOO_LARGE))
                 else:
                     self.write_failed(exc)
-                    self._refused(item, api_pb2.Ack.UNKNOWN, now)
+                    rejected.append((item, api_pb2.Ack.UNKNOWN))
                 continue
-            self.messages_received = self.messages_received.record(now)
-            self.last_activity = now
-            self._written(item, offset, now)
+            self.write_succeeded()
+            written.append((item, self.log.log_end_offset - 1))
+        return written
 
     def _written(self, item: Incoming, offset: int, now: int) -> None:
         """Ack a written message now (LEADER) or once committed (ALL)."""
@@ -627,6 +667,28 @@ class Partition:
 
     def __repr__(self) -> str:
         return f"<Partition {self.stream}/{self.id} subject={self.subject!r}>"
+
+
+def _count(item: Incoming) -> int:
+    """How many records (offsets) an item takes."""
+    return item.encoded.record_count if item.encoded is not None else 1 + len(item.more)
+
+
+def _runs(items: list[Incoming]) -> list[list[Incoming]]:
+    """``items`` cut into what is written as one batch each: runs of messages, and each encoded batch alone."""
+    runs: list[list[Incoming]] = []
+    run: list[Incoming] = []
+    for item in items:
+        if item.encoded is None:
+            run.append(item)
+            continue
+        if run:
+            runs.append(run)
+            run = []
+        runs.append([item])
+    if run:
+        runs.append(run)
+    return runs
 
 
 def _records(items: list[Incoming]) -> list[NewRecord]:

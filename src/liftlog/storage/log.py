@@ -57,12 +57,14 @@ from .records import (
     BatchHeader,
     NewRecord,
     Record,
+    RecordsInfo,
     batch_crc_ok,
     decode_records,
     encode_batch,
     encode_empty_batch,
     iter_batch_headers,
     parse_batch_header,
+    seal_records,
 )
 from .segment import MAX_RELATIVE_OFFSET, Segment, TornWrite
 
@@ -270,6 +272,28 @@ class CommitLog:
         data = encode_batch(base, leader_epoch, records, now, self.config.max_record_bytes)
         header = parse_batch_header(data)
         self._write(data, [header], now)
+        return self.log_end_offset
+
+    def append_encoded(
+        self,
+        records: bytes,
+        count: int,
+        leader_epoch: int = 0,
+        timestamp: int | None = None,
+        info: RecordsInfo | None = None,
+    ) -> int:
+        """Append ``count`` records encoded elsewhere (``encode_records``) as one batch; return the new LEO.
+
+        The records are stored as they are, offsets and timestamps assigned (see ``seal_records``).
+        Raises what ``append`` raises, and InvalidBatch for records that are not well formed.
+        """
+        self._check_writable()
+        latest = self.epoch_cache.latest_epoch
+        if latest is not None and leader_epoch < latest:
+            raise StaleLeaderEpoch(leader_epoch, latest)
+        now = self._clock() if timestamp is None else timestamp
+        data = seal_records(self.log_end_offset, leader_epoch, records, count, now, self.config.max_record_bytes, info)
+        self._write(data, [parse_batch_header(data)], now)
         return self.log_end_offset
 
     def append_raw(self, data: bytes | memoryview) -> int:

@@ -51,6 +51,7 @@ __all__ = [
     "BatchHeader",
     "NewRecord",
     "Record",
+    "RecordsInfo",
     "batch_crc_ok",
     "check_records",
     "decode_new_records",
@@ -62,6 +63,7 @@ __all__ = [
     "parse_batch_header",
     "record_keys",
     "retain_records",
+    "seal_records",
 ]
 
 MAGIC = 1
@@ -232,19 +234,34 @@ def decode_new_records(data: bytes, count: int) -> list[NewRecord]:
     return out
 
 
-def check_records(data: bytes, count: int) -> int:
-    """Check that ``data`` is ``count`` records as :func:`encode_records` writes them; their largest key + value.
+class RecordsInfo(NamedTuple):
+    """What :func:`check_records` learned about encoded records."""
+
+    #: Where each record starts.
+    positions: list[int]
+    #: The largest key + value (what publishing checks against streams.max.message.bytes).
+    largest_payload: int
+    #: The largest encoded record (what the log checks against its max record bytes).
+    largest_record: int
+    #: Whether a header name starts with NUL (reserved for the server).
+    reserved_headers: bool
+
+
+def check_records(data: bytes, count: int) -> RecordsInfo:
+    """Check that ``data`` is ``count`` records as :func:`encode_records` writes them.
 
     Offset deltas must be 0, 1, ..., every length must stay within its
     record and the data must end with the last record. Raises InvalidBatch
-    naming the first problem. Builds no objects: a publish is checked where
-    it arrives, before it goes on.
+    naming the first problem. Builds no record objects: a publish is checked
+    where it arrives, and the leader stores checked records as they are.
     """
     if count < 1:
         raise InvalidBatch(f"a batch needs at least one record, it says it has {count}")
     end = len(data)
     pos = 0
-    largest = 0
+    largest = largest_record = 0
+    reserved = False
+    positions: list[int] = []
     unpack = RECORD_HEADER.unpack_from
     unpack_name = _HEADER_NAME.unpack_from
     unpack_value = _HEADER_VALUE.unpack_from
@@ -258,6 +275,8 @@ def check_records(data: bytes, count: int) -> int:
             p = pos + RECORD_OVERHEAD + max(key_len, 0) + value_len
             for _ in range(n_headers):
                 (name_len,) = unpack_name(data, p)
+                if name_len and data[p + 2] == 0:
+                    reserved = True
                 p += 2 + name_len
                 (size,) = unpack_value(data, p)
                 if size < 0:
@@ -268,12 +287,45 @@ def check_records(data: bytes, count: int) -> int:
             size = value_len + max(key_len, 0)
             if size > largest:
                 largest = size
+            if length > largest_record:
+                largest_record = length
+            positions.append(pos)
             pos = record_end
-    except struct.error as exc:
+    except (struct.error, IndexError) as exc:
         raise InvalidBatch(f"record {i} of the batch is malformed: {exc}") from exc
     if pos != end:
         raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
-    return largest
+    return RecordsInfo(positions, largest, largest_record + 4, reserved)
+
+
+def seal_records(
+    base_offset: int,
+    leader_epoch: int,
+    data: bytes,
+    count: int,
+    timestamp: int,
+    max_record_bytes: int = 2**31 - 1,
+    info: RecordsInfo | None = None,
+) -> bytes:
+    """A batch of records encoded elsewhere (a batched publish), stored as they are but for their timestamps.
+
+    Every record gets ``timestamp``, as records appended through :func:`encode_batch` get the time they
+    were written. ``info`` is :func:`check_records`'s answer if the caller already has it. Raises
+    InvalidBatch for malformed records and RecordTooLarge (nothing encoded) for one over
+    ``max_record_bytes``.
+    """
+    if info is None:
+        info = check_records(data, count)
+    if info.largest_record > max_record_bytes:
+        raise RecordTooLarge(info.largest_record, max_record_bytes)
+    buf = bytearray(data)
+    stamp = _TIMESTAMP.pack_into
+    for pos in info.positions:
+        stamp(buf, pos + 8, timestamp)
+    return _seal(base_offset, leader_epoch, count - 1, timestamp, timestamp, count, bytes(buf))
+
+
+_TIMESTAMP = struct.Struct(">q")
 
 
 def encode_empty_batch(base_offset: int, last_offset_delta: int, leader_epoch: int) -> bytes:
