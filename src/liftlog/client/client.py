@@ -371,13 +371,14 @@ class Client(Routing):
         key: bytes | str | None = None,
         headers: Mapping[str, bytes | str] | None = None,
         ack_policy: AckPolicy = AckPolicy.LEADER,
-        window: int = 100,
+        window: int = 2000,
         timeout: float | None = None,
         resend_unacked: bool = True,
     ) -> list[Ack]:
-        """Publish many messages to one partition over a single ``PublishAsync`` call.
+        """Publish many messages to one partition, pipelined: batched requests, or one ``PublishAsync`` call.
 
-        At most `window` messages are unacknowledged at a time. Returns the
+        At most `window` messages are unacknowledged at a time (by default
+        2000: two chunks of 1000 in flight against a liftlog server). Returns the
         acks in input order (an empty list with ``AckPolicy.NONE``, which gets
         no acks). `timeout` (default: the client's) is the longest wait for
         progress, not for the whole batch: :class:`AckTimeoutError` when no ack
