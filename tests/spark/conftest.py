@@ -70,8 +70,14 @@ def make_stream(address: str, name: str, partitions: int = 1, **kwargs: Any) -> 
 
 
 def fill(address: str, name: str, per_partition: dict[int, list[bytes]], **kwargs: Any) -> None:
-    """Publish the given values to each partition (ack ALL, so they are committed)."""
+    """Publish the given values to each partition (ack ALL, so they are committed).
+
+    In chunks of 10 by default: each chunk is one stored batch, and the tests that need retention or
+    compaction to act count on many small batches rolling their tiny segments.
+    """
     from liftlog.client import AckPolicy
+
+    kwargs.setdefault("window", 10)
 
     async def work(c: Client) -> None:
         for partition, values in per_partition.items():
