@@ -197,11 +197,7 @@ class Partition:
     async def start_intake(self, nats: NatsSubscriber) -> None:
         """Subscribe to the partition's subject and start writing what arrives."""
         if self._sub is None:
-            direct = getattr(nats, "subscribe_direct", None)
-            if direct is not None:  # the server's own connection (nats_direct): no Msg, queue or task per message
-                self._sub = await direct(self.subject, self._queue_group, self._on_direct, self._on_nats_message)
-            else:
-                self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
+            self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
 
     async def stop_intake(self) -> None:
         """Unsubscribe, then write every message already received."""
@@ -237,23 +233,6 @@ class Partition:
         self._pending.append(incoming_from_nats(msg.subject, msg.reply, msg.data, self.subject))
         sub = self._sub
         if sub is None or not sub.pending_msgs or len(self._pending) >= self.options.batch_max:
-            try:
-                self._write_pending()
-            except Exception:
-                log.exception("writing to %s failed", self)
-
-    def _on_direct(self, subject: bytes, reply: bytes, data: bytes) -> None:
-        # Called from the NATS parser for each message of a socket read, without yielding in between:
-        # what one read brought is written as one batch at the end of this event-loop turn.
-        pending = self._pending
-        pending.append(incoming_from_nats(subject.decode(), reply.decode(), data, self.subject))
-        if len(pending) == 1:
-            asyncio.get_running_loop().call_soon(self._write_direct)
-        elif len(pending) >= self.options.batch_max:
-            self._write_direct()
-
-    def _write_direct(self) -> None:
-        if self._pending:
             try:
                 self._write_pending()
             except Exception:

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import nats
+
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.metadata import CorruptMetadataError, MetadataFile
 from liftlog.metadata.codec import encode_operation
@@ -40,7 +42,7 @@ from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_meth
 from liftlog.storage import FileIO, StorageError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
-from . import nats_direct, ratelimit
+from . import ratelimit
 from .acks import AckRouter
 from .api_service import ApiLimits, ApiService
 from .batches_service import BatchesService
@@ -223,7 +225,7 @@ class Server:
                 context.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
             options["tls"] = context
         try:
-            self._nc = await nats_direct.connect(**options)
+            self._nc = await nats.connect(**options)
         except Exception as exc:
             raise ServerStartError(f"cannot connect to NATS at {self.nats_url}: {exc or type(exc).__name__}") from exc
         self._nc.options["max_reconnect_attempts"] = -1
