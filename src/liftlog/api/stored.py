@@ -33,6 +33,7 @@ __all__ = [
     "StoredFields",
     "decode_fields",
     "encode_fields",
+    "varint",
 ]
 
 RESERVED: Final = "\x00"
@@ -57,9 +58,14 @@ class StoredFields(NamedTuple):
     ack_policy: int = 0
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x80:
+def varint(n: int) -> bytes:
+    """The protobuf varint encoding of ``n`` (an int64: negative numbers take ten bytes)."""
+    if 0 <= n < 0x80:
         return _BYTE[n]
+    if 0 <= n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if n < 0:
+        n &= (1 << 64) - 1  # two's complement
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -74,9 +80,9 @@ def encode_fields(subject: str, reply: str, inbox: str, correlation_id: str, pol
     for tag, text in ((b"\x3a", subject), (b"\x42", reply), (b"\x52", inbox), (b"\x5a", correlation_id)):
         if text:
             raw = text.encode()
-            out += tag + _varint(len(raw)) + raw
+            out += tag + varint(len(raw)) + raw
     if policy:
-        out += b"\x60" + _varint(policy)
+        out += b"\x60" + varint(policy)
     return out
 
 

@@ -28,6 +28,7 @@ from nats.errors import MaxPayloadError
 from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
 from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
+from liftlog.api.stored import varint as _varint
 from liftlog.metadata import (
     EventTimestamps,
     InvalidStreamError,
@@ -759,12 +760,3 @@ class ApiService:
         self, request: Any, context: Any
     ) -> api_pb2.ReportConsumerGroupCoordinatorResponse:
         await self._unimplemented(context, "consumer groups")
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)

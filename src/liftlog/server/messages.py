@@ -31,6 +31,7 @@ from liftlog.api.stored import (
     RESERVED,
 )
 from liftlog.api.stored import encode_fields as _fields
+from liftlog.api.stored import varint as _varint
 from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
 from liftlog.storage.records import (
     BATCH_HEADER_SIZE,
@@ -188,21 +189,6 @@ _BYTE = [bytes([i]) for i in range(256)]
 _I32 = struct.Struct(">i")
 #: What an encoded message costs in memory beyond its bytes (the bytes object, the list slot).
 ENCODED_OVERHEAD = 64
-
-
-def _varint(n: int) -> bytes:
-    if 0 <= n < 0x80:
-        return _BYTE[n]
-    if 0 <= n < 0x4000:
-        return bytes(((n & 0x7F) | 0x80, n >> 7))
-    if n < 0:
-        n &= (1 << 64) - 1  # int64: negative numbers are ten bytes of two's complement
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def encode_messages(
