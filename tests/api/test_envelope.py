@@ -350,3 +350,17 @@ def test_arbitrary_bytes_only_raise_envelope_errors(data: bytes) -> None:
         assert result is None or isinstance(result, api_pb2.Message)
         with contextlib.suppress(EnvelopeError):
             decode_ack(candidate)
+
+
+@given(
+    st.one_of(
+        st.integers(-(2**63), 2**63 - 1),
+        st.sampled_from([0, 127, 128, 2**14 - 1, 2**14, 2**21 - 1, 2**21, 2**28 - 1, 2**28]),
+    )
+)
+def test_varint_is_protobuf_int64_encoding(n: int) -> None:
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    from liftlog.api.stored import varint
+
+    assert varint(n) == _VarintBytes(n % 2**64)

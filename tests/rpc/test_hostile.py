@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -346,3 +347,26 @@ async def test_client_goaway_lets_its_calls_finish_then_closes(server: RpcServer
     trailers = [f for f in client.frames if f.stream_id == 1 and f.flags & END_STREAM]
     assert trailers and service.finished == ["sleep"]
     assert goaways(client.frames)[0][:2] == (1, ErrorCode.NO_ERROR)
+
+
+class _BatchTaker:
+    """PublishAsync that takes what one read brought, as liftlog's handler does; answers how many it got."""
+
+    async def PublishAsync(self, requests: Any, context: Any) -> None:
+        while batch := await requests.next_batch(1000):
+            await context.write(api_pb2.PublishResponse(correlationId=f"{len(batch)}:{batch[-1].correlationId}"))
+
+
+async def test_a_malformed_message_among_good_ones_in_one_read() -> None:
+    """The messages before it are served; then the call fails with INTERNAL naming the parse error."""
+    async with serving(_BatchTaker()) as server:
+        client = await RawClient.connect(server)
+        body = publish("a", "1") + publish("a", "2") + grpc_message(b"\xff\xff\xff") + publish("a", "3")
+        client.send(client.headers(1, "/proto.API/PublishAsync") + wire.frame(FrameType.DATA, END_STREAM, 1, body))
+        await client.read(lambda frames: any(f.stream_id == 1 and f.flags & END_STREAM for f in frames))
+        data = b"".join(f.payload for f in client.frames if f.stream_id == 1 and f.type == FrameType.DATA)
+        assert api_pb2.PublishResponse.FromString(data[5:]).correlationId == "2:2"
+        decoder = hpack.Decoder()
+        (block,) = [dict(decoder.decode(f.payload)) for f in client.frames if f.type == FrameType.HEADERS][-1:]
+        assert block["grpc-status"] == str(StatusCode.INTERNAL.value)
+        assert "cannot parse request message" in urllib.parse.unquote(block["grpc-message"])

@@ -188,6 +188,39 @@ def test_a_batch_on_a_wildcard_stream_keeps_its_subject_per_record() -> None:
         assert msg.subject == "foo.bar" and msg.ackInbox == ""
 
 
+def _coalesced(records: list[NewRecord], fields: bytes, **envelope: object) -> bytes:
+    """A batch as a coalesced PublishAsync sends it: each record carries the batch's stored fields."""
+    return _batch_envelope([r._replace(headers={**r.headers, "\x00fields": fields}) for r in records], **envelope)
+
+
+def test_a_batch_whose_records_carry_its_own_ack_fields_is_stored_as_it_came() -> None:
+    from liftlog.api.stored import decode_fields, encode_fields
+
+    fields = encode_fields("", "", "in", "c", api_pb2.LEADER)
+    data = _coalesced([NewRecord(b"a", b"k", {"h": b"1"}), NewRecord(b"b")], fields, ackInbox="in", correlationId="c")
+    inc = incoming_from_nats("foo", "", data, "foo")
+    assert inc.encoded is not None and inc.encoded.record_count == 2
+    assert (inc.ack_inbox, inc.correlation_id) == ("in", "c")
+    # On a wildcard stream the records are rebuilt: the subject first, then the same ack fields.
+    inc = incoming_from_nats("foo.bar", "", data, "foo.*")
+    assert inc.encoded is None
+    for record in (inc.record, *inc.more):
+        assert decode_fields(record.headers["\x00fields"]) == ("foo.bar", "", "in", "c", api_pb2.LEADER)
+
+
+def test_ack_fields_that_are_not_the_batch_own_are_dropped() -> None:
+    from liftlog.api.stored import encode_fields
+
+    forged = encode_fields("", "", "elsewhere", "x", api_pb2.LEADER)
+    data = _coalesced([NewRecord(b"a", None, {"h": b"1"})], forged, ackInbox="in", correlationId="c")
+    inc = incoming_from_nats("foo", "", data, "foo")
+    assert inc.encoded is None and dict(inc.record.headers) == {"h": b"1"}
+    # Without an ack inbox a batch has no fields of its own to allow.
+    data = _coalesced([NewRecord(b"a")], encode_fields("", "", "", "", 0) + b"\x5a\x01x")
+    inc = incoming_from_nats("foo", "", data, "foo")
+    assert inc.encoded is None and not inc.record.headers
+
+
 def test_a_broken_batch_envelope_is_a_plain_value() -> None:
     good = _batch_envelope([NewRecord(b"a")])
     for bad in (good[:-1], good[:8] + b"\x00\x00\x00\x00" + good[12:], good[:4] + b"\x02" + good[5:]):

@@ -156,3 +156,24 @@ def test_sealed_records_are_the_batch_encode_batch_writes() -> None:
     assert seal_records(10, 2, data, 3, 99) == encode_batch(10, 2, records, 99), "timestamps are the leader's"
     with pytest.raises(RecordTooLarge):
         seal_records(10, 2, data, 3, 99, max_record_bytes=info.largest_record - 1)
+
+
+def test_one_reserved_header_may_be_allowed_by_name_and_value() -> None:
+    from liftlog.storage.records import check_records, encode_records
+
+    own = (b"\x00fields", b"\x52\x02in")
+    ok = [NewRecord(b"a", None, {"\x00fields": own[1]}), NewRecord(b"b", b"k", {"h": b"1", "\x00fields": own[1]})]
+    assert not check_records(encode_records(ok), 2, own).reserved_headers
+    assert check_records(encode_records(ok), 2).reserved_headers, "nothing is allowed unless named"
+    for forged in ({"\x00fields": b"\x52\x02xx"}, {"\x00other": own[1]}, {"\x00fields": own[1], "\x00ackInbox": b"x"}):
+        data = encode_records([ok[0], NewRecord(b"c", None, forged)])
+        assert check_records(data, 2, own).reserved_headers, forged
+
+
+def test_records_sharing_one_headers_mapping_encode_as_separate_ones() -> None:
+    from liftlog.storage.records import decode_new_records, encode_records
+
+    shared = {"h": b"v"}
+    records = [NewRecord(b"a", None, shared), NewRecord(b"b", None, {"h": b"w"}), NewRecord(b"c", None, shared)]
+    assert encode_records(records) == encode_records([r._replace(headers=dict(r.headers)) for r in records])
+    assert [dict(r.headers) for r in decode_new_records(encode_records(records), 3)] == [shared, {"h": b"w"}, shared]

@@ -64,6 +64,10 @@ def varint(n: int) -> bytes:
         return _BYTE[n]
     if 0 <= n < 0x4000:
         return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if 0 <= n < 0x10000000:  # offsets in the millions: no loop
+        if n < 0x200000:
+            return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
+        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, n >> 21))
     if n < 0:
         n &= (1 << 64) - 1  # two's complement
     out = bytearray()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -27,32 +27,25 @@ from nats.errors import MaxPayloadError
 
 from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
-from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
+from liftlog.api.errors import NOT_LEADER_MESSAGE, Reason
 from liftlog.api.stored import varint as _varint
 from liftlog.metadata import (
     EventTimestamps,
     InvalidStreamError,
     MetadataError,
-    NoSuchPartitionError,
-    NoSuchStreamError,
     PartitionMeta,
-    StreamExistsError,
     StreamSettings,
     validate_new_stream,
     validate_subject,
 )
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.rpc import ServerContext, StatusCode
+from liftlog.rpc import StatusCode
 
 from .acks import AckRouter
-from .cluster import (
-    ChangeNotAppliedError,
-    ChangeOutcomeUnknownError,
-    ControllerFailedError,
-    MetadataService,
-    NoMetadataLeaderError,
-)
+from .cluster import MetadataService
+from .failures import RpcFailure, abort_with, async_error, failure_from
 from .partition import Partition
+from .publish_async import serve_publish_async
 from .streams import StreamManager
 from .subscribe import BUFFER_MAX_BYTES, FETCH_MAX_MESSAGES, EndOfReadonly, PartitionGone, read_subscription
 
@@ -63,55 +56,6 @@ log = logging.getLogger(__name__)
 Publish = Callable[[str, bytes], Awaitable[None]]
 Code = StatusCode
 PAE = api_pb2.PublishAsyncError
-
-
-class RpcFailure(Exception):
-    """An RPC error: status code, liftlog reason and a message for people."""
-
-    def __init__(self, code: StatusCode, reason: Reason, message: str) -> None:
-        self.code = code
-        self.reason = reason
-        self.message = message
-        super().__init__(message)
-
-
-_ASYNC_CODES = {
-    Reason.NO_SUCH_STREAM: PAE.NOT_FOUND,
-    Reason.NO_SUCH_PARTITION: PAE.NOT_FOUND,
-    Reason.READONLY: PAE.READONLY,
-    Reason.INCORRECT_OFFSET: PAE.INCORRECT_OFFSET,
-    Reason.TOO_LARGE: PAE.BAD_REQUEST,
-    Reason.INVALID_ARGUMENT: PAE.BAD_REQUEST,
-    Reason.INTERNAL: PAE.INTERNAL,
-}
-
-
-def failure_from(exc: MetadataError) -> RpcFailure:
-    if isinstance(exc, NoMetadataLeaderError):
-        # Liftbridge's code and wording (its clients know them); nothing was committed.
-        return RpcFailure(Code.INTERNAL, Reason.INTERNAL, str(exc))
-    # A change that is committed but not yet acted on here, or whose commit is uncertain: gRPC defines
-    # DEADLINE_EXCEEDED as "may be returned even if the operation has completed", and neither Liftbridge's
-    # clients (go-liftbridge's doResilientRPC) nor ours retry it, as they do UNAVAILABLE: a blind retry of
-    # CreateStream would meet the stream it created and report ALREADY_EXISTS.
-    if isinstance(exc, ChangeNotAppliedError):
-        return RpcFailure(Code.DEADLINE_EXCEEDED, Reason.NOT_APPLIED, str(exc))
-    if isinstance(exc, ChangeOutcomeUnknownError):
-        return RpcFailure(Code.DEADLINE_EXCEEDED, Reason.OUTCOME_UNKNOWN, str(exc))
-    if isinstance(exc, ControllerFailedError):
-        return RpcFailure(Code.INTERNAL, Reason.INTERNAL, str(exc))
-    if isinstance(exc, StreamExistsError):
-        return RpcFailure(Code.ALREADY_EXISTS, Reason.STREAM_EXISTS, str(exc))
-    if isinstance(exc, NoSuchPartitionError):
-        return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_PARTITION, str(exc))
-    if isinstance(exc, NoSuchStreamError):
-        return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_STREAM, str(exc))
-    return RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc))
-
-
-async def abort_with(ctx: ServerContext, failure: RpcFailure) -> NoReturn:
-    await ctx.abort(failure.code, failure.message, trailing_metadata=((ERROR_KEY, failure.reason.value),))
-    raise AssertionError("unreachable")  # pragma: no cover  (abort raises)
 
 
 #: Request metadata with which our client asks to read past the high watermark (not a Liftbridge feature).
@@ -136,6 +80,8 @@ class ApiLimits:
     max_subscriptions: int = 4096  # 0: no limit
     max_subscriptions_per_connection: int = 1024  # 0: no limit
     max_publish_inflight: int = 1024
+    #: PublishAsync requests one read brought for a partition go to NATS as one record batch.
+    coalesce_publishes: bool = True
 
 
 class ApiService:
@@ -461,10 +407,10 @@ class ApiService:
             raise failure_from(exc) from exc
         return meta, occ
 
-    async def _send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
+    async def send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
         """Validate and publish one request; the future resolves with its ack (None for AckPolicy NONE)."""
         meta, occ = await self.publishable(req.stream, req.partition, req.ackPolicy)
-        self._check_size(req)
+        self.check_size(req)
         policy = req.ackPolicy
         message = api_pb2.Message(key=req.key, value=req.value, offset=req.expectedOffset if occ else -1)
         if req.headers:  # copying an empty map field still costs a MutableMapping.update
@@ -507,7 +453,7 @@ class ApiService:
             ack.correlationId = correlation_id
         return ack
 
-    def _check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:
+    def check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:
         size = len(req.value) + len(req.key)
         if size > self._max_message_bytes:
             raise RpcFailure(
@@ -545,7 +491,7 @@ class ApiService:
 
     async def await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
         if future.done():  # acks come in batches: most are here before anyone waits
-            return self._ack_result(future)
+            return self.ack_result(future)
         timeout = self._ack_timeout if timeout is None else min(timeout, self._ack_timeout * 10)
         try:
             async with asyncio.timeout(timeout):  # lighter than wait_for: no second future per message
@@ -560,9 +506,9 @@ class ApiService:
             task = asyncio.current_task()
             if not future.done() or (task is not None and task.cancelling()):
                 raise  # this call was cancelled, not the ack (which the router cancels when the server stops)
-        return self._ack_result(future)
+        return self.ack_result(future)
 
-    def _ack_result(self, future: asyncio.Future[api_pb2.Ack]) -> api_pb2.Ack:
+    def ack_result(self, future: asyncio.Future[api_pb2.Ack]) -> api_pb2.Ack:
         """A received ack, or the RpcFailure its error means."""
         if future.cancelled():
             raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, "the server is shutting down")
@@ -595,7 +541,7 @@ class ApiService:
 
     async def Publish(self, request: Any, context: Any) -> api_pb2.PublishResponse:
         try:
-            future = await self._send(request)
+            future = await self.send(request)
             if future is None:
                 return api_pb2.PublishResponse()
             ack = self._as_sent(await self.await_ack(future, context.time_remaining()), request.correlationId)
@@ -616,7 +562,7 @@ class ApiService:
                     Reason.INVALID_ARGUMENT,
                     f"cannot publish to wildcard subject {req.subject!r}",
                 )
-            self._check_size(req)
+            self.check_size(req)
             message = api_pb2.Message(key=req.key, value=req.value, headers=req.headers, offset=-1)
             future = None
             if req.ackPolicy != api_pb2.NONE:
@@ -632,84 +578,14 @@ class ApiService:
         return api_pb2.PublishToSubjectResponse(ack=ack)
 
     async def PublishAsync(self, request_iterator: Any, context: Any) -> None:
-        """Answer every request, in request order, with its ack or an asyncError.
+        await serve_publish_async(self, request_iterator, context)
 
-        At most ``publish.async.max.inflight`` requests are read and not yet
-        answered; past that the reader waits, gRPC's flow control stops the
-        client, and an answer the client does not read holds up the next ones.
-        """
-        queue: deque[tuple[str, asyncio.Future[api_pb2.Ack] | RpcFailure]] = deque()
-        wake = asyncio.Event()
-        reading_done = False
-        room = asyncio.Semaphore(self.limits.max_publish_inflight)
-
-        async def read() -> None:
-            nonlocal reading_done
-            requests = aiter(request_iterator)
-            try:
-                while True:
-                    await room.acquire()
-                    try:
-                        req = await anext(requests)
-                    except StopAsyncIteration:
-                        return
-                    try:
-                        future = await self._send(req)
-                    except RpcFailure as failure:
-                        queue.append((req.correlationId, failure))
-                    else:
-                        if future is None:
-                            room.release()  # AckPolicy NONE: nothing to answer
-                            continue
-                        queue.append((req.correlationId, future))
-                    wake.set()
-            finally:
-                reading_done = True
-                wake.set()
-
-        reader = asyncio.get_running_loop().create_task(read(), name="PublishAsync reader")
-        try:
-            while True:
-                while not queue:
-                    if reading_done:
-                        await reader  # surfaces a failed request stream
-                        return
-                    await wake.wait()
-                    wake.clear()
-                # Every answer that is ready goes out in one write; a pending ack is waited for only at the head.
-                answers: list[bytes] = []
-                while len(answers) < len(queue) and len(answers) < 512:  # the reader appends meanwhile
-                    cid, item = queue[len(answers)]
-                    if isinstance(item, RpcFailure):
-                        answers.append(self._async_error(cid, item).SerializeToString())
-                    elif item.done():
-                        answers.append(self._answer(item, cid))
-                    elif answers:
-                        break
-                    else:
-                        try:
-                            await self.await_ack(item, None)
-                        except RpcFailure as failure:  # no ack in time
-                            answers.append(self._async_error(cid, failure).SerializeToString())
-                        else:
-                            answers.append(self._answer(item, cid))
-                # Completes once gRPC's window has room: a client that does not read its acks stalls here.
-                await context.write(answers)
-                for _ in answers:
-                    queue.popleft()
-                    room.release()
-        finally:
-            reader.cancel()
-            for _, item in queue:  # the caller went away: stop waiting for these acks
-                if isinstance(item, asyncio.Future):
-                    item.cancel()
-
-    def _answer(self, future: asyncio.Future[api_pb2.Ack], cid: str) -> bytes:
+    def answer(self, future: asyncio.Future[api_pb2.Ack], cid: str) -> bytes:
         """The encoded PublishResponse for a done ack: the ack, or the asyncError its failure means."""
         try:
-            ack = self._ack_result(future)
+            ack = self.ack_result(future)
         except RpcFailure as failure:
-            return self._async_error(cid, failure).SerializeToString()
+            return async_error(cid, failure)
         if cid:
             ack.correlationId = cid  # the caller's id (the server matched the ack by its own)
         # PublishResponse{ack = 1, correlationId = 3}, written here: no response message and no copy of the ack.
@@ -720,12 +596,7 @@ class ApiService:
             out += b"\x1a" + _varint(len(raw)) + raw
         return out
 
-    @staticmethod
-    def _async_error(cid: str, failure: RpcFailure) -> api_pb2.PublishResponse:
-        code = _ASYNC_CODES.get(failure.reason, PAE.UNKNOWN)
-        return api_pb2.PublishResponse(
-            correlationId=cid, asyncError=api_pb2.PublishAsyncError(code=code, message=failure.message)
-        )
+    async_error = staticmethod(async_error)
 
     # -- later issues --------------------------------------------------------
 

@@ -227,6 +227,13 @@ SETTINGS: tuple[Setting, ...] = (
         1024,
         "PublishAsync requests one call may have unanswered; past it the server reads no more of its requests",
     ),
+    _s(
+        "publish.async.coalesce",
+        _bool,
+        True,
+        "PublishAsync requests that arrive together for one partition go to NATS as one liftlog record batch "
+        "(false: one Liftbridge envelope each, for NATS subscribers that read envelopes)",
+    ),
     _s("metadata.cache.max.age", parse_duration_ms, 120_000, "how long clients may cache metadata"),
     _s("nats.servers", _list, (), "NATS URLs to connect to (empty with nats.embedded: the embedded one)"),
     _s("nats.user", _str, "", "NATS user"),

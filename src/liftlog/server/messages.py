@@ -114,23 +114,32 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
 
 
 def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, reply: str) -> Incoming | None:
-    """The records of a batch envelope, or None when they are not well formed (then it is a plain value)."""
+    """The records of a batch envelope, or None when they are not well formed (then it is a plain value).
+
+    A batch's ack fields are stored with its records only when the records carry them already (a
+    coalesced PublishAsync, ``liftlog.server.publish_async``: one ``\x00fields`` header, the same in
+    every record); a ``liftlog.Batches/Publish`` batch's are the publisher's business, not stored.
+    """
+    inbox = batch.ackInbox
+    own_fields = _fields("", "", inbox, batch.correlationId, batch.ackPolicy) if inbox else b""
     try:
-        info = check_records(batch.records, batch.count)
+        info = check_records(batch.records, batch.count, (_H_FIELDS, own_fields) if own_fields else None)
     except InvalidBatch:
         return None
     expected = batch.expectedOffset if batch.HasField("expectedOffset") else -1
-    # Like a Publish envelope's: the batch's ack fields are the publisher's business, not stored per record.
     fields = _fields(own_subject, reply, "", "", 0)
     if not fields and not info.reserved_headers:  # the usual batch: stored as it came
         encoded = Encoded(batch.records, batch.count, info)
-        return Incoming(_STAND_IN, subject, batch.ackInbox, batch.correlationId, batch.ackPolicy, expected, (), encoded)
-    records = [_with_fields(r, fields) for r in decode_new_records(batch.records, batch.count)]
-    return Incoming(
-        records[0], subject, batch.ackInbox, batch.correlationId, batch.ackPolicy, expected, tuple(records[1:])
-    )
+        return Incoming(_STAND_IN, subject, inbox, batch.correlationId, batch.ackPolicy, expected, (), encoded)
+    with_ack = _fields(own_subject, reply, inbox, batch.correlationId, batch.ackPolicy) if own_fields else b""
+    records = [
+        _with_fields(r, with_ack if own_fields and r.headers.get(H_FIELDS) == own_fields else fields)
+        for r in decode_new_records(batch.records, batch.count)
+    ]
+    return Incoming(records[0], subject, inbox, batch.correlationId, batch.ackPolicy, expected, tuple(records[1:]))
 
 
+_H_FIELDS = H_FIELDS.encode()
 _STAND_IN = NewRecord(b"")
 
 

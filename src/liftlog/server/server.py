@@ -460,6 +460,7 @@ class Server:
                 max_subscriptions=values["subscribe.max.concurrent"],
                 max_subscriptions_per_connection=values["subscribe.max.concurrent.per.connection"],
                 max_publish_inflight=values["publish.async.max.inflight"],
+                coalesce_publishes=values["publish.async.coalesce"],
             ),
         )
         server.add_methods(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service))

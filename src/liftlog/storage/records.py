@@ -165,6 +165,8 @@ def _encode_records(
     append = parts.append
     pack = RECORD_HEADER.pack
     first_ts = max_ts = -1
+    last_headers: object = None
+    encoded = b""
     for delta, (value, key, headers, ts) in enumerate(records):
         if ts is None:
             ts = default_timestamp
@@ -175,7 +177,9 @@ def _encode_records(
         key_len = -1 if key is None else len(key)
         body = len(value) + (0 if key is None else key_len)
         if headers:
-            encoded = _encode_headers(headers)
+            if headers is not last_headers:  # records often share one headers mapping (a batch's stored fields)
+                encoded = _encode_headers(headers)
+                last_headers = headers
             if 22 + body + len(encoded) > limit:
                 raise RecordTooLarge(26 + body + len(encoded), max_record_bytes)
             append(pack(22 + body + len(encoded), delta, ts, key_len, len(value), len(headers)))
@@ -247,13 +251,15 @@ class RecordsInfo(NamedTuple):
     reserved_headers: bool
 
 
-def check_records(data: bytes, count: int) -> RecordsInfo:
+def check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] | None = None) -> RecordsInfo:
     """Check that ``data`` is ``count`` records as :func:`encode_records` writes them.
 
     Offset deltas must be 0, 1, ..., every length must stay within its
     record and the data must end with the last record. Raises InvalidBatch
     naming the first problem. Builds no record objects: a publish is checked
     where it arrives, and the leader stores checked records as they are.
+    A reserved header (name starting with NUL) counts in ``reserved_headers``
+    unless it is exactly ``allowed_header`` (name, value).
     """
     if count < 1:
         raise InvalidBatch(f"a batch needs at least one record, it says it has {count}")
@@ -265,6 +271,8 @@ def check_records(data: bytes, count: int) -> RecordsInfo:
     unpack = RECORD_HEADER.unpack_from
     unpack_name = _HEADER_NAME.unpack_from
     unpack_value = _HEADER_VALUE.unpack_from
+    # The allowed header as encoded: a record whose only header it is is checked with one comparison.
+    allowed = _encode_headers({allowed_header[0].decode(): allowed_header[1]}) if allowed_header else b"\xff"
     i = 0
     try:
         for i in range(count):
@@ -273,15 +281,23 @@ def check_records(data: bytes, count: int) -> RecordsInfo:
             if delta != i or record_end > end or key_len < -1 or value_len < 0:
                 raise InvalidBatch(f"record {i} of the batch is malformed (offset delta {delta}, length {length})")
             p = pos + RECORD_OVERHEAD + max(key_len, 0) + value_len
+            if n_headers == 1 and data[p:record_end] == allowed:
+                p = record_end
+                n_headers = 0
             for _ in range(n_headers):
                 (name_len,) = unpack_name(data, p)
-                if name_len and data[p + 2] == 0:
-                    reserved = True
+                name_at = p + 2
                 p += 2 + name_len
                 (size,) = unpack_value(data, p)
                 if size < 0:
                     raise InvalidBatch(f"record {i} of the batch has a header of length {size}")
                 p += 4 + size
+                if name_len and data[name_at] == 0 and not reserved:
+                    reserved = (
+                        allowed_header is None
+                        or data[name_at : name_at + name_len] != allowed_header[0]
+                        or data[p - size : p] != allowed_header[1]
+                    )
             if p != record_end:
                 raise InvalidBatch(f"record {i} of the batch has {record_end - p} bytes its fields do not account for")
             size = value_len + max(key_len, 0)

@@ -1,0 +1,274 @@
+"""PublishAsync: one call's requests, taken a socket read at a time, published and answered in order.
+
+Liftbridge's clients (go-liftbridge's ``Publish`` included) send every publish
+over one PublishAsync stream, many in flight. Published one envelope each,
+every message costs a NATS publish, a NATS delivery, an envelope decode, an
+append and an ack of its own. Here the requests one read brought for the same
+partition and ack policy are published together as one record batch on the
+partition's subject (``liftlog.api.batch_envelope``): every stream on that
+subject still receives them through NATS (the subject stays the source of
+truth), the leader stores them as one batch and acks them once, and each
+request gets its own offset back. Nothing waits to fill a batch: a lone
+request goes alone, in a Liftbridge envelope.
+
+Differences a user could see, both documented in ``docs/performance.md``:
+plain NATS subscribers of the subject receive a liftlog record batch instead
+of one Liftbridge envelope per message, and the messages of one batch share
+the (server-made) correlation id stored with them. ``publish.async.coalesce:
+false`` keeps one envelope per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from liftlog.api import api_pb2
+from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
+from liftlog.api.batch_envelope import encode_record_batch
+from liftlog.api.stored import H_FIELDS, RESERVED, encode_fields, varint
+from liftlog.storage import EMPTY_HEADERS, NewRecord
+from liftlog.storage.records import encode_records
+
+from .failures import RpcFailure, async_error
+
+if TYPE_CHECKING:
+    from .api_service import ApiService
+
+__all__ = ["serve_publish_async"]
+
+#: A batch stays well under NATS's default max payload (1 MiB).
+MAX_BATCH_BYTES = 256 * 1024
+#: A message this large goes in its own envelope.
+MAX_COALESCED_MESSAGE = 64 * 1024
+#: What a record holds beyond key, value and user headers, and more (its fixed part, the stored fields).
+RECORD_ROOM = 512
+NONE = api_pb2.NONE
+#: Most answers written at once.
+_MAX_ANSWERS = 512
+
+
+class _Batch:
+    """Requests for one partition and ack policy taken in one read: one NATS message."""
+
+    __slots__ = ("ack_body", "failure", "first", "future", "last", "policy", "records", "size", "subject")
+
+    def __init__(self, subject: str, policy: int, first: api_pb2.PublishRequest) -> None:
+        self.subject = subject
+        self.policy = policy
+        self.first = first  # published alone if no other request joins it
+        self.records: list[tuple[bytes, bytes | None, dict[str, bytes] | None]] = []  # value, key, user headers
+        self.size = 0
+        self.future: asyncio.Future[api_pb2.Ack] | None = None
+        self.failure: RpcFailure | None = None
+        self.last = -1  # the offset of its last message, once acked
+        self.ack_body = b""  # its ack encoded, offset and correlation id left for each answer
+
+    def add(self, value: bytes, key: bytes, user: dict[str, bytes] | None, size: int) -> int:
+        """Take a request's message (``size``: its record's bytes, about); returns its index in the batch."""
+        records = self.records
+        records.append((value, key or None, user))
+        self.size += size
+        return len(records) - 1
+
+
+# A queue entry: (the caller's correlation id, what answers it, its index in a _Batch).
+_Entry = tuple[str, "asyncio.Future[api_pb2.Ack] | RpcFailure | _Batch", int]
+
+
+async def serve_publish_async(api: ApiService, request_iterator: Any, context: Any) -> None:
+    """Answer every request, in request order, with its ack or an asyncError.
+
+    At most ``publish.async.max.inflight`` requests are read and not yet answered; past that the
+    reader waits, gRPC's flow control stops the client, and an answer the client does not read holds
+    up the next ones.
+    """
+    limit = api.limits.max_publish_inflight
+    coalesce = api.limits.coalesce_publishes
+    max_bytes = api.max_message_bytes
+    coalesce_max = min(MAX_COALESCED_MESSAGE, max_bytes)
+    queue: deque[_Entry] = deque()
+    wake = asyncio.Event()
+    room = asyncio.Event()
+    reading_done = False
+    take = getattr(request_iterator, "next_batch", None)
+    one_by_one = aiter(request_iterator) if take is None else None
+
+    async def next_requests(n: int) -> list[api_pb2.PublishRequest]:
+        if take is not None:
+            return await take(n)  # type: ignore[no-any-return]
+        assert one_by_one is not None
+        try:
+            return [await anext(one_by_one)]
+        except StopAsyncIteration:
+            return []
+
+    async def publish(batch: _Batch) -> None:
+        try:
+            if len(batch.records) == 1:
+                batch.future = await api.send(batch.first)
+            else:
+                batch.future = await _publish_batch(api, batch)
+        except RpcFailure as failure:
+            batch.failure = failure
+
+    async def read() -> None:
+        nonlocal reading_done
+        try:
+            while True:
+                while len(queue) >= limit:
+                    room.clear()
+                    await room.wait()
+                requests = await next_requests(limit - len(queue))
+                if not requests:
+                    return
+                entries: list[_Entry] = []
+                batches: dict[tuple[str, int], _Batch] = {}
+                checked: dict[tuple[str, int, int], tuple[Any, bool] | RpcFailure] = {}
+                for req in requests:
+                    cid = req.correlationId
+                    key = (req.stream, req.partition, req.ackPolicy)
+                    state = checked.get(key)
+                    if state is None:
+                        try:
+                            state = await api.publishable(*key)
+                        except RpcFailure as failure:
+                            state = failure
+                        checked[key] = state
+                    if isinstance(state, RpcFailure):
+                        entries.append((cid, state, 0))
+                        continue
+                    meta, occ = state
+                    value = req.value
+                    msg_key = req.key
+                    size = len(value) + len(msg_key)
+                    if size > max_bytes:
+                        try:
+                            api.check_size(req)
+                        except RpcFailure as failure:
+                            entries.append((cid, failure, 0))
+                            continue
+                    headers = req.headers
+                    user = None
+                    if headers:
+                        user = {k: v for k, v in headers.items() if not k.startswith(RESERVED)} or None
+                        size += sum(6 + len(k) + len(v) for k, v in user.items()) if user else 0
+                    # With room for the record's own fields: one record over the log's limit would fail its batch.
+                    size += RECORD_ROOM
+                    if coalesce and not occ and size <= coalesce_max and not req.ackInbox:
+                        # One batch per partition: its messages are stored in request order.
+                        where = (key[0], key[1])
+                        batch = batches.get(where)
+                        if batch is not None and (batch.policy != key[2] or batch.size + size > MAX_BATCH_BYTES):
+                            await publish(batches.pop(where))
+                            batch = None
+                        if batch is None:
+                            batch = batches[where] = _Batch(meta.subject, key[2], req)
+                        index = batch.add(value, msg_key, user, size)
+                        if key[2] != NONE:
+                            entries.append((cid, batch, index))
+                        continue
+                    # Alone, after what came before it: a partition stores its messages in request order.
+                    for pending in batches.values():
+                        await publish(pending)
+                    batches.clear()
+                    try:
+                        future = await api.send(req)
+                    except RpcFailure as failure:
+                        entries.append((cid, failure, 0))
+                    else:
+                        if future is not None:  # AckPolicy NONE: nothing to answer
+                            entries.append((cid, future, 0))
+                for pending in batches.values():
+                    await publish(pending)
+                if entries:
+                    queue.extend(entries)
+                    wake.set()
+        finally:
+            reading_done = True
+            wake.set()
+
+    reader = asyncio.get_running_loop().create_task(read(), name="PublishAsync reader")
+    try:
+        while True:
+            while not queue:
+                if reading_done:
+                    await reader  # surfaces a failed request stream
+                    return
+                await wake.wait()
+                wake.clear()
+            # Every answer that is ready goes out in one write; a pending ack is waited for only at the head.
+            answers: list[bytes] = []
+            while len(answers) < len(queue) and len(answers) < _MAX_ANSWERS:  # the reader appends meanwhile
+                cid, item, index = queue[len(answers)]
+                future = item.future if isinstance(item, _Batch) else item
+                if isinstance(future, RpcFailure):
+                    answers.append(async_error(cid, future))
+                elif future is None:  # a batch that could not be published
+                    assert isinstance(item, _Batch) and item.failure is not None
+                    answers.append(async_error(cid, item.failure))
+                else:
+                    if not future.done():
+                        if answers:
+                            break
+                        try:
+                            await api.await_ack(future, None)
+                        except RpcFailure as failure:  # no ack in time
+                            answers.append(async_error(cid, failure))
+                            continue
+                    if isinstance(item, _Batch) and len(item.records) > 1:
+                        answers.append(_batch_answer(api, item, cid, index))
+                    else:
+                        answers.append(api.answer(future, cid))
+            # Completes once gRPC's window has room: a client that does not read its acks stalls here.
+            await context.write(answers)
+            for _ in answers:
+                queue.popleft()
+            room.set()
+    finally:
+        reader.cancel()
+        for _, item, _ in queue:  # the caller went away: stop waiting for these acks
+            future = item.future if isinstance(item, _Batch) else item
+            if isinstance(future, asyncio.Future):
+                future.cancel()
+
+
+async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_pb2.Ack] | None:
+    """Publish a batch's records as one record batch envelope; the future resolves with its one ack."""
+    envelope = RecordBatchEnvelope(count=len(batch.records), ackPolicy=batch.policy)
+    if batch.policy == api_pb2.NONE:
+        envelope.records = encode_records([NewRecord(v, k, u or EMPTY_HEADERS) for v, k, u in batch.records])
+        await api.publish_payload(batch.subject, encode_record_batch(envelope))
+        return None
+    inbox, cid, future = api.expect_ack("", "")
+    envelope.ackInbox = inbox
+    envelope.correlationId = cid
+    # Each record keeps the ack fields a lone envelope's record would (the intake checks they are the batch's).
+    fields = {H_FIELDS: encode_fields("", "", inbox, cid, batch.policy)}
+    envelope.records = encode_records([NewRecord(v, k, {**u, **fields} if u else fields) for v, k, u in batch.records])
+    await api.publish_payload(batch.subject, encode_record_batch(envelope), inbox, cid)
+    return future
+
+
+def _batch_answer(api: ApiService, batch: _Batch, cid: str, index: int) -> bytes:
+    """The encoded PublishResponse of a batch's ``index``-th request: the batch's ack with its own offset."""
+    if not batch.ack_body:
+        assert batch.future is not None
+        try:
+            ack = api.ack_result(batch.future)
+        except RpcFailure as failure:  # the same answer for every request of the batch
+            return async_error(cid, failure)
+        batch.last = ack.offset
+        ack.ClearField("offset")
+        batch.ack_body = ack.SerializeToString()
+    # Ack fields appended after the rest override nothing (offset and, when given, correlationId were left
+    # out): Ack{offset = 4, correlationId = 6} inside PublishResponse{ack = 1, correlationId = 3}.
+    offset = batch.last - len(batch.records) + 1 + index
+    body = batch.ack_body + b"\x20" + varint(offset)
+    if cid:
+        raw = cid.encode()
+        tail = varint(len(raw)) + raw
+        body += b"\x32" + tail
+        return b"\x0a" + varint(len(body)) + body + b"\x1a" + tail
+    return b"\x0a" + varint(len(body)) + body
