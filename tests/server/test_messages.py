@@ -87,13 +87,15 @@ def _records(draw: st.DrawFn) -> NewRecord:
 @settings(max_examples=200, deadline=None)
 @given(
     records=st.lists(_records(), min_size=1, max_size=8),
-    base=st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**40]),
+    base=st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**21 - 3, 2**40]),
     ts=st.sampled_from([0, 1, -5, 1_763_884_800_123_456_789]),
     start_delta=st.integers(0, 9),
 )
 def test_encoded_messages_decode_to_what_record_to_message_builds(
     records: list[NewRecord], base: int, ts: int, start_delta: int
 ) -> None:
+    if len(records) > 4:  # records sharing their headers, as a coalesced publish stores them
+        records = [r._replace(headers=records[0].headers) if i % 2 else r for i, r in enumerate(records)]
     batch = encode_batch(base, 3, records, ts)
     header = parse_batch_header(batch)
     out: list[bytes] = []

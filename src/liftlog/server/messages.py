@@ -14,7 +14,7 @@ Sans-IO: plain functions over bytes and protobuf messages.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from liftlog.api import api_pb2
@@ -227,6 +227,8 @@ def encode_messages(
     tags = _FIELD_TAGS
     byte = _BYTE
     varint = _varint
+    small = _SMALL_VARINTS
+    low14 = _LOW14
     # stream = 5, partition = 6, subject = 7: the same for every message of the partition.
     shared = api_pb2.Message(stream=stream, partition=partition, subject=partition_subject).SerializeToString()
     base = header.base_offset
@@ -236,6 +238,10 @@ def encode_messages(
     next_offset = start
     last_ts = None
     ts_field = b""
+    # The headers of the last record and what they encode to: a batch's records often share theirs
+    # (a coalesced publish stores the same ack fields in each).
+    last_headers = b""
+    headers_tail: list[bytes | memoryview] = [b""]
     for _ in range(header.record_count):
         length, delta, ts, key_len, value_len, n_headers = unpack(data, pos)
         offset = base + delta
@@ -244,43 +250,33 @@ def encode_messages(
         record_end = pos + 4 + length
         if offset >= start:
             p = pos + RECORD_OVERHEAD
-            parts: list[bytes | memoryview] = [b"\x08" + varint(offset)] if offset else []
+            if offset < 16384:
+                parts: list[bytes | memoryview] = [b"\x08", small[offset]] if offset else []
+            elif offset < 2097152:
+                parts = [b"\x08", low14[offset & 0x3FFF], byte[offset >> 14]]
+            else:
+                parts = [b"\x08", varint(offset)]
             if key_len > 0:
-                parts += (b"\x12", varint(key_len), data[p : p + key_len])
+                parts += (b"\x12", small[key_len] if key_len < 16384 else varint(key_len), data[p : p + key_len])
                 p += key_len
             if value_len:
-                parts += (b"\x1a", varint(value_len), data[p : p + value_len])
+                parts += (
+                    b"\x1a",
+                    small[value_len] if value_len < 16384 else varint(value_len),
+                    data[p : p + value_len],
+                )
             p += value_len
             if ts != last_ts:  # a batch's records usually share their timestamp
                 last_ts = ts
                 ts_field = b"\x20" + varint(ts) if ts else b""
             parts.append(ts_field)
             parts.append(shared)
-            policy = b""
-            user = None
-            for _ in range(n_headers):
-                name_len = (data[p] << 8) | data[p + 1]
-                name = bytes(data[p + 2 : p + 2 + name_len])
-                p += 2 + name_len
-                (size,) = unpack_i32(data, p)
-                value_start = p + 4
-                p = value_start + size
-                tag = tags.get(name)
-                if tag == b"":
-                    parts.append(data[value_start:p])
-                elif tag is not None:
-                    parts += (tag, varint(size), data[value_start:p])
-                elif name[:1] != b"\x00":
-                    if user is None:
-                        user = []
-                    user.append((name, data[value_start:p]))
-                elif name == _H_ACK_POLICY and size and data[value_start]:
-                    policy = b"\x60" + byte[data[value_start]]
-            if user:  # map<string, bytes> headers = 9: one entry message each
-                for name, value in user:
-                    entry = b"\x0a" + varint(len(name)) + name + b"\x12" + varint(len(value)) + value
-                    parts += (b"\x4a", varint(len(entry)), entry)
-            parts.append(policy)
+            if n_headers:
+                raw = bytes(data[p:record_end])
+                if raw != last_headers:
+                    headers_tail = _encode_headers(data, p, n_headers, tags, byte, varint, unpack_i32)
+                    last_headers = raw
+                parts += headers_tail
             encoded = b"".join(parts)
             out.append(encoded)
             used += len(encoded) + ENCODED_OVERHEAD
@@ -292,3 +288,48 @@ def encode_messages(
     else:
         next_offset = max(next_offset, min(limit, header.next_offset))
     return next_offset, used
+
+
+def _encode_headers(
+    data: memoryview,
+    p: int,
+    n_headers: int,
+    tags: dict[bytes, bytes],
+    byte: list[bytes],
+    varint: Callable[[int], bytes],
+    unpack_i32: Callable[[memoryview, int], tuple[int]],
+) -> list[bytes | memoryview]:
+    """The encoded ``Message`` fields of one record's headers (``p``: where they start)."""
+    parts: list[bytes | memoryview] = []
+    policy = b""
+    user = None
+    for _ in range(n_headers):
+        name_len = (data[p] << 8) | data[p + 1]
+        name = bytes(data[p + 2 : p + 2 + name_len])
+        p += 2 + name_len
+        (size,) = unpack_i32(data, p)
+        value_start = p + 4
+        p = value_start + size
+        tag = tags.get(name)
+        if tag == b"":
+            parts.append(bytes(data[value_start:p]))
+        elif tag is not None:
+            parts += (tag, varint(size), bytes(data[value_start:p]))
+        elif name[:1] != b"\x00":
+            if user is None:
+                user = []
+            user.append((name, bytes(data[value_start:p])))
+        elif name == _H_ACK_POLICY and size and data[value_start]:
+            policy = b"\x60" + byte[data[value_start]]
+    if user:  # map<string, bytes> headers = 9: one entry message each
+        for name, value in user:
+            entry = b"\x0a" + varint(len(name)) + name + b"\x12" + varint(len(value)) + value
+            parts += (b"\x4a", varint(len(entry)), entry)
+    parts.append(policy)
+    return parts
+
+
+#: Varints of 0..16383 (lengths and small offsets), looked up rather than computed per record.
+_SMALL_VARINTS = [_varint(i) for i in range(16384)]
+#: The first two bytes of the varint of a number >= 16384, by its low 14 bits (the third byte is n >> 14).
+_LOW14 = [bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(16384)]
