@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,5 +249,39 @@ def test_a_partition_whose_replicas_all_died_goes_offline_and_comes_back_with_th
         eventually(lambda: agreed(c, "pair")["pair"][0][0] == leader, 20, f"{leader} leading again")
         # It answers "not leader" until it has taken the leadership up (after its read-index barrier).
         assert eventually(lambda: read(c.servers[leader].address, "pair", replica=False) == [b"kept"], 10, "kept")
+    finally:
+        c.stop_all()
+
+
+def test_an_idle_partition_does_not_slow_acks_of_another_with_the_same_leader(
+    tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    """A leader holds a caught-up follower's fetch (here up to 1.5 s); the follower's fetches for its
+    other partitions from that leader go on meanwhile, so ack ALL there waits for no held fetch."""
+    c = Cluster(tmp_path, nats_server.url)
+    ids = ["a", "b", "c"]
+    for sid in ids:
+        c.add(sid, ",".join(ids), *REPLICATION, "--set", "clustering.replica.fetch.wait=1500ms")
+    c.start_all()
+    try:
+        formed(c, set(ids))
+        create(c.servers["a"].address, "pair", partitions=4, rf=3)
+        partitions = agreed(c, "pair")["pair"]
+        by_leader: dict[str, list[int]] = {}
+        for pid, (leader, _, isr_) in partitions.items():
+            assert len(isr_) == 3
+            by_leader.setdefault(leader, []).append(pid)
+        leader, (busy, *_idle) = next((sid, pids) for sid, pids in by_leader.items() if len(pids) > 1)
+        with grpc.insecure_channel(c.servers[leader].address) as channel:
+            api = api_pb2_grpc.APIStub(channel)
+            # Let the followers' fetches of every partition settle into being held.
+            time.sleep(2)
+            started = time.monotonic()
+            for i in range(20):
+                req = api_pb2.PublishRequest(stream="pair", partition=busy, value=b"%d" % i, ackPolicy=api_pb2.ALL)
+                assert api.Publish(req, timeout=10).ack.offset == i
+            took = time.monotonic() - started
+        # About 0.05 s; when the follower waited for the idle partition's held fetch, over 2 s.
+        assert took < 1, f"20 acks ALL took {took:.2f}s: they waited for a held fetch"
     finally:
         c.stop_all()

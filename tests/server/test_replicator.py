@@ -94,3 +94,46 @@ async def test_a_leader_answers_only_requests_for_the_epoch_it_leads_in(tmp_path
         assert not await answers(nc, 1)
     finally:
         await replicator.stop()
+
+
+async def test_a_caught_up_fetch_is_held_until_there_is_data(tmp_path: Path, nc: nats.NATS) -> None:
+    import asyncio
+    import time
+
+    from liftlog.api import api_pb2
+    from liftlog.server.messages import Incoming
+
+    settings = ReplicatorSettings(fetch_wait_s=0.6)
+    replicator = Replicator(server_id="s1", namespace=NS, settings=settings, propose_isr=noop, report_leader=noop)
+    await replicator.start(nc)
+
+    async def fetch(offset: int) -> tuple[float, bytes]:
+        started = time.monotonic()
+        msg = await nc.request(
+            replicate_subject(NS, "orders", 0, 0), encode_fetch_request(FetchRequest("s2", "orders", 0, offset, 0)), 2
+        )
+        return time.monotonic() - started, bytes(decode_fetch_response(msg.data).batches)
+
+    try:
+        part = leading(tmp_path, 0)
+        await replicator.lead(part)
+        took, data = await fetch(0)
+        assert data and took < 0.3, "behind: answered at once"
+        # Caught up (the log ends at 2) and nothing comes: answered empty once the wait is over.
+        took, data = await fetch(2)
+        assert not data and 0.5 < took < 1.5
+        # Caught up, then a message: answered with it right away, not after the wait.
+        held = asyncio.ensure_future(fetch(2))
+        await asyncio.sleep(0.1)
+        assert not held.done()
+        part.append([Incoming(NewRecord(b"c"), "orders", "", "", api_pb2.NONE, -1)])
+        took, data = await held
+        assert data and took < 0.4
+        # A leader that steps down answers what it held: the follower asks the new leader at once.
+        held = asyncio.ensure_future(fetch(3))
+        await asyncio.sleep(0.1)
+        await replicator.stop_leading(part)
+        took, _ = await held
+        assert took < 0.4
+    finally:
+        await replicator.stop()

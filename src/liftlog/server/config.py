@@ -297,6 +297,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("clustering.replica.max.leader.timeout", parse_duration_ms, 15_000, "report a silent leader after this"),
     _s("clustering.replica.max.idle.wait", parse_duration_ms, 10_000, "a caught-up follower's sleep"),
     _s("clustering.replica.fetch.timeout", parse_duration_ms, 3_000, "timeout of one replication fetch"),
+    _s(
+        "clustering.replica.fetch.wait",
+        parse_duration_ms,
+        500,
+        "how long a leader holds a caught-up follower's fetch, answering as soon as data arrives (0: at once; "
+        "at most half the fetch timeout)",
+    ),
     _s("clustering.min.insync.replicas", _int(1), 1, "ISR size needed to commit"),
     _s("clustering.replication.max.bytes", parse_size, 1 << 20, "most bytes in one replication response"),
     _s("clustering.rack", _str, "", "rack of this server, for replica placement"),
@@ -397,6 +404,7 @@ class ClusteringConfig:
     replica_max_lag_messages: int
     replica_max_leader_timeout: int
     replica_max_idle_wait: int
+    replica_fetch_wait: int
     replica_fetch_timeout: int
     min_insync_replicas: int
     replication_max_bytes: int

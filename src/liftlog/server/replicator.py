@@ -100,6 +100,9 @@ class ReplicatorSettings:
     leader_timeout_ns: int = 15_000_000_000
     max_bytes: int = 1 << 20
     retry_s: float = 0.25
+    #: How long the leader holds a caught-up follower's fetch, answering it as soon as there is data
+    #: (0: answer at once; the follower then sleeps until notified). Kept under ``fetch_timeout_s``.
+    fetch_wait_s: float = 0.5
 
 
 @dataclass(slots=True)
@@ -148,6 +151,9 @@ class Replicator:
         self._notify_sub: Any = None
         self._outbox: dict[str, set[tuple[str, int]]] = {}
         self._flush_scheduled = False
+        #: Fetches of caught-up followers held until there is data, by partition and follower.
+        self._parked: dict[tuple[str, int], dict[str, _Parked]] = {}
+        self._wake_parked: list[tuple[Partition, str]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self, nats: Any) -> None:
@@ -155,6 +161,10 @@ class Replicator:
         self._notify_sub = await nats.subscribe(notify_subject(self._ns, self.server_id), cb=self._on_notify)
 
     async def stop(self) -> None:
+        for held in self._parked.values():
+            for parked in held.values():
+                parked.timer.cancel()
+        self._parked.clear()
         for loop in self._loops.values():
             if loop.task is not None:
                 loop.task.cancel()
@@ -205,6 +215,8 @@ class Replicator:
         self._served[key] = (part, subs, epoch)
 
     async def stop_leading(self, part: Partition) -> None:
+        for replica in list(self._parked.get((part.stream, part.id), ())):
+            self._answer_parked(part, replica)  # a refusal now (not leading, or a stale epoch)
         _, subs, _ = self._served.pop((part.stream, part.id), (part, [], -1))
         for sub in subs:
             with contextlib.suppress(Exception):
@@ -222,16 +234,45 @@ class Replicator:
         except ProtocolError as exc:
             _warn.warning("malformed fetch request on %s: %s", msg.subject, exc)
             return
-        reply = self._fetch_reply(part, req)
+        reply, caught_up = self._fetch_reply(part, req)
+        wait = min(self.settings.fetch_wait_s, self.settings.fetch_timeout_s / 2)
+        if caught_up and wait > 0:
+            # Held, the fetch is answered the moment data arrives: a notification and a second fetch
+            # would take two more trips through NATS (what an ack ALL waits for).
+            self._park(part, req, msg, wait)
+            return
         with contextlib.suppress(Exception):
             await msg.respond(reply)
 
-    def _fetch_reply(self, part: Partition, req: FetchRequest) -> bytes:
+    def _park(self, part: Partition, req: FetchRequest, msg: Any, wait: float) -> None:
+        held = self._parked.setdefault((part.stream, part.id), {})
+        earlier = held.pop(req.replica_id, None)
+        if earlier is not None:  # its follower gave up on it (a timeout) and asked again
+            earlier.timer.cancel()
+        timer = asyncio.get_running_loop().call_later(wait, self._answer_parked, part, req.replica_id, msg)
+        held[req.replica_id] = _Parked(req, msg, timer)
+
+    def _answer_parked(self, part: Partition, replica: str, msg: Any = None) -> None:
+        """Answer ``replica``'s held fetch of ``part`` now (``msg``: only if it is still that one)."""
+        key = (part.stream, part.id)
+        held = self._parked.get(key, {})
+        parked = held.get(replica)
+        if parked is None or (msg is not None and parked.msg is not msg):
+            return
+        del held[replica]
+        if not held:
+            del self._parked[key]
+        parked.timer.cancel()
+        reply, _ = self._fetch_reply(part, parked.req)
+        self._spawn(parked.msg.respond(reply))
+
+    def _fetch_reply(self, part: Partition, req: FetchRequest) -> tuple[bytes, bool]:
+        """The encoded answer to a fetch, and whether it is the empty answer of a caught-up follower."""
         leader = part.leader
         if leader is None or part.log is None:
             return encode_fetch_error(
                 FetchError(FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead {part.stream}/{part.id}", -1, -1)
-            )
+            ), False
         if req.leader_epoch != leader.leader_epoch:
             return encode_fetch_error(
                 FetchError(
@@ -240,7 +281,7 @@ class Replicator:
                     leader.leader_epoch,
                     part.log.log_start_offset,
                 )
-            )
+            ), False
         if req.offset < part.log.log_start_offset or req.offset > part.log.log_end_offset:
             return encode_fetch_error(
                 FetchError(
@@ -249,14 +290,14 @@ class Replicator:
                     leader.leader_epoch,
                     part.log.log_start_offset,
                 )
-            )
+            ), False
         try:
             answer, data = part.serve_fetch(req.replica_id, req.offset, req.leader_epoch, self.settings.max_bytes)
         except (ValueError, StorageError) as exc:
             return encode_fetch_error(
                 FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), leader.leader_epoch, part.log.log_start_offset)
-            )
-        return encode_fetch_response(answer.leader_epoch, answer.hw, data)
+            ), False
+        return encode_fetch_response(answer.leader_epoch, answer.hw, data), answer.empty
 
     async def _serve_epoch(self, part: Partition, msg: Any) -> None:
         try:
@@ -276,8 +317,12 @@ class Replicator:
     def _on_leader_actions(self, part: Partition, actions: Sequence[LeaderAction]) -> None:
         for action in actions:
             if isinstance(action, NotifyFollowers):
+                held = self._parked.get((part.stream, part.id), {})
                 for follower in action.replicas:
-                    self._outbox.setdefault(follower, set()).add((part.stream, part.id))
+                    if follower in held:
+                        self._wake_parked.append((part, follower))
+                    else:
+                        self._outbox.setdefault(follower, set()).add((part.stream, part.id))
                 if not self._flush_scheduled:
                     self._flush_scheduled = True
                     asyncio.get_running_loop().call_soon(self._flush_notifications)
@@ -287,6 +332,9 @@ class Replicator:
 
     def _flush_notifications(self) -> None:
         self._flush_scheduled = False
+        wake, self._wake_parked = self._wake_parked, []
+        for part, follower in wake:
+            self._answer_parked(part, follower)
         outbox, self._outbox = self._outbox, {}
         for follower, pairs in outbox.items():
             self._spawn(self._nats.publish(notify_subject(self._ns, follower), encode_notification(sorted(pairs))))
@@ -361,25 +409,41 @@ class Replicator:
             raise
 
     async def _fetch_rounds(self, loop: _Loop) -> None:
+        """Send every due request on its own: a fetch the leader holds (nothing new yet) must not hold
+        up the other partitions' fetches from the same leader."""
         clock = asyncio.get_running_loop().time
-        while True:
-            now = clock()
-            for m in loop.members.values():
-                if m.sleeping and m.due <= now:
-                    m.sleeping = False
-                    self._carry_out(m, m.core.wake())
-            due = [m for m in loop.members.values() if m.pending is not None and m.due <= now]
-            if not due:
-                waits = [m.due - now for m in loop.members.values() if m.due > now]
-                loop.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(loop.wake.wait(), min(waits, default=self.settings.idle_wait_s))
-                continue
-            await asyncio.gather(*(self._request(m) for m in due))
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                loop.wake.clear()  # before looking: an answer that lands meanwhile sets it again
+                now = clock()
+                for m in loop.members.values():
+                    if m.sleeping and m.due <= now:
+                        m.sleeping = False
+                        self._carry_out(m, m.core.wake())
+                due = [m for m in loop.members.values() if m.pending is not None and m.due <= now]
+                for m in due:
+                    action, m.pending = m.pending, None
+                    assert action is not None
+                    m.notified = False  # this request sees whatever was announced before it
+                    task = asyncio.ensure_future(self._request_then_wake(m, action, loop))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                if not due:
+                    waits = [m.due - now for m in loop.members.values() if m.due > now]
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(loop.wake.wait(), min(waits, default=self.settings.idle_wait_s))
+        finally:
+            for task in in_flight:
+                task.cancel()
 
-    async def _request(self, member: _Following) -> None:
-        action, member.pending = member.pending, None
-        member.notified = False  # this request sees whatever was announced before it
+    async def _request_then_wake(self, member: _Following, action: FollowerAction, loop: _Loop) -> None:
+        try:
+            await self._request(member, action)
+        finally:
+            loop.wake.set()  # its next request (if any) is due now or later
+
+    async def _request(self, member: _Following, action: FollowerAction) -> None:
         part, core = member.part, member.core
         try:
             if isinstance(action, Fetch):
@@ -493,6 +557,13 @@ class Replicator:
             elif isinstance(action, Fetch | RequestEpochOffset):
                 member.pending = action
                 member.due = now + delay
+
+
+@dataclass(slots=True)
+class _Parked:
+    req: FetchRequest
+    msg: Any
+    timer: asyncio.TimerHandle
 
 
 class _Refused(Exception):

@@ -254,6 +254,7 @@ class Server:
                 max_lag_messages=c.replica_max_lag_messages,
                 idle_wait_s=c.replica_max_idle_wait / 1000,
                 fetch_timeout_s=c.replica_fetch_timeout / 1000,
+                fetch_wait_s=c.replica_fetch_wait / 1000,
                 leader_timeout_ns=c.replica_max_leader_timeout * 1_000_000,
                 max_bytes=c.replication_max_bytes,
             ),
