@@ -237,6 +237,17 @@ async def test_publish_many_sends_batches_and_raises_a_refusal_as_before(server:
         assert isinstance(failure.value, ReadonlyError) and failure.value.acks == []
 
 
+async def test_publish_many_without_acks_still_waits_for_them(server: LiftlogProcess, name: str) -> None:
+    from liftlog.client import AckPolicy
+
+    async with Client(server.address) as client:
+        await client.create_stream(name, name)
+        values = [b"v%d" % i for i in range(2500)]
+        assert await client.publish_many(name, values, window=1000, ack_policy=AckPolicy.ALL, return_acks=False) == []
+        info = await client.fetch_partition_metadata(name, 0)
+        assert info.high_watermark == 2499, "every message was committed before the call returned"
+
+
 async def test_publish_many_falls_back_to_publish_async_without_batches(
     server: LiftlogProcess, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -59,8 +59,9 @@ async def publish_batched(
     window: int,
     timeout: float,
     resend_unacked: bool,
+    return_acks: bool = True,
 ) -> list[Ack]:
-    """Publish ``values`` in chunks; the acks in input order (none with ``AckPolicy.NONE``).
+    """Publish ``values`` in chunks; the acks in input order (none with ``AckPolicy.NONE`` or ``return_acks`` False).
 
     Raises BatchesUnsupported, before anything is stored, when the server does not offer batches.
     """
@@ -79,7 +80,9 @@ async def publish_batched(
                 room.release()
                 break
             task = asyncio.ensure_future(
-                _send(client, stream, partition, records, ack_policy, timeout, want_acks and resend_unacked)
+                _send(
+                    client, stream, partition, records, ack_policy, timeout, want_acks and resend_unacked, return_acks
+                )
             )
             task.add_done_callback(lambda _: room.release())
             sending.append(task)
@@ -116,6 +119,7 @@ async def _send(
     ack_policy: AckPolicy,
     timeout: float,
     retry: bool,
+    return_acks: bool,
 ) -> list[Ack]:
     req = batches_pb2.PublishRequest(
         stream=stream, partition=partition, records=encode_records(records), count=len(records), ackPolicy=ack_policy
@@ -128,7 +132,7 @@ async def _send(
     resp = await client._call_leader(
         stream, partition, call, timeout_error=AckTimeoutError, retryable=None if retry else (lambda: False)
     )
-    if ack_policy == AckPolicy.NONE:
+    if ack_policy == AckPolicy.NONE or not return_acks:
         return []
     subject = resp.partitionSubject
     received, committed = resp.receptionTimestamp, resp.commitTimestamp
