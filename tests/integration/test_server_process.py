@@ -87,7 +87,10 @@ async def test_graceful_stop_acks_everything_in_flight(data_dir: Path, nats_serv
         try:
             acked = await publisher
         except grpc.aio.AioRpcError as exc:
-            assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), exc
+            # After the grace period the server closes the connection; a grpcio client still sending its
+            # requests then may report its own failed send ("Internal error from Core") instead.
+            core = exc.code() == grpc.StatusCode.INTERNAL and "from Core" in (exc.details() or "")
+            assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or core, exc
             acked = []
         assert server.proc.wait(20) == 0, server.output()  # type: ignore[union-attr]
         server.start()
