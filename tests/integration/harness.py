@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -171,3 +172,14 @@ class LiftlogProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def running(tmp_path: Path, nats_server: NatsProcess, *settings: str) -> Iterator[LiftlogProcess]:
+    """A server of its own on ``nats_server`` with these ``key=value`` settings, killed on exit."""
+    args = [arg for setting in settings for arg in ("--set", setting)]
+    proc = LiftlogProcess(tmp_path / "data", *args, nats_url=nats_server.url).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()

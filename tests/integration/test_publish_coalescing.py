@@ -25,21 +25,11 @@ from liftlog.rpc import wire
 from liftlog.rpc.wire import END_HEADERS, END_STREAM, FrameType, Setting
 
 from ..rpc.frames import FrameReader, grpc_message, request_headers
-from .harness import LiftlogProcess, NatsProcess
+from .harness import LiftlogProcess, NatsProcess, running
 
 pytestmark = pytest.mark.slow
 
 OK = api_pb2.PublishAsyncError
-
-
-@contextlib.contextmanager
-def running(tmp_path: Path, nats_server: NatsProcess, *settings: str) -> Iterator[LiftlogProcess]:
-    args = [arg for setting in settings for arg in ("--set", setting)]
-    proc = LiftlogProcess(tmp_path / "data", *args, nats_url=nats_server.url).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")

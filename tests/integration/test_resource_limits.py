@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -18,7 +18,7 @@ import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
 
-from .harness import LiftlogProcess, NatsProcess
+from .harness import LiftlogProcess, NatsProcess, running
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +34,6 @@ def rss_kib(pid: int) -> int:
 def channel(server: LiftlogProcess) -> grpc.aio.Channel:
     # A private subchannel pool: each channel is its own TCP connection, i.e. its own gRPC peer.
     return grpc.aio.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
-
-
-@contextlib.contextmanager
-def running(tmp_path: Path, nats_server: NatsProcess, *settings: str) -> Iterator[LiftlogProcess]:
-    args = [arg for setting in settings for arg in ("--set", setting)]
-    proc = LiftlogProcess(tmp_path / "data", *args, nats_url=nats_server.url).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 @contextlib.asynccontextmanager
