@@ -59,12 +59,18 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 class NatsProcess:
     """A plain nats-server, as a deployment liftlog connects to would run it."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, config: str = "") -> None:
+        """``config``: nats-server configuration text (e.g. ``max_payload: 8KB``), written beside the log."""
         self.port = free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self._log = open(log_path, "wb")  # noqa: SIM115
+        args = []
+        if config:
+            conf = log_path.with_suffix(".conf")
+            conf.write_text(config)
+            args = ["-c", str(conf)]
         self.proc = subprocess.Popen(
-            [str(find_nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port)],
+            [str(find_nats_server_binary()), *args, "-a", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

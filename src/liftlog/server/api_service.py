@@ -98,6 +98,7 @@ class ApiService:
         ack_timeout: float,
         max_message_bytes: int,
         limits: ApiLimits = ApiLimits(),
+        nats_max_payload: Callable[[], int] = lambda: 1 << 20,
     ) -> None:
         self.server_id = server_id
         self.host = host
@@ -109,6 +110,8 @@ class ApiService:
         self._ack_timeout = ack_timeout
         self._max_message_bytes = max_message_bytes
         self.limits = limits
+        #: The largest NATS message the connected nats-server takes now (its INFO's max_payload).
+        self.nats_max_payload = nats_max_payload
         #: Open Subscribe calls, in all and per client connection (grpc's peer: "ipv4:host:port").
         self.subscriptions = 0
         self.subscriptions_by_peer: Counter[str] = Counter()

@@ -38,8 +38,10 @@ if TYPE_CHECKING:
 
 __all__ = ["serve_publish_async"]
 
-#: A batch stays well under NATS's default max payload (1 MiB).
+#: A batch stays well under NATS's default max payload (1 MiB), and under the server's if it is smaller.
 MAX_BATCH_BYTES = 256 * 1024
+#: Room for the envelope around a batch's records.
+ENVELOPE_ROOM = 1024
 #: A message this large goes in its own envelope.
 MAX_COALESCED_MESSAGE = 64 * 1024
 #: What a record holds beyond key, value and user headers, and more (its fixed part, the stored fields).
@@ -87,7 +89,6 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
     limit = api.limits.max_publish_inflight
     coalesce = api.limits.coalesce_publishes
     max_bytes = api.max_message_bytes
-    coalesce_max = min(MAX_COALESCED_MESSAGE, max_bytes)
     queue: deque[_Entry] = deque()
     wake = asyncio.Event()
     room = asyncio.Event()
@@ -123,6 +124,10 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                 requests = await next_requests(limit - len(queue))
                 if not requests:
                     return
+                # The nats-server's limit can change with a reconnect: a batch it refused would fail every
+                # request in it, though each alone fits.
+                batch_max = min(MAX_BATCH_BYTES, api.nats_max_payload() - ENVELOPE_ROOM)
+                coalesce_max = min(MAX_COALESCED_MESSAGE, max_bytes, batch_max)
                 entries: list[_Entry] = []
                 batches: dict[tuple[str, int], _Batch] = {}
                 checked: dict[tuple[str, int, int], tuple[Any, bool] | RpcFailure] = {}
@@ -160,7 +165,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                         # One batch per partition: its messages are stored in request order.
                         where = (key[0], key[1])
                         batch = batches.get(where)
-                        if batch is not None and (batch.policy != key[2] or batch.size + size > MAX_BATCH_BYTES):
+                        if batch is not None and (batch.policy != key[2] or batch.size + size > batch_max):
                             await publish(batches.pop(where))
                             batch = None
                         if batch is None:

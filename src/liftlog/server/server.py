@@ -463,6 +463,7 @@ class Server:
                 max_publish_inflight=values["publish.async.max.inflight"],
                 coalesce_publishes=values["publish.async.coalesce"],
             ),
+            nats_max_payload=lambda: int(self._nc.max_payload),
         )
         server.add_methods(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service))
         server.add_methods(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(service)))
