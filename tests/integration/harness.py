@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -189,3 +190,17 @@ def running(tmp_path: Path, nats_server: NatsProcess, *settings: str) -> Iterato
         yield proc
     finally:
         proc.kill()
+
+
+async def create_when_ready(api: api_pb2_grpc.APIStub, name: str) -> None:
+    """Create stream ``name`` on subject ``name``, retrying while a just-started server knows no metadata leader."""
+    for _ in range(100):
+        try:
+            await api.CreateStream(api_pb2.CreateStreamRequest(name=name, subject=name))
+            return
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.ALREADY_EXISTS:
+                return
+            if err.code() != grpc.StatusCode.INTERNAL:
+                raise
+        await asyncio.sleep(0.1)

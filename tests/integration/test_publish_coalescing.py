@@ -25,7 +25,7 @@ from liftlog.rpc import wire
 from liftlog.rpc.wire import END_HEADERS, END_STREAM, FrameType, Setting
 
 from ..rpc.frames import FrameReader, grpc_message, request_headers
-from .harness import LiftlogProcess, NatsProcess, running
+from .harness import LiftlogProcess, NatsProcess, create_when_ready, running
 
 pytestmark = pytest.mark.slow
 
@@ -207,12 +207,7 @@ async def test_coalescing_off_keeps_one_envelope_per_message(
 ) -> None:
     with running(tmp_path, nats_server, "publish.async.coalesce=false") as server:
         async with api_of(server) as api:
-            for _ in range(100):  # a just-started server may not know its metadata leader yet
-                try:
-                    await api.CreateStream(api_pb2.CreateStreamRequest(name=name, subject=name))
-                    break
-                except grpc.aio.AioRpcError:
-                    await asyncio.sleep(0.1)
+            await create_when_ready(api, name)
             requests = [api_pb2.PublishRequest(stream=name, value=b"%d" % i) for i in range(100)]
             async with on_nats(nats_server, name) as seen:
                 answers = await publish_in_one_write(server, requests)
@@ -226,12 +221,7 @@ async def test_batches_stay_under_a_small_nats_max_payload(tmp_path: Path, name:
     try:
         with running(tmp_path, small) as server:
             async with api_of(server) as api:
-                for _ in range(100):  # a just-started server may not know its metadata leader yet
-                    try:
-                        await api.CreateStream(api_pb2.CreateStreamRequest(name=name, subject=name))
-                        break
-                    except grpc.aio.AioRpcError:
-                        await asyncio.sleep(0.1)
+                await create_when_ready(api, name)
                 requests = [api_pb2.PublishRequest(stream=name, value=bytes([i]) * 1000) for i in range(40)]
                 async with on_nats(small, name) as seen:
                     answers = await publish_in_one_write(server, requests)

@@ -18,7 +18,7 @@ import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
 
-from .harness import LiftlogProcess, NatsProcess, running
+from .harness import LiftlogProcess, NatsProcess, create_when_ready, running
 
 pytestmark = pytest.mark.slow
 
@@ -42,19 +42,6 @@ async def api_of(server: LiftlogProcess) -> AsyncIterator[api_pb2_grpc.APIStub]:
         yield api_pb2_grpc.APIStub(ch)
 
 
-async def create(api: api_pb2_grpc.APIStub, name: str) -> None:
-    for _ in range(100):  # a just-started server may not know its metadata leader yet
-        try:
-            await api.CreateStream(api_pb2.CreateStreamRequest(name=name, subject=name))
-            return
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.ALREADY_EXISTS:
-                return
-            if err.code() != grpc.StatusCode.INTERNAL:
-                raise
-        await asyncio.sleep(0.1)
-
-
 async def newest(api: api_pb2_grpc.APIStub, name: str) -> int:
     resp = await api.FetchPartitionMetadata(api_pb2.FetchPartitionMetadataRequest(stream=name, partition=0))
     return resp.metadata.newestOffset
@@ -71,7 +58,7 @@ async def test_idle_subscriptions_cost_little_and_give_it_back(tmp_path: Path, n
         assert server.proc is not None
         pid = server.proc.pid
         async with api_of(server) as api:
-            await create(api, "mem")
+            await create_when_ready(api, "mem")
 
             async def requests() -> AsyncIterator[api_pb2.PublishRequest]:
                 for _ in range(3000):
@@ -98,7 +85,7 @@ async def test_subscription_limits_per_server_and_per_connection(tmp_path: Path,
     settings = ("subscribe.max.concurrent=4", "subscribe.max.concurrent.per.connection=2")
     with running(tmp_path, nats_server, *settings) as server:
         async with api_of(server) as a, api_of(server) as b, api_of(server) as c:
-            await create(a, "lim")
+            await create_when_ready(a, "lim")
             on_a = [await subscribe(a, "lim") for _ in range(2)]
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await subscribe(a, "lim")
@@ -134,7 +121,7 @@ async def test_publish_async_stops_reading_a_client_that_takes_no_acks(
     cid = "c" * 1000  # big answers: gRPC's windows and the socket buffers hold only a few thousand
     with running(tmp_path, nats_server, "publish.async.max.inflight=32") as server:
         async with api_of(server) as api, api_of(server) as observer:
-            await create(api, "bp")
+            await create_when_ready(api, "bp")
             call = api.PublishAsync()
 
             async def send() -> None:
@@ -170,7 +157,7 @@ async def test_garbage_on_internal_subjects_logs_a_few_lines_with_counts(
 ) -> None:
     with running(tmp_path, nats_server, "logging.warnings.interval=1s") as server:
         async with api_of(server) as api:
-            await create(api, "g")
+            await create_when_ready(api, "g")
         start = server.log_path.stat().st_size
         nc = await nats.connect(nats_server.url)
         try:

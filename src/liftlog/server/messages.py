@@ -274,7 +274,7 @@ def encode_messages(
             if n_headers:
                 raw = bytes(data[p:record_end])
                 if raw != last_headers:
-                    headers_tail = _encode_headers(data, p, n_headers, tags, byte, varint, unpack_i32)
+                    headers_tail = _header_fields(data, p, n_headers, tags, byte, varint, unpack_i32)
                     last_headers = raw
                 parts += headers_tail
             encoded = b"".join(parts)
@@ -290,7 +290,7 @@ def encode_messages(
     return next_offset, used
 
 
-def _encode_headers(
+def _header_fields(
     data: memoryview,
     p: int,
     n_headers: int,

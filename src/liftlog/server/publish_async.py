@@ -267,8 +267,9 @@ def _batch_answer(api: ApiService, batch: _Batch, cid: str, index: int) -> bytes
         batch.last = ack.offset
         ack.ClearField("offset")
         batch.ack_body = ack.SerializeToString()
-    # Ack fields appended after the rest override nothing (offset and, when given, correlationId were left
-    # out): Ack{offset = 4, correlationId = 6} inside PublishResponse{ack = 1, correlationId = 3}.
+    # Ack{offset = 4, correlationId = 6} appended inside PublishResponse{ack = 1, correlationId = 3}: the
+    # offset was left out of the body, and a parser keeps the last value, so the caller's id replaces the
+    # server's batch id.
     offset = batch.last - len(batch.records) + 1 + index
     body = batch.ack_body + b"\x20" + varint(offset)
     if cid:
