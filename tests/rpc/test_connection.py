@@ -21,7 +21,7 @@ import hpack
 import pytest
 
 from liftlog.rpc import wire
-from liftlog.rpc.connection import (
+from liftlog.rpc.server_connection import (
     ConnectionLimits,
     ConnectionTerminated,
     Event,

@@ -46,6 +46,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 
 from liftlog.api import api_pb2
 from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
+from liftlog.rpc import RpcError
 
 if TYPE_CHECKING:
     from liftlog.client.types import Ack
@@ -304,12 +305,26 @@ def _one_line(text: str | None) -> str:
     return " ".join(text.split()) if text else ""
 
 
-def _reason_of(exc: Any) -> Reason | None:
-    """The ``liftlog-error`` trailing-metadata value of a failed call, if any."""
+#: grpcio's codes by number: the client's errors carry ``grpc.StatusCode``, as they always have.
+_GRPC_CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _status_of(exc: Any) -> tuple[Any, str, Any]:
+    """Code (a ``grpc.StatusCode``), details and trailing metadata of a failed call.
+
+    Our transport raises :class:`liftlog.rpc.RpcError`; a ``grpc.aio.AioRpcError`` is read too.
+    """
+    if isinstance(exc, RpcError):
+        return _GRPC_CODES.get(int(exc.code), grpc.StatusCode.UNKNOWN), exc.message, exc.trailing_metadata
     try:
         metadata = exc.trailing_metadata()
     except Exception:  # a hand-made AioRpcError may lack it
-        return None
+        metadata = None
+    return exc.code(), exc.details(), metadata
+
+
+def _reason_of(metadata: Any) -> Reason | None:
+    """The ``liftlog-error`` trailing-metadata value of a failed call, if any."""
     if not metadata:
         return None
     for key, value in metadata:
@@ -351,7 +366,7 @@ def _class_from_status(code: Any, message: str) -> type[LiftlogError]:
 
 
 def error_from_rpc(exc: Any, *, timeout_error: type[DeadlineExceededError] = DeadlineExceededError) -> LiftlogError:
-    """Map a failed RPC (a ``grpc.aio.AioRpcError``) to a :class:`LiftlogError`.
+    """Map a failed RPC (a :class:`liftlog.rpc.RpcError`) to a :class:`LiftlogError`.
 
     The ``liftlog-error`` trailing-metadata reason decides when present;
     otherwise the status code and the message's wording do. The exception's
@@ -359,9 +374,9 @@ def error_from_rpc(exc: Any, *, timeout_error: type[DeadlineExceededError] = Dea
     becomes `timeout_error` (the client passes :class:`AckTimeoutError` for
     publishes).
     """
-    code = exc.code()
-    message = _one_line(exc.details()) or (code.name if code is not None else "RPC failed")
-    reason = _reason_of(exc)
+    code, details, metadata = _status_of(exc)
+    message = _one_line(details) or (code.name if code is not None else "RPC failed")
+    reason = _reason_of(metadata)
     cls: type[LiftlogError]
     if reason is not None:
         cls = _REASON_CLASSES[reason]

@@ -7,8 +7,9 @@ requests again, then the rest of the input, at most a window ahead of the
 acks, while the attempt reads the acks and a watchdog task cancels the call
 when nothing moves for the timeout. When an attempt fails with
 :class:`NotLeaderError` or :class:`UnavailableError` the client runs another
-with the same batch on the (new) leader. :func:`request_writer` keeps the
-server's status when a write fails because the server ended the call.
+with the same batch on the (new) leader. A write that fails because the
+server ended the call raises ``asyncio.InvalidStateError``; the reader then
+reports the server's status.
 
 A :class:`PublishBatch` belongs to one ``publish_many`` call, whose attempts
 run one after another; it is not to be shared with other tasks (each attempt
@@ -19,10 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
-
-import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
 from liftlog.api import api_pb2
 from liftlog.client.errors import (
@@ -35,44 +34,9 @@ from liftlog.client.errors import (
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.stubs import EOF, Stub, being_cancelled
 from liftlog.client.types import Ack, AckPolicy, OutgoingMessage
+from liftlog.rpc import RpcError
 
-__all__ = ["PublishBatch", "publish_async_attempt", "request_writer"]
-
-
-def request_writer(call: Any) -> Callable[[api_pb2.PublishRequest], Awaitable[None]]:
-    """A ``write`` for a stream-request call that keeps the server's status when the server ends the call.
-
-    ``grpc.aio``'s own ``call.write`` turns a send that fails because the
-    server has just ended the call (say, refusing it as not the leader) into
-    a local INTERNAL "Internal error from Core" status, losing the server's
-    code and trailing metadata. This writer does what ``call.write`` does,
-    minus that: a failed send raises ``asyncio.InvalidStateError`` and the
-    reader gets the real status. It uses private attributes of grpc.aio's
-    call; when they are missing it falls back to ``call.write``.
-    """
-    metadata_sent = getattr(call, "_metadata_sent", None)
-    send = getattr(getattr(call, "_cython_call", None), "send_serialized_message", None)
-    if metadata_sent is None or send is None:
-        fallback: Callable[[api_pb2.PublishRequest], Awaitable[None]] = call.write
-        return fallback
-
-    async def write(request: api_pb2.PublishRequest) -> None:
-        if call.done():
-            raise asyncio.InvalidStateError("the call has ended")
-        if not metadata_sent.is_set():
-            await metadata_sent.wait()
-            if call.done():
-                raise asyncio.InvalidStateError("the call has ended")
-        data = request.SerializeToString()
-        try:
-            await send(data)
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        except Exception as exc:  # cygrpc.InternalError: the call ended under us; the reader reports why
-            raise asyncio.InvalidStateError("the call has ended") from exc
-
-    return write
+__all__ = ["PublishBatch", "publish_async_attempt"]
 
 
 def _task_error(task: asyncio.Task[Any]) -> BaseException | None:
@@ -150,7 +114,7 @@ async def publish_async_attempt(stub: Stub, batch: PublishBatch, window_size: in
 
     async def write_all() -> None:
         nonlocal in_source, in_write, writer_done, progress
-        write = request_writer(call)
+        write = call.write
         try:
             if pending:
                 for _, req in sorted(pending.values(), key=lambda entry: entry[0]):
@@ -205,7 +169,7 @@ async def publish_async_attempt(stub: Stub, batch: PublishBatch, window_size: in
                 progress += 1
             await call.done_writing()
             writer_done = True
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        except (RpcError, asyncio.InvalidStateError):
             return  # the call ended; the reader reports why
 
     writer = loop.create_task(write_all())
@@ -266,7 +230,7 @@ async def publish_async_attempt(stub: Stub, batch: PublishBatch, window_size: in
             raise UnavailableError(f"the server ended PublishAsync with {len(pending)} messages unacknowledged")
         if not batch.exhausted:
             raise UnavailableError(f"the server ended PublishAsync after {batch.count} messages, before the last")
-    except grpc.aio.AioRpcError as exc:
+    except RpcError as exc:
         failure = error_from_rpc(exc, timeout_error=AckTimeoutError)
         raise failure from exc
     except asyncio.CancelledError:

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-import grpc.aio  # type: ignore[import-untyped, unused-ignore]
-
 from liftlog.api import api_pb2
 from liftlog.client.errors import (
     ClientClosedError,
@@ -40,6 +38,7 @@ from liftlog.client.errors import (
 )
 from liftlog.client.stubs import Stub, open_stub
 from liftlog.client.types import Metadata, StreamInfo
+from liftlog.rpc import RpcError
 
 __all__ = ["Routing", "partition_for_key"]
 
@@ -106,7 +105,7 @@ class Routing:
         stub = self._stubs.get(address)
         if stub is None:
             self._check_open()
-            stub = open_stub(address, backoff=self.backoff, max_backoff=self.max_backoff)
+            stub = open_stub(address)
             self._stubs[address] = stub
         return stub
 
@@ -145,7 +144,7 @@ class Routing:
             for address in self._any_addresses():
                 try:
                     result = await getattr(self._stub(address), method)(request, timeout=deadline)
-                except grpc.aio.AioRpcError as exc:
+                except RpcError as exc:
                     err = error_from_rpc(exc, timeout_error=timeout_error)
                     if not isinstance(err, UnavailableError):
                         raise err from exc
@@ -186,7 +185,7 @@ class Routing:
                 routing = False
                 try:
                     return await fn(self._stub(address))
-                except grpc.aio.AioRpcError as exc:
+                except RpcError as exc:
                     raise error_from_rpc(exc, timeout_error=timeout_error) from exc
             except (NotLeaderError, UnavailableError) as err:
                 if routing and err.code is not None:

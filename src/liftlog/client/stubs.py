@@ -1,14 +1,16 @@
-"""The gRPC layer under the client: ``proto.API`` stubs and grpc.aio call helpers.
+"""The gRPC layer under the client: ``proto.API`` stubs on liftlog's own channel.
 
 :class:`Stub` binds the ``proto.API`` methods the client uses (and liftlog's
-own ``liftlog.Cluster`` and ``liftlog.Batches`` ones) to one channel to one
-server; :func:`open_stub` opens that channel. :data:`EOF` is what a
-grpc.aio streaming call's ``read`` returns at the end of the stream, and
+own ``liftlog.Cluster`` and ``liftlog.Batches`` ones) to one
+:class:`liftlog.rpc.Channel` to one server; :func:`open_stub` opens that
+channel. The channel is our HTTP/2 gRPC transport (``liftlog.rpc``), not
+grpcio: its calls read like grpc.aio's (``read`` returns :data:`EOF` at the
+end of a stream) and fail with :class:`liftlog.rpc.RpcError`.
 :func:`being_cancelled` tells a task's own cancellation apart from the
 ``CancelledError`` a read raises when its call is cancelled.
 
-A :class:`Stub` (and its channel) belongs to the event loop it was opened on;
-tasks of that loop may share it.
+A :class:`Stub` (and its channel) belongs to the event loop it was first used
+on; tasks of that loop may share it.
 """
 
 from __future__ import annotations
@@ -16,27 +18,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-import grpc  # type: ignore[import-untyped, unused-ignore]
-import grpc.aio  # type: ignore[import-untyped, unused-ignore]
-
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
+from liftlog.rpc.channel import EOF as _EOF
+from liftlog.rpc.channel import Channel
 
 __all__ = ["EOF", "Stub", "being_cancelled", "open_stub"]
 
 _MAX_MESSAGE_BYTES: Final = 64 << 20
-_CHANNEL_OPTIONS: Final = (
-    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-)
-#: What ``read()`` of a grpc.aio streaming call returns once the server has completed it.
-EOF: Final[Any] = grpc.aio.EOF
+#: What ``read()`` of a streaming call returns once the server has completed it.
+EOF: Final[Any] = _EOF
 
 
 class Stub:
     """The ``proto.API`` (and ``liftlog.Cluster``) methods used by the client, bound to one channel.
 
-    Built by hand rather than with ``api_pb2_grpc.APIStub`` (whose
-    constructor is untyped) so each multicallable is created once per channel.
+    Each method object is created once per channel.
     """
 
     __slots__ = (
@@ -100,16 +96,12 @@ class Stub:
         )
 
 
-def open_stub(address: str, *, backoff: float, max_backoff: float) -> Stub:
-    """A stub on a new insecure channel to `address` that reconnects with the client's backoff."""
-    options = (
-        *_CHANNEL_OPTIONS,
-        # Reconnect about as eagerly as the client retries (gRPC waits 1 s, then longer, by
-        # default, failing every call on the channel meanwhile).
-        ("grpc.initial_reconnect_backoff_ms", max(10, int(backoff * 1000))),
-        ("grpc.max_reconnect_backoff_ms", max(100, int(max_backoff * 1000))),
-    )
-    return Stub(address, grpc.aio.insecure_channel(address, options=options))
+def open_stub(address: str) -> Stub:
+    """A stub on a new channel to `address`; it connects on the first call and again after losing the server.
+
+    The client retries (and backs off) itself, so the channel connects whenever asked.
+    """
+    return Stub(address, Channel(address, max_message_bytes=_MAX_MESSAGE_BYTES))
 
 
 def being_cancelled() -> bool:

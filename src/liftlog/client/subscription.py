@@ -18,7 +18,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
-import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
 from liftlog.api import api_pb2
 from liftlog.client.errors import (
@@ -34,6 +33,7 @@ from liftlog.client.errors import (
 )
 from liftlog.client.stubs import EOF, Stub, being_cancelled
 from liftlog.client.types import Message
+from liftlog.rpc import RpcError
 
 if TYPE_CHECKING:
     from liftlog.client.client import Client
@@ -158,7 +158,7 @@ class Subscription:
                 raise StopAsyncIteration
         try:
             msg = await call.read()
-        except grpc.aio.AioRpcError as exc:
+        except RpcError as exc:
             self._done = True
             self._call = None
             err = self._mid_stream_error(exc)

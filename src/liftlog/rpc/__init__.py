@@ -5,8 +5,9 @@ message framing, policing); ``server`` runs handlers on asyncio; ``wire``
 holds the frame layout and the HPACK literals we send; ``status`` the codes.
 """
 
-from .connection import ConnectionLimits, ServerConnection
+from .connection import ConnectionLimits
 from .server import Method, RpcServer, ServerContext, ServerOptions, service_methods
+from .server_connection import ServerConnection
 from .status import Metadata, RpcError, StatusCode
 
 __all__ = [

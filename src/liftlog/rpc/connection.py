@@ -1,41 +1,37 @@
-"""The server side of one HTTP/2 connection carrying gRPC calls, sans-IO.
+"""What both ends of an HTTP/2 connection carrying gRPC calls share, sans-IO.
 
-:class:`ServerConnection` takes the bytes a client sent (:meth:`receive`)
-and returns events: a call started, a request message, the request ended, a
-call reset. The application answers with :meth:`send_message` and
-:meth:`send_trailers` and writes :meth:`data_to_send` to the socket. It owns
-no socket, task or clock: time comes in with each :meth:`receive`. Not safe
-to share between threads; nothing here awaits.
+:class:`Connection` parses frames, keeps the flow-control windows, splits
+DATA into gRPC messages (1-byte compressed flag, 4-byte length, message) and
+frames queued messages; :class:`~liftlog.rpc.server_connection.ServerConnection`
+and :class:`~liftlog.rpc.client_connection.ClientConnection` add what differs:
+who opens streams, what their headers mean, how a side ends its half. A
+connection owns no socket, task or clock: bytes come in with :meth:`receive`
+(and the time, for policing), events go out, and :meth:`data_to_send` is
+what to write. Not safe to share between threads; nothing here awaits.
 
-Rules:
+Rules both ends follow:
 
-- Streams are opened by the client (odd ids, each above the last) with a
-  HEADERS frame that is a gRPC request: POST, ``content-type:
-  application/grpc*``, a ``:path``. Other requests get an HTTP error status;
-  a stream past ``max_concurrent_streams`` is refused (REFUSED_STREAM).
-- Request bodies are gRPC messages (1-byte compressed flag, 4-byte length,
-  message) spread over DATA frames; each complete one is a
-  :class:`MessageReceived`. A message over ``max_message_bytes``, or one in
-  an encoding the call did not announce, ends the call here with
-  RESOURCE_EXHAUSTED or INTERNAL and a :class:`StreamReset` to the app.
+- Each complete message is a :class:`MessageReceived`. A message over
+  ``max_message_bytes``, or one in an encoding the stream did not announce,
+  ends the call with RESOURCE_EXHAUSTED or INTERNAL.
 - Flow control, receiving: the bytes of a message count against the windows
   until the app says it took the message (:meth:`consumed`); window updates
   go out in batches of a quarter window. A stream whose messages the app does
   not take, or a connection holding ``max_buffered_bytes``, gets no more
-  credit, so a client can never make us buffer without bound.
+  credit, so a peer can never make us buffer without bound.
 - Flow control, sending: messages are queued per stream and framed when
   :meth:`data_to_send` is called, packed up to the peer's frame size and as
   far as both windows allow; :meth:`buffered` tells the app how far behind a
   stream is, :class:`WindowOpened` that it may write again.
-- A call ends when its trailers are out. Frames for streams that ended are
-  ignored, as RFC 9113 asks (DATA still counts against the connection window).
+- Frames for streams that ended are ignored, as RFC 9113 asks (DATA still
+  counts against the connection window).
 - Abuse is a connection error with GOAWAY ENHANCE_YOUR_CALM: more pings than
   ``max_ping_strikes`` less than ``ping_min_interval`` apart without data
-  from us in between; more SETTINGS,
-  resets, PRIORITY, empty DATA or unknown frames than their token buckets
-  allow; a header block over ``max_header_block_bytes`` (CONTINUATION floods).
-  Malformed frames are the errors RFC 9113 names (PROTOCOL_ERROR,
-  FRAME_SIZE_ERROR, FLOW_CONTROL_ERROR, COMPRESSION_ERROR).
+  from us in between; more SETTINGS, resets, PRIORITY, empty DATA or unknown
+  frames than their token buckets allow; a header block over
+  ``max_header_block_bytes`` (CONTINUATION floods). Malformed frames are the
+  errors RFC 9113 names (PROTOCOL_ERROR, FRAME_SIZE_ERROR,
+  FLOW_CONTROL_ERROR, COMPRESSION_ERROR).
 """
 
 from __future__ import annotations
@@ -44,39 +40,34 @@ import struct
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import hpack
 import hpack.exceptions
 
 from . import wire
-from .status import Metadata, RpcError, StatusCode
+from .status import RpcError, StatusCode
 from .wire import ACK, END_HEADERS, END_STREAM, PADDED, PRIORITY_FLAG, ErrorCode, FrameType, Setting
 
 __all__ = [
     "ENCODINGS",
+    "Connection",
     "ConnectionLimits",
     "ConnectionTerminated",
-    "Event",
     "MessageReceived",
     "PingAcked",
-    "RequestEnded",
-    "RequestReceived",
-    "ServerConnection",
     "StreamReset",
     "WindowOpened",
 ]
 
-_PREFIX = struct.Struct(">BL")
+PREFIX: Final = struct.Struct(">BL")
 _U32 = struct.Struct(">L")
-_SETTING = struct.Struct(">HL")
-_TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 ENCODINGS: Final = "identity,gzip"
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """What one client connection may use; the defaults suit liftlog's API."""
+    """What one connection may use; the defaults suit liftlog's API (a server's view of a client)."""
 
     max_concurrent_streams: int = 1024
     stream_window: int = 1 << 20  # receive window we advertise per stream
@@ -94,15 +85,7 @@ class ConnectionLimits:
     junk_rate: tuple[int, float] = (1000, 1000.0)
 
 
-# -- events ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RequestReceived:
-    stream_id: int
-    path: str
-    metadata: tuple[tuple[str, str | bytes], ...]
-    timeout: float | None  # seconds, from grpc-timeout
+# -- events both ends raise ------------------------------------------------------
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass takes three times as long to build, once per message
@@ -113,13 +96,8 @@ class MessageReceived:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestEnded:
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
 class StreamReset:
-    """The call is over without our trailers: reset by the client, or ended here for a stream error."""
+    """The call is over without a proper end: reset by the peer, or ended here for a stream error."""
 
     stream_id: int
     code: int
@@ -128,7 +106,7 @@ class StreamReset:
 
 @dataclass(frozen=True, slots=True)
 class WindowOpened:
-    """The client gave us credit: streams that were waiting to send can go on."""
+    """The peer gave us credit: streams that were waiting to send can go on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +122,6 @@ class ConnectionTerminated:
     reason: str
     by_peer: bool
     last_stream_id: int
-
-
-Event = RequestReceived | MessageReceived | RequestEnded | StreamReset | WindowOpened | PingAcked | ConnectionTerminated
 
 
 class _ConnectionError(Exception):
@@ -177,8 +152,10 @@ class _Stream:
     __slots__ = (
         "buf",
         "credit",
+        "ending",
         "excess",
         "gzip",
+        "headers_received",
         "headers_sent",
         "held",
         "id",
@@ -193,7 +170,7 @@ class _Stream:
 
     def __init__(self, stream_id: int, recv_window: int, send_window: int) -> None:
         self.id = stream_id
-        self.buf = bytearray()  # a request message not yet whole
+        self.buf = bytearray()  # a received message not yet whole
         self.gzip = False
         self.recv_window = recv_window
         self.credit = 0  # received bytes not yet given back in a WINDOW_UPDATE
@@ -202,27 +179,35 @@ class _Stream:
         self.prepaid = 0  # bytes of the unfinished message in buf already credited
         self.send_window = send_window
         self.outbuf = bytearray()  # framed gRPC messages waiting for window
-        self.trailers: bytes | None = None
+        self.trailers: bytes | None = None  # server: the trailers to send once outbuf is out
+        self.ending = False  # our end of the stream is queued behind outbuf
         self.headers_sent = False
+        self.headers_received = False
         self.remote_closed = False
         self.local_closed = False
 
 
-class ServerConnection:
-    def __init__(self, limits: ConnectionLimits = ConnectionLimits()) -> None:
+class Connection:
+    """The frame layer of one end; subclasses say what headers mean and how their side ends a stream."""
+
+    #: Whether the peer starts with the client preface (a server expects it; a client does not).
+    expects_preface = False
+
+    def __init__(self, limits: ConnectionLimits, settings: list[tuple[int, int]]) -> None:
         self.limits = limits
         self._in = bytearray()
         self._out = bytearray()
-        self._preface = False
+        self._preface = not self.expects_preface
         self._settings_seen = False
         self._decoder = hpack.Decoder(max_header_list_size=limits.max_header_list_size)
         self._streams: dict[int, _Stream] = {}
         self._dirty: dict[int, None] = {}  # streams with output to frame, in order
         self._blocked: dict[int, None] = {}  # streams with output the windows hold back
-        self._last_stream = 0
+        self._last_stream = 0  # the highest stream id opened (by the client)
         self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block so far
         self._peer_window = wire.DEFAULT_WINDOW  # peer's initial stream window
         self._peer_max_frame = wire.DEFAULT_MAX_FRAME
+        self._peer_max_streams: int | None = None  # streams the peer lets us open, once it said
         self._send_window = wire.DEFAULT_WINDOW  # connection level
         self._recv_window = limits.connection_window
         self._credit = 0
@@ -238,7 +223,7 @@ class ServerConnection:
         self.closed = False
         self._now = 0.0
         settings = [
-            (Setting.MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams),
+            *settings,
             (Setting.INITIAL_WINDOW_SIZE, limits.stream_window),
             (Setting.MAX_HEADER_LIST_SIZE, limits.max_header_list_size),
         ]
@@ -247,6 +232,35 @@ class ServerConnection:
         self._out += wire.settings_frame(settings)
         if limits.connection_window > wire.DEFAULT_WINDOW:
             self._out += wire.window_update(0, limits.connection_window - wire.DEFAULT_WINDOW)
+
+    # -- what differs between the ends ----------------------------------------------
+
+    def _on_headers(self, sid: int, flags: int, headers: Iterable[tuple[bytes, bytes]], events: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _remote_ended(self, s: _Stream, events: list[Any]) -> None:
+        """The peer ended its half of `s` with a DATA frame."""
+        raise NotImplementedError
+
+    def _call_error(self, s: _Stream, code: StatusCode, message: str, events: list[Any]) -> None:
+        """End a call for a bad message from the peer."""
+        raise NotImplementedError
+
+    def _write_end(self, s: _Stream) -> None:
+        """Write what ends our half of `s`, now that its messages are out."""
+        raise NotImplementedError
+
+    def _write_first_headers(self, s: _Stream) -> bool:
+        """Write `s`'s headers before its first message; True if that ended the stream."""
+        raise NotImplementedError
+
+    def _reap(self, s: _Stream) -> None:
+        """Forget `s` if it is over."""
+        raise NotImplementedError
+
+    def _peer_last_stream(self) -> int:
+        """The last stream the peer opened that we took: what a GOAWAY from us names."""
+        raise NotImplementedError
 
     # -- state the shell reads ----------------------------------------------------
 
@@ -269,14 +283,14 @@ class ServerConnection:
 
     # -- input ----------------------------------------------------------------------
 
-    def receive(self, data: bytes, now: float) -> list[Event]:
-        """Bytes from the client; returns what they mean, in order. Output may be queued."""
+    def _receive(self, data: bytes, now: float) -> list[Any]:
+        """Bytes from the peer; returns what they mean, in order. Output may be queued."""
         if self.closed:
             return []
         self._now = now
         buf = self._in
         buf += data
-        events: list[Event] = []
+        events: list[Any] = []
         try:
             if not self._preface:
                 if len(buf) < len(wire.PREFACE):
@@ -316,12 +330,12 @@ class ServerConnection:
             self._fail(exc.code, exc.reason, events)
         return events
 
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[Any]) -> None:
         if self._continuation is not None and kind != FrameType.CONTINUATION:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "a header block was interrupted by another frame")
         if not self._settings_seen:
             if kind != FrameType.SETTINGS or flags & ACK:
-                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client preface must start with SETTINGS")
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "the peer's preface must start with SETTINGS")
             self._settings_seen = True
         if kind == FrameType.DATA:
             self._data(flags, sid, payload, events)
@@ -346,7 +360,7 @@ class ServerConnection:
                 self._stream_error(sid, ErrorCode.FRAME_SIZE_ERROR, events)
             self._junk("PRIORITY")
         elif kind == FrameType.PUSH_PROMISE:
-            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "clients must not send PUSH_PROMISE")
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE, but push is not allowed")
         else:
             self._junk(f"frames of unknown type {kind}")
 
@@ -369,7 +383,7 @@ class ServerConnection:
         if sid > self._last_stream:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"{what} on idle stream {sid}")
 
-    def _data(self, flags: int, sid: int, payload: bytes | memoryview, events: list[Event]) -> None:
+    def _data(self, flags: int, sid: int, payload: bytes | memoryview, events: list[Any]) -> None:
         length = len(payload)
         self._recv_window -= length
         if self._recv_window < 0:
@@ -378,7 +392,7 @@ class ServerConnection:
         if s is None or s.remote_closed:
             self._closed_or_idle(sid, "DATA")
             self._give_back(None, length)  # an ended call: drop it, but not the connection's credit
-            if s is not None:  # half-closed (remote): the client broke the stream's rules
+            if s is not None:  # half-closed (remote): the peer broke the stream's rules
                 self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
             return
         s.recv_window -= length
@@ -394,14 +408,9 @@ class ServerConnection:
         elif not flags & END_STREAM:
             self._junk("empty DATA frames")
         if flags & END_STREAM and sid in self._streams:
-            s.remote_closed = True
-            if s.buf:
-                self._call_error(s, StatusCode.INTERNAL, "the request ended inside a message", events)
-                return
-            events.append(RequestEnded(sid))
-            self._reap(s)
+            self._remote_ended(s, events)
 
-    def _messages(self, s: _Stream, body: bytes | memoryview, events: list[Event]) -> None:
+    def _messages(self, s: _Stream, body: bytes | memoryview, events: list[Any]) -> None:
         had = len(s.buf)
         if had:
             s.buf += body
@@ -414,7 +423,7 @@ class ServerConnection:
         prepaid = s.prepaid
         while end - pos >= 5:
             start = pos
-            compressed, size = _PREFIX.unpack_from(data, pos)
+            compressed, size = PREFIX.unpack_from(data, pos)
             try:
                 if size > limit:
                     raise RpcError(
@@ -471,7 +480,7 @@ class ServerConnection:
             raise RpcError(StatusCode.RESOURCE_EXHAUSTED, "too many request messages not yet read on this connection")
         return out
 
-    def _window_update(self, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _window_update(self, sid: int, payload: bytes, events: list[Any]) -> None:
         if len(payload) != 4:
             raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE must be 4 bytes")
         increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
@@ -495,7 +504,7 @@ class ServerConnection:
         if s.send_window > wire.MAX_WINDOW:
             self._stream_error(sid, ErrorCode.FLOW_CONTROL_ERROR, events)
             return
-        if s.outbuf or s.trailers is not None:
+        if s.outbuf or s.ending:
             self._dirty[sid] = None
             events.append(WindowOpened())
 
@@ -507,7 +516,7 @@ class ServerConnection:
         self._blocked.clear()
         return True
 
-    def _ping(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _ping(self, flags: int, sid: int, payload: bytes, events: list[Any]) -> None:
         if sid != 0:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
@@ -524,7 +533,7 @@ class ServerConnection:
             raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many pings")
         self._out += wire.frame(FrameType.PING, ACK, 0, payload)
 
-    def _settings(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _settings(self, flags: int, sid: int, payload: bytes, events: list[Any]) -> None:
         if sid != 0:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
@@ -537,7 +546,7 @@ class ServerConnection:
             raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many SETTINGS frames")
         opened = False
         for pos in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, pos)
+            key, value = wire.SETTING.unpack_from(payload, pos)
             if key == Setting.INITIAL_WINDOW_SIZE:
                 if value > wire.MAX_WINDOW:
                     raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1")
@@ -552,6 +561,8 @@ class ServerConnection:
                 if not wire.DEFAULT_MAX_FRAME <= value <= wire.MAX_FRAME_LIMIT:
                     raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} out of range")
                 self._peer_max_frame = value
+            elif key == Setting.MAX_CONCURRENT_STREAMS:
+                self._peer_max_streams = value
             elif key == Setting.ENABLE_PUSH and value > 1:
                 raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
             # HEADER_TABLE_SIZE: we never index; the others bound what the peer receives, which we respect.
@@ -559,7 +570,7 @@ class ServerConnection:
         if opened and self._dirty_waiting():
             events.append(WindowOpened())
 
-    def _rst_stream(self, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _rst_stream(self, sid: int, payload: bytes, events: list[Any]) -> None:
         if len(payload) != 4:
             raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM must be 4 bytes")
         self._closed_or_idle(sid, "RST_STREAM")
@@ -570,7 +581,7 @@ class ServerConnection:
             self._forget(s)
             events.append(StreamReset(sid, _U32.unpack(payload)[0], by_peer=True))
 
-    def _goaway(self, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _goaway(self, sid: int, payload: bytes, events: list[Any]) -> None:
         if sid != 0:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
         if len(payload) < 8:
@@ -581,7 +592,7 @@ class ServerConnection:
 
     # -- requests -------------------------------------------------------------------
 
-    def _headers(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _headers(self, flags: int, sid: int, payload: bytes, events: list[Any]) -> None:
         if sid == 0:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
         block, _ = self._unpad(flags, payload, "HEADERS")
@@ -602,7 +613,7 @@ class ServerConnection:
                 f"header block over {self.limits.max_header_block_bytes} bytes",
             )
 
-    def _continue(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _continue(self, flags: int, sid: int, payload: bytes, events: list[Any]) -> None:
         if self._continuation is None or self._continuation[0] != sid:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "CONTINUATION without a header block to continue")
         first_flags, block = self._continuation[1], self._continuation[2]
@@ -614,154 +625,50 @@ class ServerConnection:
             self._continuation = None
             self._header_block(sid, first_flags, bytes(block), events)
 
-    def _header_block(self, sid: int, flags: int, block: bytes, events: list[Event]) -> None:
+    def _header_block(self, sid: int, flags: int, block: bytes, events: list[Any]) -> None:
         try:
             headers = self._decoder.decode(block, raw=True)
         except hpack.exceptions.OversizedHeaderListError as exc:
-            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"request headers too large: {exc}") from exc
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"headers too large: {exc}") from exc
         except hpack.exceptions.HPACKError as exc:
             raise _ConnectionError(ErrorCode.COMPRESSION_ERROR, f"cannot decode headers: {exc}") from exc
-        if sid % 2 == 0:
-            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"client opened even-numbered stream {sid}")
-        if sid <= self._last_stream:
-            s = self._streams.get(sid)
-            if s is None or s.remote_closed:
-                if s is not None:
-                    self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
-                return  # trailers for a call that ended here: ignored
-            if not flags & END_STREAM:
-                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "a second HEADERS without END_STREAM")
-            s.remote_closed = True  # request trailers: gRPC defines none, so nothing to pass on
-            events.append(RequestEnded(sid))
-            self._reap(s)
-            return
-        self._last_stream = sid
-        if self._goaway_sent:
-            self._out += wire.rst_stream(sid, ErrorCode.REFUSED_STREAM)
-            return
-        if len(self._streams) >= self.limits.max_concurrent_streams:
-            self._out += wire.rst_stream(sid, ErrorCode.REFUSED_STREAM)
-            return
-        s = _Stream(sid, self.limits.stream_window, self._peer_window)
-        self._streams[sid] = s
-        if flags & END_STREAM:
-            s.remote_closed = True
-        request = self._request(s, headers)
-        if request is None:
-            return
-        events.append(request)
-        if s.remote_closed:
-            events.append(RequestEnded(sid))
-
-    def _request(self, s: _Stream, headers: Iterable[tuple[bytes, bytes]]) -> RequestReceived | None:
-        """Check a gRPC request's headers; answer a bad one here and return None."""
-        method = path = content_type = b""
-        timeout: float | None = None
-        encoding = b"identity"
-        metadata: list[tuple[str, str | bytes]] = []
-        for name, value in headers:
-            if name.startswith(b":"):
-                if name == b":method":
-                    method = value
-                elif name == b":path":
-                    path = value
-                continue
-            if name == b"content-type":
-                content_type = value
-            elif name == b"grpc-timeout":
-                timeout = _parse_timeout(value)
-                if timeout is None:
-                    self._answer(s, 200, StatusCode.INTERNAL, f"malformed grpc-timeout {value!r}")
-                    return None
-            elif name == b"grpc-encoding":
-                encoding = value
-            elif name in (b"te", b"grpc-accept-encoding", b"connection"):
-                continue
-            else:
-                key = name.decode("latin-1")
-                if key.endswith("-bin"):
-                    try:
-                        metadata.append((key, _b64decode(value)))
-                    except ValueError:
-                        self._answer(s, 200, StatusCode.INTERNAL, f"metadata {key!r} is not valid base64")
-                        return None
-                else:
-                    metadata.append((key, value.decode("latin-1")))
-        if method != b"POST":
-            self._answer(s, 405, StatusCode.UNIMPLEMENTED, f"method {method.decode('latin-1')!r}: gRPC uses POST")
-            return None
-        if not content_type.startswith(b"application/grpc"):
-            self._answer(s, 415, StatusCode.UNKNOWN, f"invalid gRPC request content-type {content_type!r}")
-            return None
-        if not path:
-            self._answer(s, 400, StatusCode.INTERNAL, "request without :path")
-            return None
-        if encoding == b"gzip":
-            s.gzip = True
-        elif encoding != b"identity":
-            self._answer(
-                s,
-                200,
-                StatusCode.UNIMPLEMENTED,
-                f"grpc-encoding {encoding.decode('latin-1')!r} is not supported (supported: {ENCODINGS})",
-                extra=wire.literal(b"grpc-accept-encoding", ENCODINGS.encode()),
-            )
-            return None
-        return RequestReceived(s.id, path.decode("latin-1"), tuple(metadata), timeout)
-
-    def _answer(self, s: _Stream, http_status: int, code: StatusCode, message: str, extra: bytes = b"") -> None:
-        """End a call that never reached the app with a trailers-only response."""
-        status = wire.STATUS_200 if http_status == 200 else wire.literal_indexed_name(8, str(http_status).encode())
-        block = status + wire.CONTENT_TYPE_GRPC + wire.trailers_block(code, message) + extra
-        self._write_headers(s.id, block, END_STREAM)
-        s.headers_sent = s.local_closed = True
-        self._reap(s)
+        self._on_headers(sid, flags, headers, events)
 
     # -- output ----------------------------------------------------------------------
 
     def send_message(self, stream_id: int, message: bytes) -> bool:
-        """Queue one response message; False if the call is over (reset, or trailers sent)."""
+        """Queue one message; False if our half of the call is over (reset, or ended)."""
         s = self._streams.get(stream_id)
         if s is None or s.local_closed:
             return False
         out = s.outbuf
-        out += _PREFIX.pack(0, len(message))
+        out += PREFIX.pack(0, len(message))
         out += message
         self._dirty[stream_id] = None
         return True
 
     def send_messages(self, stream_id: int, messages: list[bytes]) -> bool:
-        """Queue encoded response messages; False if the call is over."""
+        """Queue encoded messages; False if our half of the call is over."""
         s = self._streams.get(stream_id)
         if s is None or s.local_closed:
             return False
         out = s.outbuf
-        pack = _PREFIX.pack
+        pack = PREFIX.pack
         for message in messages:
             out += pack(0, len(message))
             out += message
         self._dirty[stream_id] = None
         return True
 
-    def send_trailers(self, stream_id: int, code: int, message: str = "", metadata: Metadata = ()) -> bool:
-        """End the call after the messages queued before; False if it is already over."""
-        s = self._streams.get(stream_id)
-        if s is None or s.local_closed:
-            return False
-        s.trailers = wire.trailers_block(code, message, metadata)
-        s.local_closed = True
-        self._dirty[stream_id] = None
-        return True
-
     def reset_stream(self, stream_id: int, code: int = ErrorCode.CANCEL) -> None:
-        """Abandon a call (e.g. its handler crashed past sending trailers)."""
+        """Abandon a call (a server's handler crashed past sending trailers; a client cancels)."""
         s = self._streams.pop(stream_id, None)
         if s is not None:
             self._forget(s)
             self._out += wire.rst_stream(stream_id, code)
 
     def consumed(self, stream_id: int, size: int) -> None:
-        """The app took a message of ``size`` bytes (its event's): the client may send more."""
+        """The app took a message of ``size`` bytes (its event's): the peer may send more."""
         s = self._streams.get(stream_id)
         if s is None:
             return  # a stream that ended gave back what it held then
@@ -778,8 +685,8 @@ class ServerConnection:
         """Say GOAWAY: calls begun so far may finish; later ones are refused."""
         if not self._goaway_sent and not self.closed:
             self._goaway_sent = True
-            self._goaway_last = self._last_stream
-            self._out += wire.goaway(self._last_stream, code, reason.encode())
+            self._goaway_last = self._peer_last_stream()
+            self._out += wire.goaway(self._goaway_last, code, reason.encode())
 
     def data_to_send(self) -> bytes:
         """Everything to write now, framed as far as the windows allow."""
@@ -798,15 +705,8 @@ class ServerConnection:
     def _frame_stream(self, s: _Stream) -> bool:
         """Frame what the windows allow; True when the stream has nothing left to send."""
         out = self._out
-        if not s.headers_sent:
-            if not s.outbuf and s.trailers is not None:  # trailers-only response
-                self._write_headers(s.id, wire.RESPONSE_HEADERS + s.trailers, END_STREAM)
-                s.headers_sent = True
-                s.trailers = None
-                self._reap(s)
-                return True
-            self._write_headers(s.id, wire.RESPONSE_HEADERS, 0)
-            s.headers_sent = True
+        if not s.headers_sent and self._write_first_headers(s):
+            return True
         pending = s.outbuf
         if pending:
             sent = 0
@@ -825,13 +725,13 @@ class ServerConnection:
             view.release()
             del pending[:sent]
             if sent:
-                self._ping_strikes = 0  # data the windows hold back does not excuse the client's pings
+                self._ping_strikes = 0  # data the windows hold back does not excuse the peer's pings
             if pending:
                 self._blocked[s.id] = None
                 return False
-        if s.trailers is not None:
-            self._write_headers(s.id, s.trailers, END_STREAM)
-            s.trailers = None
+        if s.ending:
+            s.ending = False
+            self._write_end(s)
             self._reap(s)
         return True
 
@@ -845,7 +745,7 @@ class ServerConnection:
             last = pos + max_frame >= len(block)
             out += wire.frame(FrameType.CONTINUATION, END_HEADERS if last else 0, sid, block[pos : pos + max_frame])
 
-    # -- bookkeeping -------------------------------------------------------------------
+    # -- bookkeeping# -- bookkeeping -------------------------------------------------------------------
 
     def _give_back(self, s: _Stream | None, size: int) -> None:
         """Credit ``size`` received bytes; send WINDOW_UPDATEs once a quarter window has built up."""
@@ -864,39 +764,12 @@ class ServerConnection:
                 s.recv_window += s.credit
                 s.credit = 0
 
-    def _call_error(self, s: _Stream, code: StatusCode, message: str, events: list[Event]) -> None:
-        """End a call for a bad request message: trailers with ``code``, reset, and tell the app."""
-        if not s.local_closed:
-            if not s.headers_sent:
-                self._write_headers(s.id, wire.RESPONSE_HEADERS + wire.trailers_block(code, message), END_STREAM)
-            else:
-                self._write_headers(s.id, wire.trailers_block(code, message), END_STREAM)
-        s.headers_sent = s.local_closed = True
-        s.outbuf.clear()
-        if not s.remote_closed:
-            self._out += wire.rst_stream(s.id, ErrorCode.NO_ERROR)
-        self._streams.pop(s.id, None)
-        self._forget(s)
-        events.append(StreamReset(s.id, ErrorCode.CANCEL, by_peer=False))
-
-    def _stream_error(self, sid: int, code: ErrorCode, events: list[Event]) -> None:
+    def _stream_error(self, sid: int, code: ErrorCode, events: list[Any]) -> None:
         self._out += wire.rst_stream(sid, code)
         s = self._streams.pop(sid, None)
         if s is not None:
             self._forget(s)
             events.append(StreamReset(sid, code, by_peer=False))
-
-    def _reap(self, s: _Stream) -> None:
-        """Forget a stream whose response is complete.
-
-        A client still sending on it is not reset: RFC 9113 allows RST_STREAM NO_ERROR here, but a
-        client that is mid-write (grpcio's) then reports its failed write, INTERNAL, instead of our
-        status. What it sends later is dropped, and clients stop sending once they have the trailers.
-        """
-        if not (s.local_closed and s.headers_sent and s.trailers is None and not s.outbuf):
-            return
-        if self._streams.pop(s.id, None) is not None:
-            self._forget(s)
 
     def _forget(self, s: _Stream) -> None:
         """A stream is gone: what it held no longer counts, and the connection gets its credit back."""
@@ -909,25 +782,8 @@ class ServerConnection:
         s.buf.clear()
         self._give_back(None, held)  # even 0: credit withheld while the connection held too much may go out now
 
-    def _fail(self, code: ErrorCode, reason: str, events: list[Event]) -> None:
-        last = self._goaway_last if self._goaway_sent else self._last_stream  # streams refused since stay refused
+    def _fail(self, code: ErrorCode, reason: str, events: list[Any]) -> None:
+        last = self._goaway_last if self._goaway_sent else self._peer_last_stream()  # refused since: still refused
         self._out += wire.goaway(last, code, reason.encode())
         self.closed = True
         events.append(ConnectionTerminated(code, reason, by_peer=False, last_stream_id=last))
-
-
-def _parse_timeout(value: bytes) -> float | None:
-    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
-        return None
-    unit = _TIMEOUT_UNITS.get(chr(value[-1]))
-    return None if unit is None else int(value[:-1]) * unit
-
-
-def _b64decode(value: bytes) -> bytes:
-    import base64
-    import binascii
-
-    try:
-        return base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
-    except binascii.Error as exc:
-        raise ValueError(str(exc)) from exc

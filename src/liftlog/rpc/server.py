@@ -34,7 +34,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
-from .connection import (
+from .server_connection import (
     ConnectionLimits,
     ConnectionTerminated,
     Event,

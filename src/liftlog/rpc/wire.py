@@ -21,6 +21,7 @@ from typing import Final
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME_HEADER: Final = struct.Struct(">BHBBL")  # length split in 8 + 16 bits, type, flags, stream id
 FRAME_HEADER_SIZE: Final = 9
+SETTING: Final = struct.Struct(">HL")  # one SETTINGS entry: identifier, value
 DEFAULT_WINDOW: Final = 65_535
 DEFAULT_MAX_FRAME: Final = 16_384
 MAX_WINDOW: Final = 2**31 - 1
