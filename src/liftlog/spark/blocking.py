@@ -32,9 +32,9 @@ RETRIES = 12
 def _process_loop() -> asyncio.AbstractEventLoop:
     """One event loop per process, never closed.
 
-    Spark reuses its Python workers across tasks, and grpc.aio's completion
-    queue poller stays bound to the loop it first ran on: a loop per task,
-    closed at its end, leaves the poller calling into a closed loop.
+    Spark reuses its Python workers across tasks, and a client's channels
+    (their connections, timers and calls) belong to the loop they were first
+    used on: one loop per process lets a worker's later tasks reuse them.
     """
     global _loop
     if _loop is None or _loop.is_closed():
