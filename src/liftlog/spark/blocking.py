@@ -32,9 +32,10 @@ RETRIES = 12
 def _process_loop() -> asyncio.AbstractEventLoop:
     """One event loop per process, never closed.
 
-    Spark reuses its Python workers across tasks, and a client's channels
-    (their connections, timers and calls) belong to the loop they were first
-    used on: one loop per process lets a worker's later tasks reuse them.
+    A client's channels (connections, timers, calls) belong to the loop they
+    were first used on; Spark reuses its Python workers across tasks, and a
+    loop that lives as long as the worker never closes under a channel that
+    is still open.
     """
     global _loop
     if _loop is None or _loop.is_closed():
