@@ -197,6 +197,31 @@ async def test_unreachable_server_is_unavailable_and_a_new_server_is_found() -> 
         await channel.close()
 
 
+@pytest.mark.parametrize(
+    ("greeting", "code", "wording"),
+    [
+        (b'INFO {"server_id":"x"}\r\n', StatusCode.UNAVAILABLE, "not a gRPC server"),  # NATS
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", StatusCode.UNAVAILABLE, "HTTP/1.1 400"),
+        (None, StatusCode.DEADLINE_EXCEEDED, "has not answered the HTTP/2 handshake"),  # accepts, says nothing
+    ],
+)
+async def test_a_server_that_does_not_speak_grpc(greeting: bytes | None, code: StatusCode, wording: str) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if greeting is not None:
+            writer.write(greeting)
+        await reader.read()  # keep it open until the client goes
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    channel = Channel(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        with pytest.raises(RpcError) as info:
+            await Api(channel).publish(publish("echo"), timeout=1)
+        assert info.value.code == code and wording in info.value.message
+    finally:
+        await channel.close()
+        server.close()
+
+
 async def test_lost_connection_fails_calls_then_reconnects() -> None:
     service = FakeAPI()
     async with serving(service) as first:

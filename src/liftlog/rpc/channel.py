@@ -124,7 +124,11 @@ class StreamCall:
         return True
 
     def _expire(self) -> None:
-        self._abandon(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        conn = self._conn
+        why = "Deadline Exceeded"
+        if conn is None or not conn.core.handshake_done:
+            why += " (the server has not answered the HTTP/2 handshake)" if conn else " (while connecting)"
+        self._abandon(StatusCode.DEADLINE_EXCEEDED, why)
 
     def _abandon(self, code: StatusCode, message: str) -> None:
         if self._opening is not None and not self._opening.done():
@@ -208,6 +212,7 @@ class _Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._writers: list[asyncio.Future[None]] = []
         self._room: list[asyncio.Future[None]] = []  # calls waiting for the server's stream limit
+        self.failure: RpcError | None = None  # why the connection broke, when it did
 
     @property
     def usable(self) -> bool:
@@ -243,6 +248,8 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self.paused = False
         why = f"the connection to {self.channel.target} was lost" + (f": {exc}" if exc else "")
+        if self.failure is None:
+            self.failure = RpcError(StatusCode.UNAVAILABLE, why)
         for call in list(self.calls.values()):
             call.finish(StatusCode.UNAVAILABLE, why)
         self.calls.clear()
@@ -292,9 +299,13 @@ class _Connection(asyncio.Protocol):
                 self.flush()
                 self._close_transport()
         else:
-            why = f"connection to {self.channel.target} closed: {event.reason}"
+            if self.core.handshake_done:
+                code, why = StatusCode.INTERNAL, f"the connection to {self.channel.target} broke: {event.reason}"
+            else:  # not a gRPC server at all (an HTTP/1 server, NATS, TLS when we speak plain text)
+                code, why = StatusCode.UNAVAILABLE, f"{self.channel.target} is not a gRPC server: {event.reason}"
+            self.failure = RpcError(code, why)
             for call in list(self.calls.values()):
-                call.finish(StatusCode.INTERNAL, why)
+                call.finish(code, why)
         self._wake(self._room)
 
     # -- calls ----------------------------------------------------------------------------
@@ -305,7 +316,9 @@ class _Connection(asyncio.Protocol):
             self._room.append(waiter)
             await waiter
         if not self.usable:
-            raise RpcError(StatusCode.UNAVAILABLE, f"the connection to {self.channel.target} is closing")
+            raise self.failure or RpcError(
+                StatusCode.UNAVAILABLE, f"the connection to {self.channel.target} is closing"
+            )
         self.begin(call, path, metadata, timeout)
 
     def begin(self, call: StreamCall, path: str, metadata: Metadata, timeout: float | None) -> None:
@@ -484,15 +497,15 @@ class Channel:
         deadline = None if timeout is None else loop.time() + timeout
         if timeout is not None and stream._timer is None:
             stream._timer = loop.call_at(deadline, stream._expire)  # type: ignore[arg-type]
-        while True:
+        for attempt in range(2):
             conn = await self._connection(deadline)
             try:
                 await conn.start(stream, path, metadata, None if deadline is None else max(0.0, deadline - loop.time()))
                 return
             except RpcError:
-                if conn.usable or (deadline is not None and loop.time() >= deadline):
+                if attempt or conn.failure is not None or conn.usable:
                     raise
-                # The connection went away while we waited for room on it: try a new one.
+                # The server said GOAWAY while we waited for room on its connection: once more, on a new one.
 
     async def _connection(self, deadline: float | None) -> _Connection:
         if self._closed:
@@ -536,6 +549,8 @@ class Channel:
         if self._closed:
             protocol.close()
             raise RpcError(StatusCode.UNAVAILABLE, f"the channel to {self.target} is closed")
+        if protocol.failure is not None:  # it broke at once (not a gRPC server)
+            raise protocol.failure
         self._conn = protocol
         return protocol
 

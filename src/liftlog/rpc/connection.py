@@ -265,6 +265,11 @@ class Connection:
     # -- state the shell reads ----------------------------------------------------
 
     @property
+    def handshake_done(self) -> bool:
+        """Whether the peer's SETTINGS came: it speaks HTTP/2."""
+        return self._settings_seen
+
+    @property
     def open_streams(self) -> int:
         return len(self._streams)
 
@@ -311,6 +316,12 @@ class Connection:
             while end - pos >= 9 and not self.closed:
                 hi, lo, kind, flags, sid = unpack(buf, pos)
                 length = (hi << 16) | lo
+                if not self._settings_seen and (kind != FrameType.SETTINGS or flags & ACK):
+                    # Say so before judging its "frame": a peer that speaks another protocol (HTTP/1, NATS).
+                    start = bytes(buf[pos : pos + 24])
+                    raise _ConnectionError(
+                        ErrorCode.PROTOCOL_ERROR, f"not an HTTP/2 peer: it did not start with SETTINGS but {start!r}"
+                    )
                 if length > max_frame:
                     raise _ConnectionError(
                         ErrorCode.FRAME_SIZE_ERROR,
@@ -333,9 +344,7 @@ class Connection:
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[Any]) -> None:
         if self._continuation is not None and kind != FrameType.CONTINUATION:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "a header block was interrupted by another frame")
-        if not self._settings_seen:
-            if kind != FrameType.SETTINGS or flags & ACK:
-                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "the peer's preface must start with SETTINGS")
+        if not self._settings_seen:  # _receive made sure this is SETTINGS
             self._settings_seen = True
         if kind == FrameType.DATA:
             self._data(flags, sid, payload, events)
