@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from liftlog.client import OutgoingMessage
 from liftlog.client.publish_batches import CHUNK_BYTES, _chunks
+from liftlog.storage.records import NewRecord
 
 
 async def chunk_sizes(values: list[object], size: int) -> list[int]:
@@ -32,6 +33,13 @@ async def test_each_message_keeps_its_key_and_headers() -> None:
         (b"plain", b"default", {"d": b"1"}),
         (b"text", b"default", {"d": b"1"}),
     ]
+
+
+async def test_records_go_out_as_they_are() -> None:
+    record = NewRecord(b"v", b"k", {"h": b"x"})
+    ((_, records),) = [c async for c in _chunks([record, b"plain"], 10, b"default", None)]
+    assert records[0] is record  # no conversion: the Spark sink's rows
+    assert (records[1].value, records[1].key) == (b"plain", b"default")
 
 
 async def test_async_input_is_chunked_too() -> None:

@@ -270,3 +270,9 @@ async def test_publish_many_falls_back_to_publish_async_without_batches(
         assert not client._batches_offered
         cols = [c async for c in client.read_range(name)]
         assert [v for c in cols for v in c.values] == [b"%d" % i for i in range(1500)], "nothing lost or repeated"
+        # Records in the storage's terms (what the Spark sink sends) go by PublishAsync too, keys and headers kept.
+        from liftlog.storage.records import NewRecord
+
+        await client.publish_many(name, [NewRecord(b"r", b"k", {"h": b"x"})], window=200)
+        last = (await client.fetch(name, offset=1500)).columns.messages()[0]
+        assert (last.value, last.key, last.headers["h"]) == (b"r", b"k", b"x")

@@ -60,8 +60,8 @@ from liftlog.client.types import (
     Ack,
     AckPolicy,
     Metadata,
-    OutgoingMessage,
     PartitionInfo,
+    PublishValue,
     StartPosition,
     StopPosition,
 )
@@ -365,7 +365,7 @@ class Client(Routing):
     async def publish_many(
         self,
         stream: str,
-        values: Iterable[bytes | str | OutgoingMessage] | AsyncIterable[bytes | str | OutgoingMessage],
+        values: Iterable[PublishValue] | AsyncIterable[PublishValue],
         *,
         partition: int = 0,
         key: bytes | str | None = None,
@@ -384,7 +384,8 @@ class Client(Routing):
         no acks). `timeout` (default: the client's) is the longest wait for
         progress, not for the whole batch: :class:`AckTimeoutError` when no ack
         arrives for that long while some are owed. An :class:`OutgoingMessage`
-        in `values` carries its own key and headers. With `return_acks` False
+        in `values` carries its own key and headers, and so does a
+        :class:`~liftlog.storage.records.NewRecord` (bytes only; sent as it is). With `return_acks` False
         the call still waits for every ack but returns an empty list: a bulk
         load saves building one :class:`Ack` per message.
 

@@ -33,8 +33,9 @@ from liftlog.client.errors import (
 )
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.stubs import EOF, Stub, being_cancelled
-from liftlog.client.types import Ack, AckPolicy, OutgoingMessage
+from liftlog.client.types import Ack, AckPolicy, OutgoingMessage, PublishValue
 from liftlog.rpc import RpcError
+from liftlog.storage.records import NewRecord
 
 __all__ = ["PublishBatch", "publish_async_attempt"]
 
@@ -57,7 +58,7 @@ class PublishBatch:
 
     def __init__(
         self,
-        values: Iterable[bytes | str | OutgoingMessage] | AsyncIterable[bytes | str | OutgoingMessage],
+        values: Iterable[PublishValue] | AsyncIterable[PublishValue],
         *,
         stream: str,
         partition: int,
@@ -71,8 +72,8 @@ class PublishBatch:
             self.template["key"] = to_bytes(key)
         if headers:
             self.template["headers"] = to_headers(headers)
-        self.sync_values: Iterator[bytes | str | OutgoingMessage] | None = None
-        self.async_values: AsyncIterator[bytes | str | OutgoingMessage] | None = None
+        self.sync_values: Iterator[PublishValue] | None = None
+        self.async_values: AsyncIterator[PublishValue] | None = None
         if isinstance(values, AsyncIterable):
             self.async_values = aiter(values)
         else:
@@ -149,7 +150,7 @@ async def publish_async_attempt(stub: Stub, batch: PublishBatch, window_size: in
                 index = batch.count
                 batch.count = index + 1
                 corr = prefix + str(index)
-                if isinstance(value, OutgoingMessage):
+                if isinstance(value, (OutgoingMessage, NewRecord)):
                     req = make_request(value=to_bytes(value.value), correlationId=corr, **template)
                     if value.key is not None:
                         req.key = to_bytes(value.key)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from liftlog.api import batches_pb2
 from liftlog.client.errors import AckTimeoutError, LiftlogError, UnimplementedError, as_publish_failure
 from liftlog.client.nats_helpers import to_bytes, to_headers
-from liftlog.client.types import Ack, AckPolicy, OutgoingMessage
+from liftlog.client.types import Ack, AckPolicy, OutgoingMessage, PublishValue
 from liftlog.client.types import batch_ack as make_ack
 from liftlog.storage.records import NewRecord, encode_records
 
@@ -36,7 +36,7 @@ __all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "BatchesUnsupported", "publish_batch
 CHUNK_MESSAGES = 1000
 CHUNK_BYTES = 256 << 10  # well under NATS's default max payload of 1 MiB
 
-Value = bytes | str | OutgoingMessage
+Value = PublishValue
 
 
 class BatchesUnsupported(Exception):
@@ -156,7 +156,9 @@ async def _chunks(
     plain_headers = headers or empty
     items = values if isinstance(values, AsyncIterable) else _aiter(values)
     async for value in items:
-        if isinstance(value, OutgoingMessage):
+        if isinstance(value, NewRecord):
+            record = value
+        elif isinstance(value, OutgoingMessage):
             record = NewRecord(
                 to_bytes(value.value),
                 to_bytes(value.key) if value.key is not None else key,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from liftlog.api import api_pb2
+from liftlog.storage.records import NewRecord
 
 __all__ = [
     "Ack",
@@ -85,6 +86,12 @@ class OutgoingMessage:
     value: bytes | str
     key: bytes | str | None = None
     headers: dict[str, bytes] | None = None
+
+
+#: What ``publish_many`` takes: values (bytes or str), :class:`OutgoingMessage` s, or records in the storage's
+#: own terms (:class:`~liftlog.storage.records.NewRecord`: bytes value and key, headers with bytes values),
+#: which go out as they are, without a conversion per message (the Spark sink sends those).
+PublishValue = bytes | str | OutgoingMessage | NewRecord
 
 
 @dataclass(frozen=True, slots=True)

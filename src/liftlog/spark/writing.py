@@ -46,7 +46,6 @@ from liftlog.client import (
     Client,
     LiftlogError,
     NotLeaderError,
-    OutgoingMessage,
     PartitionInfo,
     PublishAsyncFailed,
     StartPosition,
@@ -54,6 +53,7 @@ from liftlog.client import (
     UnavailableError,
 )
 from liftlog.client.routing import partition_for_key
+from liftlog.storage.records import NewRecord
 
 from .blocking import BlockingClient, LiftlogSparkError
 
@@ -157,19 +157,11 @@ class _Router:
     def partitions(self, stream: str) -> int:
         n = self._counts.get(stream)
         if n is None:
-
-            async def count(c: Client) -> int:
-                meta = await c.fetch_metadata(stream)
-                info = meta.streams.get(stream)
-                if info is None:
-                    raise LiftlogSparkError(f"cannot write to stream {stream!r}: no such stream")
-                return len(info.partitions)
-
-            n = self._counts[stream] = self._bc.run(count)
+            n = self._counts[stream] = self._bc.run(functools.partial(_partition_count, stream=stream))
         return n
 
     def route(self, stream: str, partition: int | None, key: bytes | None, digest: bytes | None, row: int) -> int:
-        n = self.partitions(stream)
+        n = self._counts.get(stream) or self.partitions(stream)
         if partition is not None:
             if not 0 <= partition < n:
                 raise LiftlogSparkError(
@@ -183,18 +175,12 @@ class _Router:
         return next(self._next) % n
 
 
-def _rows(batch: pa.RecordBatch, default_stream: str | None, first_row: int) -> Iterator[tuple[Any, ...]]:
-    """(row number, stream, partition, key, value, headers) of each row of an Arrow batch."""
-    n = batch.num_rows
-    cols = {name: batch.column(name).to_pylist() for name in _COLUMNS if name in batch.schema.names}
-    none = [None] * n
-    values = cols["value"]
-    keys = cols.get("key", none)
-    headers = cols.get("headers", none)
-    parts = cols.get("partition", none)
-    streams = [default_stream] * n if default_stream is not None else cols["stream"]
-    for i in range(n):
-        yield first_row + i, streams[i], parts[i], keys[i], values[i], headers[i]
+async def _partition_count(client: Client, stream: str) -> int:
+    meta = await client.fetch_metadata(stream)
+    info = meta.streams.get(stream)
+    if info is None:
+        raise LiftlogSparkError(f"cannot write to stream {stream!r}: no such stream")
+    return len(info.partitions)
 
 
 def _digest(stream: str, key: bytes | None, value: bytes, headers: dict[str, bytes], partition: int | None) -> bytes:
@@ -315,15 +301,37 @@ def write_batches(
         for batch in batches:
             if row_number == 0:
                 check_columns(batch.schema.names, default_stream)
-            groups: dict[tuple[str, int], list[OutgoingMessage]] = {}
-            for row, stream, partition, key_cell, value_cell, header_cell in _rows(batch, default_stream, row_number):
+            # Columns as lists, a record per row: no per-row tuple, message object or conversion on the way out.
+            names = batch.schema.names
+            values = batch.column("value").to_pylist()
+            keys = batch.column("key").to_pylist() if "key" in names else None
+            header_cells = batch.column("headers").to_pylist() if "headers" in names else None
+            partitions = batch.column("partition").to_pylist() if "partition" in names else None
+            # The 'stream' option wins over a 'stream' column (a DataFrame read from liftlog has one).
+            streams = batch.column("stream").to_pylist() if default_stream is None else None
+            groups: dict[Place, list[NewRecord]] = {}
+            stream = default_stream
+            key: bytes | None = None
+            partition: int | None = None
+            headers: dict[str, bytes] = {}
+            for i, value in enumerate(values):
+                row = row_number + i
+                if streams is not None:
+                    stream = streams[i]
                 if not stream:
                     raise LiftlogSparkError(f"row {row} has no stream: its 'stream' column is null or empty")
-                value = _as_bytes(value_cell, "value", row)
-                if value is None:
-                    raise LiftlogSparkError(f"row {row} of the write to stream {stream!r} has a null value")
-                key = _as_bytes(key_cell, "key", row)
-                headers = _headers(header_cell, row)
+                if type(value) is not bytes:
+                    value = _as_bytes(value, "value", row)
+                    if value is None:
+                        raise LiftlogSparkError(f"row {row} of the write to stream {stream!r} has a null value")
+                if keys is not None:
+                    key = _as_bytes(keys[i], "key", row)
+                if header_cells is not None:
+                    headers = _headers(header_cells[i], row)
+                elif txn is not None:
+                    headers = {}
+                if partitions is not None:
+                    partition = partitions[i]
                 digest = None
                 if txn is not None:
                     parts = encoded.get((stream, partition))
@@ -334,16 +342,24 @@ def write_batches(
                     occurrences[digest] = occurrence
                 target = router.route(stream, partition, key, digest, row)
                 if digest is not None and txn is not None:
-                    row_id = f"{digest.hex()}.{occurrence}".encode()
+                    row_id = b"%s.%d" % (digest.hex().encode(), occurrence)
                     place = (stream, target)
-                    if place not in seen:
-                        seen[place] = bc.run(functools.partial(existing_rows, stream=stream, partition=target, txn=txn))
-                    if row_id in seen[place]:
+                    have = seen.get(place)
+                    if have is None:
+                        have = seen[place] = bc.run(
+                            functools.partial(existing_rows, stream=stream, partition=target, txn=txn)
+                        )
+                    if row_id in have:
                         result.skipped += 1
                         continue
                     headers[TXN_HEADER] = tag
                     headers[ROW_HEADER] = row_id
-                groups.setdefault((stream, target), []).append(OutgoingMessage(value, key, headers or None))
+                record = NewRecord(value, key, headers) if headers or key is not None else NewRecord(value)
+                group = groups.get((stream, target))
+                if group is None:
+                    groups[stream, target] = [record]
+                else:
+                    group.append(record)
             row_number += batch.num_rows
             if groups:
                 if txn is None:
@@ -360,7 +376,7 @@ Place = tuple[str, int]
 
 
 async def _publish(
-    client: Client, *, groups: dict[Place, list[OutgoingMessage]], resend_unacked: bool
+    client: Client, *, groups: dict[Place, list[NewRecord]], resend_unacked: bool
 ) -> dict[Place, LiftlogError]:
     """Publish each group to its partition, concurrently; returns the leader changes left to the caller.
 
@@ -371,7 +387,7 @@ async def _publish(
     """
     moved: dict[Place, LiftlogError] = {}
 
-    async def one(stream: str, partition: int, msgs: list[OutgoingMessage]) -> None:
+    async def one(stream: str, partition: int, msgs: list[NewRecord]) -> None:
         try:
             await client.publish_many(
                 stream,
@@ -393,14 +409,14 @@ async def _publish(
     return moved
 
 
-def _failed(stream: str, partition: int, msgs: list[OutgoingMessage], exc: LiftlogError) -> LiftlogSparkError:
+def _failed(stream: str, partition: int, msgs: list[NewRecord], exc: LiftlogError) -> LiftlogSparkError:
     return LiftlogSparkError(
         f"writing {len(msgs)} messages to stream {stream!r} partition {partition} failed: {exc.message}"
     )
 
 
 def _publish_exactly_once(
-    bc: BlockingClient, groups: dict[Place, list[OutgoingMessage]], seen: dict[Place, set[bytes]], txn: Txn
+    bc: BlockingClient, groups: dict[Place, list[NewRecord]], seen: dict[Place, set[bytes]], txn: Txn
 ) -> None:
     """Publish without blind resends: after a leader change, read what got in and send only the rest."""
     pending = groups
