@@ -170,6 +170,27 @@ def test_one_reserved_header_may_be_allowed_by_name_and_value() -> None:
         assert check_records(data, 2, own).reserved_headers, forged
 
 
+def test_a_batch_checked_again_is_looked_up_but_never_gets_a_wrong_answer() -> None:
+    """The leader's intake re-checks what the Publish RPC checked: equal bytes, another object."""
+    from liftlog.storage.records import check_records, encode_records
+
+    own = (b"\x00fields", b"\x52\x02in")
+    plain = encode_records([NewRecord(b"v%d" % i, None, {"h": b"x"}) for i in range(100)])
+    first = check_records(plain, 100)
+    again = check_records(bytes(bytearray(plain)), 100, own)
+    assert again is first, "the same content, checked once"
+    # A batch whose answer depends on what is allowed is checked every time, whatever came first.
+    tagged = encode_records([NewRecord(b"v%d" % i, None, {"\x00fields": own[1]}) for i in range(100)])
+    assert not check_records(tagged, 100, own).reserved_headers
+    assert check_records(bytes(bytearray(tagged)), 100).reserved_headers, "nothing is allowed unless named"
+    assert not check_records(bytes(bytearray(tagged)), 100, own).reserved_headers
+    # Malformed content is never remembered as checked, and a different count is a different question.
+    with pytest.raises(InvalidBatch):
+        check_records(plain, 99)
+    with pytest.raises(InvalidBatch):
+        check_records(plain[:-1], 100)
+
+
 def test_records_sharing_one_headers_mapping_encode_as_separate_ones() -> None:
     from liftlog.storage.records import decode_new_records, encode_records
 

@@ -33,10 +33,11 @@ varint loop, which is what decides throughput in CPython.
 from __future__ import annotations
 
 import struct
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from crc32c import crc32c
 
@@ -251,6 +252,16 @@ class RecordsInfo(NamedTuple):
     reserved_headers: bool
 
 
+#: Batches checked lately, by content. A batched publish is checked by the RPC that takes it and again by the
+#: leader's intake when the same bytes come back from NATS; the second check is then a lookup (hashing 350 KB
+#: takes about 150 µs, checking its 1,000 records 2 ms). Only answers that found no reserved header with none
+#: allowed are kept: they are the same whatever ``allowed_header`` is. Keyed by content, so servers that share
+#: a process (tests) may share it.
+_CHECKED: OrderedDict[tuple[bytes, int], RecordsInfo] = OrderedDict()
+_CHECKED_KEEP: Final = 8
+_CHECKED_MIN_RECORDS: Final = 32  # smaller batches take less time to check than to hash
+
+
 def check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] | None = None) -> RecordsInfo:
     """Check that ``data`` is ``count`` records as :func:`encode_records` writes them.
 
@@ -259,8 +270,23 @@ def check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] |
     naming the first problem. Builds no record objects: a publish is checked
     where it arrives, and the leader stores checked records as they are.
     A reserved header (name starting with NUL) counts in ``reserved_headers``
-    unless it is exactly ``allowed_header`` (name, value).
+    unless it is exactly ``allowed_header`` (name, value). The answer may be
+    shared with other callers: do not change it.
     """
+    if count < _CHECKED_MIN_RECORDS or type(data) is not bytes:
+        return _check_records(data, count, allowed_header)
+    key = (data, count)
+    info = _CHECKED.get(key)
+    if info is None:
+        info = _check_records(data, count, allowed_header)
+        if allowed_header is None and not info.reserved_headers:  # no NUL header at all
+            _CHECKED[key] = info
+            if len(_CHECKED) > _CHECKED_KEEP:
+                _CHECKED.popitem(last=False)
+    return info
+
+
+def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] | None) -> RecordsInfo:
     if count < 1:
         raise InvalidBatch(f"a batch needs at least one record, it says it has {count}")
     end = len(data)
