@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import secrets
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from liftlog.api.errors import Reason
 from liftlog.metadata import StreamExistsError
+from liftlog.metadata.controller import CreateStreamRequest
+from liftlog.metadata.protocol import CreateStreamChange, decode_reply, encode_reply
 from liftlog.rpc import StatusCode
 from liftlog.server.api_service import failure_from
 from liftlog.server.cluster import (
@@ -21,8 +22,8 @@ from liftlog.server.cluster import (
     ChangeOutcomeUnknownError,
     ControllerFailedError,
     NoMetadataLeaderError,
-    _error_from_dict,
-    _error_to_dict,
+    _error_of,
+    _refusal_of,
 )
 from liftlog.server.server import Server
 
@@ -31,8 +32,8 @@ from .conftest import in_process_server
 pytestmark = pytest.mark.timeout(60)
 
 
-def _create(name: str) -> dict[str, Any]:
-    return {"kind": "create_stream", "name": name, "subject": name, "partitions": 1, "replication_factor": 1}
+def _create(name: str) -> CreateStreamChange:
+    return CreateStreamChange(CreateStreamRequest(name, name))
 
 
 def _hold_reconcile(server: Server) -> asyncio.Event:
@@ -149,7 +150,7 @@ async def test_without_a_leader_nothing_is_committed_and_the_message_keeps_liftb
 
 def test_the_controllers_answers_keep_their_kind_over_nats() -> None:
     for exc in (ChangeOutcomeUnknownError("x may or may not take effect"), ControllerFailedError("disk broke")):
-        back = _error_from_dict(_error_to_dict(exc))
+        back = _error_of(decode_reply(encode_reply(_refusal_of(exc))))  # type: ignore[arg-type]
         assert type(back) is type(exc) and str(back) == str(exc)
 
 

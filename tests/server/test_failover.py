@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +21,14 @@ from liftlog.metadata import (
     StreamMeta,
     StreamSettings,
 )
+from liftlog.metadata.protocol import (
+    LeaderConfirmation,
+    LeaderReport,
+    LogEnd,
+    LogEndQuery,
+    decode_log_end_query,
+    encode_log_end,
+)
 from liftlog.server.failover import Failover
 
 S = 1_000_000_000
@@ -39,6 +46,7 @@ class Controller:
         self.meta.apply(CreateStream(stream))
         self.ops: list[Operation] = []
         self.leos: dict[str, int] = {"b": 10, "c": 12}
+        self.leo_queries: list[LogEndQuery] = []
         self.now = 100 * S
         self.failover = Failover(
             metadata=lambda: self.meta,
@@ -62,7 +70,8 @@ class Controller:
         replica = subject.split(".")[-2]
         if replica not in self.leos:
             raise TimeoutError
-        return SimpleNamespace(data=json.dumps({"leo": self.leos[replica]}).encode())
+        self.leo_queries.append(decode_log_end_query(data))
+        return SimpleNamespace(data=encode_log_end(LogEnd(self.leos[replica])))
 
     @property
     def partition(self) -> PartitionMeta:
@@ -73,16 +82,9 @@ class Controller:
             self.meta.apply(SetServerLiveness(sid, False, self.now))
             self.leos.pop(sid, None)
 
-    def report(self, reporter: str) -> dict[str, Any]:
+    def report(self, reporter: str) -> LeaderReport:
         p = self.partition
-        return {
-            "name": "s",
-            "partition": 0,
-            "reporter": reporter,
-            "leader": p.leader,
-            "epoch": p.epoch,
-            "leader_epoch": p.leader_epoch,
-        }
+        return LeaderReport("s", 0, reporter, p.leader, p.epoch, p.leader_epoch)
 
 
 async def test_a_majority_of_reports_elects_the_follower_with_the_largest_log_end() -> None:
@@ -92,9 +94,10 @@ async def test_a_majority_of_reports_elects_the_follower_with_the_largest_log_en
     await c.failover.report(c.report("c"))
     assert [type(op).__name__ for op in c.ops] == ["SetPartitionState", "SetPartitionState"]
     assert (c.partition.state, c.partition.candidate) == (PartitionState.CANDIDATE_FOUND, "c")
-    await c.failover.confirm({"name": "s", "partition": 0, "replica": "b"})  # not the candidate: ignored
+    assert set(c.leo_queries) == {LogEndQuery("s", 0)}, "each live replica was asked for its log end"
+    await c.failover.confirm(LeaderConfirmation("s", 0, "b"))  # not the candidate: ignored
     assert c.partition.leader == "a"
-    await c.failover.confirm({"name": "s", "partition": 0, "replica": "c"})
+    await c.failover.confirm(LeaderConfirmation("s", 0, "c"))
     p = c.partition
     assert (p.leader, p.isr, p.leader_epoch, p.state) == ("c", ["b", "c"], 1, PartitionState.ONLINE)
     assert isinstance(c.ops[-1], ChangeLeader)
@@ -138,7 +141,7 @@ async def test_unclean_election_per_stream_overrides_the_server() -> None:
     unclean.dead("a")
     await unclean.failover.tick()
     assert unclean.partition.candidate == "c"  # the largest log end among the out-of-sync replicas
-    await unclean.failover.confirm({"name": "s", "partition": 0, "replica": "c"})
+    await unclean.failover.confirm(LeaderConfirmation("s", 0, "c"))
     assert (unclean.partition.leader, unclean.partition.isr) == ("c", ["c"])
 
     overridden = Controller(["a"], unclean=False, server_unclean=True)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from liftlog.metadata import PartitionMeta
+from liftlog.metadata.protocol import ControlRequest, IsrChange
 from liftlog.server.partition import Partition, PartitionOptions
 from liftlog.server.server import Server
 from liftlog.storage import LogConfig
@@ -13,10 +13,10 @@ from liftlog.storage import LogConfig
 
 class Controller:
     def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[ControlRequest] = []
 
-    async def request(self, body: dict[str, Any]) -> None:
-        self.requests.append(body)
+    async def request(self, change: ControlRequest) -> None:
+        self.requests.append(change)
 
 
 def leading_server(tmp_path: Path) -> tuple[Server, Controller, Partition]:
@@ -35,9 +35,7 @@ def leading_server(tmp_path: Path) -> tuple[Server, Controller, Partition]:
 async def test_the_leader_proposes_at_the_partition_epoch(tmp_path: Path) -> None:
     server, controller, part = leading_server(tmp_path)
     await server._propose_isr(part, ("a", "b"), "c lags")
-    assert controller.requests == [
-        {"kind": "change_isr", "name": "orders", "partition": 0, "isr": ["a", "b"], "epoch": 7}
-    ]
+    assert controller.requests == [IsrChange("orders", 0, ("a", "b"), 7)]
 
 
 async def test_a_leader_the_metadata_no_longer_names_proposes_nothing(tmp_path: Path) -> None:

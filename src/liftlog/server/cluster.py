@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -38,7 +37,6 @@ from liftlog.metadata import (
     NoSuchStreamError,
     PartitionMeta,
     StreamExistsError,
-    StreamSettings,
 )
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
 from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
@@ -51,6 +49,43 @@ from liftlog.metadata.model import (
     ServerMeta,
     SetPaused,
     SetReadonly,
+)
+from liftlog.metadata.protocol import (
+    Applied,
+    AppliedQuery,
+    Committed,
+    ControlRequest,
+    CreateStreamChange,
+    DeleteStreamChange,
+    Heartbeat,
+    IsrChange,
+    JoinAnswer,
+    JoinRequest,
+    LeaderConfirmation,
+    LeaderReport,
+    LogEnd,
+    PauseChange,
+    ProtocolError,
+    ReadonlyChange,
+    Refusal,
+    RefusalKind,
+    ServerRegistration,
+    decode_applied,
+    decode_applied_query,
+    decode_heartbeat,
+    decode_join,
+    decode_join_answer,
+    decode_log_end_query,
+    decode_reply,
+    decode_request,
+    encode_applied,
+    encode_applied_query,
+    encode_heartbeat,
+    encode_join,
+    encode_join_answer,
+    encode_log_end,
+    encode_reply,
+    encode_request,
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
 
@@ -66,6 +101,8 @@ __all__ = [
     "MetadataService",
     "NoMetadataLeaderError",
 ]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 #: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
@@ -116,76 +153,75 @@ class ControllerFailedError(MetadataError):
     """The controller failed on the change for a reason of its own (a bug, a broken disk), not the request's."""
 
 
-def _describe(body: dict[str, Any]) -> tuple[str, str]:
+def _describe(change: ControlRequest) -> tuple[str, str]:
     """What a change does, for people, and the command that shows whether it happened."""
-    name = body.get("name")
-    check = f"`liftlog stream describe {name}`" if name else "`liftlog cluster status`"
-    what = {
-        "create_stream": "creating stream",
-        "delete_stream": "deleting stream",
-        "pause": "pausing stream",
-        "resume": "resuming stream",
-        "readonly": "changing the readonly flag of stream",
-    }.get(str(body.get("kind")))
-    if what is None:
-        return f"the metadata change {body.get('kind')!r}", check
-    return f"{what} {name!r}", check
+    match change:
+        case CreateStreamChange(req):
+            name, what = req.name, "creating stream"
+        case DeleteStreamChange(name):
+            what = "deleting stream"
+        case PauseChange(name, _, pause, _):
+            what = "pausing stream" if pause else "resuming stream"
+        case ReadonlyChange(name):
+            what = "changing the readonly flag of stream"
+        case IsrChange(name, partition):
+            return f"changing the ISR of stream {name!r} partition {partition}", f"`liftlog stream describe {name}`"
+        case ServerRegistration(server):
+            return f"registering server {server.id}", "`liftlog cluster status`"
+        case LeaderReport(name, partition) | LeaderConfirmation(name, partition):
+            return f"an election step of stream {name!r} partition {partition}", f"`liftlog stream describe {name}`"
+    return f"{what} {name!r}", f"`liftlog stream describe {name}`"
 
 
 class _NotLeaderReply(Exception):
     """The server asked to lead a change is not (or no longer) the leader."""
 
 
-def _error_to_dict(exc: MetadataError) -> dict[str, Any]:
+def _refusal_of(exc: MetadataError) -> Refusal:
     match exc:
         case StreamExistsError():
-            return {"kind": "stream_exists", "name": exc.name}
+            return Refusal(RefusalKind.STREAM_EXISTS, name=exc.name)
         case NoSuchStreamError():
-            return {"kind": "no_such_stream", "name": exc.name}
+            return Refusal(RefusalKind.NO_SUCH_STREAM, name=exc.name)
         case NoSuchPartitionError():
-            return {"kind": "no_such_partition", "name": exc.name, "partition": exc.partition}
+            return Refusal(RefusalKind.NO_SUCH_PARTITION, name=exc.name, partition=exc.partition)
         case InvalidStreamError():
-            return {"kind": "invalid", "message": str(exc)}
+            return Refusal(RefusalKind.INVALID, message=str(exc))
         case NoMetadataLeaderError():
-            return {"kind": "no_leader"}
+            return Refusal(RefusalKind.NO_LEADER)
         case ChangeOutcomeUnknownError():
-            return {"kind": "outcome_unknown", "message": str(exc)}
+            return Refusal(RefusalKind.OUTCOME_UNKNOWN, message=str(exc))
         case ControllerFailedError():
-            return {"kind": "failed", "message": str(exc)}
-    return {"kind": "other", "message": str(exc)}
+            return Refusal(RefusalKind.FAILED, message=str(exc))
+    return Refusal(RefusalKind.OTHER, message=str(exc))
 
 
-def _error_from_dict(data: dict[str, Any]) -> MetadataError:
-    kind = data.get("kind")
-    if kind == "stream_exists":
-        return StreamExistsError(data["name"])
-    if kind == "no_such_stream":
-        return NoSuchStreamError(data["name"])
-    if kind == "no_such_partition":
-        return NoSuchPartitionError(data["name"], int(data["partition"]))
-    if kind == "invalid":
-        return InvalidStreamError(data["message"])
-    if kind == "no_leader":
-        return NoMetadataLeaderError()
-    if kind == "outcome_unknown":
-        return ChangeOutcomeUnknownError(str(data["message"]))
-    if kind == "failed":
-        return ControllerFailedError(str(data.get("message", "the controller failed")))
-    return MetadataError(str(data.get("message", "metadata change failed")))
+def _error_of(refusal: Refusal) -> MetadataError:
+    match refusal.kind:
+        case RefusalKind.STREAM_EXISTS:
+            return StreamExistsError(refusal.name)
+        case RefusalKind.NO_SUCH_STREAM:
+            return NoSuchStreamError(refusal.name)
+        case RefusalKind.NO_SUCH_PARTITION:
+            return NoSuchPartitionError(refusal.name, refusal.partition)
+        case RefusalKind.INVALID:
+            return InvalidStreamError(refusal.message)
+        case RefusalKind.NO_LEADER:
+            return NoMetadataLeaderError()
+        case RefusalKind.OUTCOME_UNKNOWN:
+            return ChangeOutcomeUnknownError(refusal.message)
+        case RefusalKind.FAILED:
+            return ControllerFailedError(refusal.message or "the controller failed")
+    return MetadataError(refusal.message or "metadata change failed")
 
 
-def _json_object(msg: Any, what: str) -> dict[str, Any] | None:
-    """The JSON object a request carries; None (and a rate-limited warning) for anything else."""
+def _decoded(msg: Any, what: str, decode: Callable[[bytes], T]) -> T | None:
+    """The message a request carries; None (and a rate-limited warning) for a malformed one."""
     try:
-        body = json.loads(msg.data)
-    except ValueError as exc:  # UnicodeDecodeError too
-        body, problem = None, str(exc)
-    else:
-        problem = f"a JSON {type(body).__name__}, not an object"
-    if isinstance(body, dict):
-        return body
-    _warn.warning("ignoring a malformed %s on %s: %s", what, msg.subject, problem, key=what)
-    return None
+        return decode(msg.data)
+    except ProtocolError as exc:
+        _warn.warning("ignoring a malformed %s on %s: %s", what, msg.subject, exc, key=what)
+        return None
 
 
 class MetadataService:
@@ -345,33 +381,24 @@ class MetadataService:
     # -- changes, from the API ------------------------------------------
 
     async def create_stream(self, req: CreateStreamRequest) -> None:
-        body = {
-            "kind": "create_stream",
-            "name": req.name,
-            "subject": req.subject,
-            "group": req.group,
-            "partitions": req.partitions,
-            "replication_factor": req.replication_factor,
-            "settings": req.settings.to_dict(),
-        }
-        await self.request(body)
+        await self.request(CreateStreamChange(req))
 
     async def delete_stream(self, name: str) -> None:
-        await self.request({"kind": "delete_stream", "name": name})
+        await self.request(DeleteStreamChange(name))
 
     async def pause(self, name: str, partitions: tuple[int, ...] = (), resume_all: bool = False) -> None:
-        await self.request({"kind": "pause", "name": name, "partitions": list(partitions), "resume_all": resume_all})
+        await self.request(PauseChange(name, partitions, pause=True, resume_all=resume_all))
 
     async def resume(self, name: str, partition: int) -> None:
         """Resume a paused partition (all of the stream's with resumeAll); no-op when not paused."""
         if self.metadata.partition(name, partition).paused:
-            await self.request({"kind": "resume", "name": name, "partitions": [partition]})
+            await self.request(PauseChange(name, (partition,), pause=False))
 
     async def set_readonly(self, name: str, partitions: tuple[int, ...], readonly: bool) -> None:
-        await self.request({"kind": "readonly", "name": name, "partitions": list(partitions), "readonly": readonly})
+        await self.request(ReadonlyChange(name, partitions, readonly))
 
-    async def request(self, body: dict[str, Any], timeout: float = CHANGE_TIMEOUT_S) -> int:
-        """Have the controller apply the change in ``body``; returns its index once reconciled here.
+    async def request(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:
+        """Have the controller apply ``change``; returns its index once reconciled here.
 
         Raises, besides the controller's own refusals (StreamExistsError, InvalidStreamError, ...):
         NoMetadataLeaderError when no controller took the change within ``timeout`` (nothing was
@@ -380,15 +407,15 @@ class MetadataService:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        what, check = _describe(body)
+        what, check = _describe(change)
         why = "no server has been elected metadata leader (an election is under way, or too few servers are up)"
         while True:
             leader = self.raft.leader_id
             try:
                 if leader == self.server_id:
-                    index = await self._lead(body, max(deadline - loop.time(), 0.1))
+                    index = await self._lead(change, max(deadline - loop.time(), 0.1))
                 elif leader is not None:
-                    index = await self._forward(leader, body, deadline - loop.time(), what, check)
+                    index = await self._forward(leader, change, deadline - loop.time(), what, check)
                 else:
                     raise _NotLeaderReply()
             except (_NotLeaderReply, NotLeader, ProposalDropped, NoRespondersError) as exc:
@@ -414,89 +441,81 @@ class MetadataService:
                 raise ChangeNotAppliedError(what, index, self.server_id, timeout, check)
             return index
 
-    async def _forward(self, leader: str, body: dict[str, Any], timeout: float, what: str, check: str) -> int:
+    async def _forward(self, leader: str, change: ControlRequest, timeout: float, what: str, check: str) -> int:
         # The controller answers within its share of our deadline, so a timeout here means it is stuck or
         # unreachable after it may have received the change.
         timeout = max(timeout, 0.5)
-        ask = {**body, "timeout": max(timeout - 0.25, 0.1)}
+        ask = encode_request(change, timeout=max(timeout - 0.25, 0.1))
         try:
-            reply = await self._nats.request(
-                f"{self._prefix}{leader}.propose", json.dumps(ask).encode(), timeout=timeout
-            )
+            reply = await self._nats.request(f"{self._prefix}{leader}.propose", ask, timeout=timeout)
         except NatsTimeoutError:
             raise ChangeOutcomeUnknownError.of(
                 what, f"the metadata leader, server {leader}, did not answer within {timeout:.3g} s", check
             ) from None
-        answer = json.loads(reply.data)
-        if "index" in answer:
-            return int(answer["index"])
-        error = answer.get("error", {})
-        if error.get("kind") in ("not_leader", "no_leader"):
+        try:
+            answer = decode_reply(reply.data)
+        except ProtocolError as exc:
+            raise ChangeOutcomeUnknownError.of(what, f"the metadata leader, server {leader}, {exc}", check) from None
+        if isinstance(answer, Committed):
+            return answer.index
+        if answer.kind in (RefusalKind.NOT_LEADER, RefusalKind.NO_LEADER):
             raise _NotLeaderReply()
-        raise _error_from_dict(error)
+        raise _error_of(answer)
 
     async def _on_propose(self, msg: Any) -> None:
         # One task per request: a subscription's callbacks run one at a time.
         self._spawn(self._answer_propose(msg))
 
     async def _answer_propose(self, msg: Any) -> None:
-        body = _json_object(msg, "metadata change")
-        if body is None:
+        decoded = _decoded(msg, "metadata change", decode_request)
+        if decoded is None:
             return
+        change, asked_timeout = decoded
+        answer: Committed | Refusal
         try:
             # Within the forwarding server's deadline, so it hears the outcome rather than a timeout.
-            timeout = min(float(body.pop("timeout", CHANGE_TIMEOUT_S)), CHANGE_TIMEOUT_S)
+            timeout = min(asked_timeout or CHANGE_TIMEOUT_S, CHANGE_TIMEOUT_S)
             if not self.raft.is_leader:
-                answer: dict[str, Any] = {"error": {"kind": "not_leader"}}
+                answer = Refusal(RefusalKind.NOT_LEADER)
             else:
-                answer = {"index": await self._lead(body, timeout)}
+                answer = Committed(await self._lead(change, timeout))
         except (NotLeader, ProposalDropped):
-            answer = {"error": {"kind": "not_leader"}}
+            answer = Refusal(RefusalKind.NOT_LEADER)
         except MetadataError as exc:
-            answer = {"error": _error_to_dict(exc)}
+            answer = _refusal_of(exc)
         except Exception as exc:
             log.exception("serving a forwarded metadata change")
-            failed = ControllerFailedError(f"the controller, server {self.server_id}, failed on the change: {exc}")
-            answer = {"error": _error_to_dict(failed)}
+            answer = _refusal_of(
+                ControllerFailedError(f"the controller, server {self.server_id}, failed on the change: {exc}")
+            )
         with contextlib.suppress(Exception):
-            await msg.respond(json.dumps(answer).encode())
+            await msg.respond(encode_reply(answer))
 
     # -- the controller --------------------------------------------------
 
-    def _plan(self, body: dict[str, Any]) -> Operation:
-        kind = body.get("kind")
+    def _plan(self, change: ControlRequest) -> Operation:
         now = self._clock()
-        if kind == "create_stream":
-            req = CreateStreamRequest(
-                name=str(body["name"]),
-                subject=str(body["subject"]),
-                group=str(body.get("group", "")),
-                partitions=int(body.get("partitions", 1)),
-                replication_factor=int(body.get("replication_factor", 1)),
-                settings=StreamSettings.from_dict(dict(body.get("settings", {}))),
-            )
-            return plan_create_stream(self.metadata, req, now, namespace=self.namespace, limits=self._limits)
-        if kind == "delete_stream":
-            self.metadata.stream(str(body["name"]))  # fail fast, without a log entry
-            return DeleteStream(str(body["name"]))
-        if kind in ("pause", "resume"):
-            partitions = tuple(int(p) for p in body.get("partitions", ()))
-            for p in partitions or ():
-                self.metadata.partition(str(body["name"]), p)
-            if not partitions:
-                self.metadata.stream(str(body["name"]))
-            return SetPaused(str(body["name"]), partitions, kind == "pause", now, bool(body.get("resume_all", False)))
-        if kind == "readonly":
-            partitions = tuple(int(p) for p in body.get("partitions", ()))
-            return SetReadonly(str(body["name"]), partitions, bool(body["readonly"]), now)
-        if kind == "change_isr":
-            isr = tuple(str(r) for r in body["isr"])
-            return ChangeIsr(str(body["name"]), int(body["partition"]), isr, int(body["epoch"]))
-        if kind == "register_server":
-            return RegisterServer(ServerMeta.from_dict(body["server"]), now)
-        raise MetadataError(f"unknown metadata change {kind!r}")
+        match change:
+            case CreateStreamChange(req):
+                return plan_create_stream(self.metadata, req, now, namespace=self.namespace, limits=self._limits)
+            case DeleteStreamChange(name):
+                self.metadata.stream(name)  # fail fast, without a log entry
+                return DeleteStream(name)
+            case PauseChange(name, partitions, pause, resume_all):
+                for p in partitions:
+                    self.metadata.partition(name, p)
+                if not partitions:
+                    self.metadata.stream(name)
+                return SetPaused(name, partitions, pause, now, resume_all)
+            case ReadonlyChange(name, partitions, readonly):
+                return SetReadonly(name, partitions, readonly, now)
+            case IsrChange(name, partition, isr, epoch):
+                return ChangeIsr(name, partition, isr, epoch)
+            case ServerRegistration(server):
+                return RegisterServer(server, now)
+        raise MetadataError(f"{type(change).__name__} is not a metadata change of its own")
 
-    async def _lead(self, body: dict[str, Any], timeout: float = CHANGE_TIMEOUT_S) -> int:
+    async def _lead(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:
         """Plan, replicate and apply one change as the leader; wait (within ``timeout``) for the affected servers.
 
         Raises ChangeOutcomeUnknownError when the change is not committed within ``timeout``: a leader
@@ -505,12 +524,12 @@ class MetadataService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            if body.get("kind") in ("report_leader", "confirm_leader"):
-                return await asyncio.wait_for(self._failover_request(body), timeout)
-            op = self._plan(body)
+            if isinstance(change, (LeaderReport, LeaderConfirmation)):
+                return await asyncio.wait_for(self._failover_request(change), timeout)
+            op = self._plan(change)
             index, result = await asyncio.wait_for(self._propose(op), timeout)
         except TimeoutError:
-            what, check = _describe(body)
+            what, check = _describe(change)
             raise ChangeOutcomeUnknownError.of(
                 what,
                 f"the metadata leader, server {self.server_id}, proposed it but could not commit it within "
@@ -531,28 +550,27 @@ class MetadataService:
     async def _propose_result(self, op: Operation) -> object:
         return (await self._propose(op))[1]
 
-    async def _failover_request(self, body: dict[str, Any]) -> int:
+    async def _failover_request(self, change: LeaderReport | LeaderConfirmation) -> int:
         """A follower's report of a silent leader, or a candidate's confirmation (no operation of their own)."""
         failover = self._failover
         if failover is None:
             raise NotLeader(self.raft.leader_id, self.server_id)
-        if body["kind"] == "report_leader":
-            await failover.report(body)
+        if isinstance(change, LeaderReport):
+            await failover.report(change)
         else:
-            await failover.confirm(body)
+            await failover.confirm(change)
         node = self.raft.node
         return node.applied_index if node is not None else 0
 
     async def _on_leo(self, msg: Any) -> None:
         """The controller asks how far this replica's log goes (to pick the least lagging candidate)."""
-        try:
-            body = json.loads(msg.data)
-            part = self._streams.partitions.get((str(body["name"]), int(body["partition"])))
-        except (ValueError, KeyError, TypeError):
+        query = _decoded(msg, "log end query", decode_log_end_query)
+        if query is None:
             return
+        part = self._streams.partitions.get((query.name, query.partition))
         leo = part.log.log_end_offset if part is not None and part.log is not None else -1
         with contextlib.suppress(Exception):
-            await msg.respond(json.dumps({"leo": leo}).encode())
+            await msg.respond(encode_log_end(LogEnd(leo)))
 
     async def _wait_applied(self, servers: set[str], index: int, timeout: float = APPLY_WAIT_S) -> None:
         timeout = max(timeout, 0.1)
@@ -567,10 +585,10 @@ class MetadataService:
                 try:
                     reply = await self._nats.request(
                         f"{self._prefix}{server_id}.applied",
-                        json.dumps({"index": index, "timeout": max(timeout - 0.25, 0.05)}).encode(),
+                        encode_applied_query(AppliedQuery(index, max(timeout - 0.25, 0.05))),
                         timeout=timeout,
                     )
-                    ok = bool(json.loads(reply.data).get("ok"))
+                    ok = decode_applied(reply.data).ok
                 except Exception:
                     ok = False
             if not ok:
@@ -582,15 +600,12 @@ class MetadataService:
         self._spawn(self._answer_applied(msg))
 
     async def _answer_applied(self, msg: Any) -> None:
-        try:
-            body = json.loads(msg.data)
-            index = int(body["index"])
-            timeout = min(float(body.get("timeout", APPLY_WAIT_S - 0.5)), APPLY_WAIT_S)
-        except (ValueError, KeyError, TypeError):
+        query = _decoded(msg, "applied query", lambda data: decode_applied_query(data, APPLY_WAIT_S - 0.5))
+        if query is None:
             return
-        ok = await self._streams.wait_reconciled(index, timeout)
+        ok = await self._streams.wait_reconciled(query.index, min(query.timeout, APPLY_WAIT_S))
         with contextlib.suppress(Exception):
-            await msg.respond(json.dumps({"ok": ok}).encode())
+            await msg.respond(encode_applied(Applied(ok)))
 
     async def _lead_cluster(self) -> None:
         """Controller duties while this server leads: admit joiners, track liveness."""
@@ -624,30 +639,30 @@ class MetadataService:
         self._spawn(self._answer_join(msg))
 
     async def _answer_join(self, msg: Any) -> None:
-        body = _json_object(msg, "join request")
-        if body is None or "id" not in body:
+        join = _decoded(msg, "join request", decode_join)
+        if join is None:
             return
         try:
-            server_id = str(body["id"])
-            if server_id not in self.voters:
-                log.info("adding server %s to the metadata group", server_id)
-                await self.raft.add_voter(server_id)
-            answer: dict[str, Any] = {"ok": True}
+            if join.server_id not in self.voters:
+                log.info("adding server %s to the metadata group", join.server_id)
+                await self.raft.add_voter(join.server_id)
+            answer = JoinAnswer(ok=True)
         except (NotLeader, ProposalDropped) as exc:
-            answer = {"ok": False, "error": str(exc)}
+            answer = JoinAnswer(ok=False, error=str(exc))
         except Exception as exc:
             log.exception("admitting a server")
-            answer = {"ok": False, "error": str(exc)}
+            answer = JoinAnswer(ok=False, error=str(exc))
         with contextlib.suppress(Exception):
-            await msg.respond(json.dumps(answer).encode())
+            await msg.respond(encode_join_answer(answer))
 
     def _on_heartbeat_from(self, server_id: str) -> None:
         self._liveness.heard(server_id, self._clock())
 
     async def _on_heartbeat(self, msg: Any) -> None:
         if self.raft.is_leader:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                self._on_heartbeat_from(str(json.loads(msg.data)["id"]))
+            beat = _decoded(msg, "heartbeat", decode_heartbeat)
+            if beat is not None:
+                self._on_heartbeat_from(beat.server_id)
 
     # -- this server's part ---------------------------------------------
 
@@ -655,7 +670,7 @@ class MetadataService:
         """Join the metadata group if needed, then register this server's address (retrying)."""
         if self.server_id not in self.voters:
             await self._join_group()
-        body = {"kind": "register_server", "server": self.advertise.to_dict()}
+        registration = ServerRegistration(self.advertise)
         while True:
             known = self.metadata.servers.get(self.server_id)
             if known is not None and (known.host, known.port, known.rack) == (
@@ -666,7 +681,7 @@ class MetadataService:
                 self.registered.set()
                 return
             try:
-                await self.request(body)
+                await self.request(registration)
                 self.registered.set()
                 return
             except MetadataError as exc:
@@ -678,15 +693,15 @@ class MetadataService:
         while self.server_id not in self.voters:
             try:
                 reply = await self._nats.request(
-                    f"{self._prefix}join", json.dumps({"id": self.server_id}).encode(), timeout=5.0
+                    f"{self._prefix}join", encode_join(JoinRequest(self.server_id)), timeout=5.0
                 )
-                answer = json.loads(reply.data)
-                if answer.get("ok"):
+                answer = decode_join_answer(reply.data)
+                if answer.ok:
                     # Added: the leader's log (or snapshot) reaches us next and makes us a voter.
                     await self._wait(lambda: self.server_id in self.voters, 10.0)
                     continue
-                log.info("joining the cluster: %s", answer.get("error"))
-            except (NoRespondersError, NatsTimeoutError):
+                log.info("joining the cluster: %s", answer.error)
+            except (NoRespondersError, NatsTimeoutError, ProtocolError):
                 if attempts % 10 == 0:
                     log.info("waiting for a metadata leader to join (start one server with --raft-bootstrap-seed)")
             attempts += 1
@@ -703,7 +718,7 @@ class MetadataService:
         return True
 
     async def _heartbeats(self) -> None:
-        payload = json.dumps({"id": self.server_id}).encode()
+        payload = encode_heartbeat(Heartbeat(self.server_id))
         while True:
             with contextlib.suppress(Exception):
                 await self._nats.publish(f"{self._prefix}heartbeat", payload)

@@ -21,7 +21,6 @@ harmlessly.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,6 +35,13 @@ from liftlog.metadata import (
     SetPartitionState,
 )
 from liftlog.metadata.election import Candidate, Elections, LeaderReports, NoCandidate, PartitionKey, rank_candidates
+from liftlog.metadata.protocol import (
+    LeaderConfirmation,
+    LeaderReport,
+    LogEndQuery,
+    decode_log_end,
+    encode_log_end_query,
+)
 
 __all__ = ["Failover"]
 
@@ -79,21 +85,19 @@ class Failover:
 
     # -- triggers ---------------------------------------------------------
 
-    async def report(self, body: dict[str, Any]) -> None:
-        """A follower says the partition's leader is silent."""
-        meta = self._metadata().partition(str(body["name"]), int(body["partition"]))
-        if meta.state is not PartitionState.ONLINE or meta.leader != body.get("leader"):
+    async def report(self, report: LeaderReport) -> None:
+        """A follower says the partition's leader is silent (or the leader says its log is fenced)."""
+        meta = self._metadata().partition(report.name, report.partition)
+        if meta.state is not PartitionState.ONLINE or meta.leader != report.leader:
             return
-        if body.get("fenced") and body.get("reporter") == meta.leader and int(body["epoch"]) == meta.epoch:
+        if report.fenced and report.reporter == meta.leader and report.epoch == meta.epoch:
             # The leader's own log refuses writes: an in-sync replica elsewhere can take over. With none,
             # it keeps leading (readable, refusing publishes) rather than the partition going offline.
             alive = {s.id for s in self._metadata().servers.values() if s.alive}
             if rank_candidates(meta, alive, {}):
-                await self.elect(meta, f"leader {meta.leader} is fenced: {body['fenced']}")
+                await self.elect(meta, f"leader {meta.leader} is fenced: {report.fenced}")
             return
-        enough = self.reports.report(
-            meta, str(body["reporter"]), int(body["epoch"]), int(body["leader_epoch"]), self._clock()
-        )
+        enough = self.reports.report(meta, report.reporter, report.epoch, report.leader_epoch, self._clock())
         if enough:
             await self.elect(meta, f"in-sync followers report leader {meta.leader} silent")
 
@@ -204,9 +208,9 @@ class Failover:
         finally:
             self._busy.discard(key)
 
-    async def confirm(self, body: dict[str, Any]) -> None:
+    async def confirm(self, confirmation: LeaderConfirmation) -> None:
         """The candidate says it is ready to lead."""
-        name, pid, replica = str(body["name"]), int(body["partition"]), str(body["replica"])
+        name, pid, replica = confirmation.name, confirmation.partition, confirmation.replica
         key = (name, pid)
         meta = self._metadata().partition(name, pid)
         if meta.state is not PartitionState.CANDIDATE_FOUND or meta.candidate != replica:
@@ -254,11 +258,9 @@ class Failover:
         async def ask(replica: str) -> tuple[str, int] | None:
             try:
                 reply = await self._nats.request(
-                    f"{self._prefix}{replica}.leo",
-                    json.dumps({"name": meta.stream, "partition": meta.id}).encode(),
-                    timeout=1.0,
+                    f"{self._prefix}{replica}.leo", encode_log_end_query(LogEndQuery(meta.stream, meta.id)), timeout=1.0
                 )
-                return replica, int(json.loads(reply.data)["leo"])
+                return replica, decode_log_end(reply.data).leo
             except Exception:
                 return None
 

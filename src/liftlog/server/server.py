@@ -35,6 +35,7 @@ from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.metadata import CorruptMetadataError, MetadataFile
 from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.model import CreateStream, ServerMeta
+from liftlog.metadata.protocol import ControlRequest, IsrChange, LeaderConfirmation, LeaderReport
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
@@ -274,49 +275,34 @@ class Server:
         # read with no await in between, so a later ChangeLeader leaves the proposal stale.
         if core is None or meta.leader != self.server_id or meta.leader_epoch != core.leader_epoch:
             return
-        body = {"kind": "change_isr", "name": part.stream, "partition": part.id, "isr": list(isr), "epoch": meta.epoch}
+        change = IsrChange(part.stream, part.id, isr, meta.epoch)
         # On failure (a newer epoch, no controller) the leader proposes again later.
-        await self._tell_controller(part, body, f"ISR change to {','.join(isr)} not applied")
+        await self._tell_controller(part, change, f"ISR change to {','.join(isr)} not applied")
 
     async def _confirm_candidate(self, part: Partition) -> None:
-        body = {"kind": "confirm_leader", "name": part.stream, "partition": part.id, "replica": self.server_id}
+        confirmation = LeaderConfirmation(part.stream, part.id, self.server_id)
         # On failure (too late, no controller) the election moves on without us.
-        await self._tell_controller(part, body, "confirming leadership failed")
+        await self._tell_controller(part, confirmation, "confirming leadership failed")
 
     async def _report_leader(self, part: Partition, report: ReportLeader) -> None:
-        body = {
-            "kind": "report_leader",
-            "name": part.stream,
-            "partition": part.id,
-            "reporter": self.server_id,
-            "leader": report.leader,
-            "epoch": part.meta.epoch,
-            "leader_epoch": report.leader_epoch,
-        }
-        await self._tell_controller(part, body, f"reporting leader {report.leader} failed")
+        silent = LeaderReport(part.stream, part.id, self.server_id, report.leader, part.meta.epoch, report.leader_epoch)
+        await self._tell_controller(part, silent, f"reporting leader {report.leader} failed")
 
     async def _resign(self, part: Partition, reason: str) -> None:
         meta = part.meta
         if meta.leader != self.server_id or len(meta.isr) < 2:
             return  # nobody in sync to hand over to: lead on, refusing publishes, until the log repairs
-        body = {
-            "kind": "report_leader",
-            "name": part.stream,
-            "partition": part.id,
-            "reporter": self.server_id,
-            "leader": self.server_id,
-            "epoch": meta.epoch,
-            "leader_epoch": meta.leader_epoch,
-            "fenced": reason,
-        }
-        await self._tell_controller(part, body, "handing leadership over from a fenced log")
+        fenced = LeaderReport(
+            part.stream, part.id, self.server_id, self.server_id, meta.epoch, meta.leader_epoch, fenced=reason
+        )
+        await self._tell_controller(part, fenced, "handing leadership over from a fenced log")
 
-    async def _tell_controller(self, part: Partition, body: dict[str, Any], failed: str) -> None:
+    async def _tell_controller(self, part: Partition, change: ControlRequest, failed: str) -> None:
         """Send a replica's request to the controller; a failure is only logged (each caller retries its way)."""
         if self.cluster is None:
             return
         try:
-            await self.cluster.request(body)
+            await self.cluster.request(change)
         except Exception as exc:
             log.info("%s: %s: %s", part, failed, exc)
 

@@ -1,0 +1,507 @@
+"""The control protocol: what servers ask the controller and what it answers, as frozen types and one codec.
+
+Pure encode/decode functions, no I/O. Every message is a JSON object (the
+same bytes liftlog servers have always exchanged, so servers of different
+versions still understand each other); a request's ``kind`` says which it
+is, and a forwarded request carries the ``timeout`` the forwarding server
+will wait, so the controller answers within it::
+
+    create_stream     name, subject, group, partitions, replication_factor, settings {...}
+    delete_stream     name
+    pause / resume    name, partitions [...], resume_all
+    readonly          name, partitions [...], readonly
+    change_isr        name, partition, isr [...], epoch            (a partition leader)
+    register_server   server {id, host, port, ...}                 (a server joining)
+    report_leader     name, partition, reporter, leader, epoch, leader_epoch, fenced?   (a follower, or a
+                      fenced leader handing over)
+    confirm_leader    name, partition, replica                     (an election's candidate)
+
+    reply             {"index": n} once committed, or {"error": {"kind", "name"?, "partition"?, "message"?}}
+
+Other exchanges, each on its own subject:
+
+    log end query     {"name", "partition"}  ->  {"leo": n}        (the controller asks a replica)
+    applied query     {"index", "timeout"}   ->  {"ok": bool}      (has a server acted on this change?)
+    join              {"id"}                 ->  {"ok": bool, "error"?}   (add me to the metadata group)
+    heartbeat         {"id"}                                       (every server, to the controller)
+
+Decoders check every field's type and raise :class:`ProtocolError` naming
+the message and the field; a request of an unknown kind is refused the
+same way.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .controller import CreateStreamRequest
+from .model import ServerMeta, StreamSettings
+
+__all__ = [
+    "Applied",
+    "AppliedQuery",
+    "Committed",
+    "ControlRequest",
+    "CreateStreamChange",
+    "DeleteStreamChange",
+    "Heartbeat",
+    "IsrChange",
+    "JoinAnswer",
+    "JoinRequest",
+    "LeaderConfirmation",
+    "LeaderReport",
+    "LogEnd",
+    "LogEndQuery",
+    "PauseChange",
+    "ProtocolError",
+    "ReadonlyChange",
+    "Refusal",
+    "RefusalKind",
+    "ServerRegistration",
+    "decode_applied",
+    "decode_applied_query",
+    "decode_heartbeat",
+    "decode_join",
+    "decode_join_answer",
+    "decode_log_end",
+    "decode_log_end_query",
+    "decode_reply",
+    "decode_request",
+    "encode_applied",
+    "encode_applied_query",
+    "encode_heartbeat",
+    "encode_join",
+    "encode_join_answer",
+    "encode_log_end",
+    "encode_log_end_query",
+    "encode_reply",
+    "encode_request",
+]
+
+
+class ProtocolError(ValueError):
+    """A control message that is not one: not JSON, an unknown kind, a field missing or of the wrong type."""
+
+
+# -- requests ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStreamChange:
+    request: CreateStreamRequest
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStreamChange:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PauseChange:
+    """Pause (or resume) ``partitions`` of a stream, all of them when empty."""
+
+    name: str
+    partitions: tuple[int, ...]
+    pause: bool
+    resume_all: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadonlyChange:
+    name: str
+    partitions: tuple[int, ...]
+    readonly: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IsrChange:
+    """A partition leader's new in-sync replica set, for the partition epoch it knows."""
+
+    name: str
+    partition: int
+    isr: tuple[str, ...]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRegistration:
+    server: ServerMeta
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderReport:
+    """A follower finds ``leader`` silent; or the leader itself hands over because its log is ``fenced``."""
+
+    name: str
+    partition: int
+    reporter: str
+    leader: str
+    epoch: int
+    leader_epoch: int
+    fenced: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderConfirmation:
+    """An election's candidate says it is ready to lead."""
+
+    name: str
+    partition: int
+    replica: str
+
+
+ControlRequest = (
+    CreateStreamChange
+    | DeleteStreamChange
+    | PauseChange
+    | ReadonlyChange
+    | IsrChange
+    | ServerRegistration
+    | LeaderReport
+    | LeaderConfirmation
+)
+
+
+def encode_request(request: ControlRequest, timeout: float | None = None) -> bytes:
+    body = _request_body(request)
+    if timeout is not None:
+        body["timeout"] = timeout
+    return json.dumps(body).encode()
+
+
+def _request_body(request: ControlRequest) -> dict[str, Any]:
+    match request:
+        case CreateStreamChange(req):
+            return {
+                "kind": "create_stream",
+                "name": req.name,
+                "subject": req.subject,
+                "group": req.group,
+                "partitions": req.partitions,
+                "replication_factor": req.replication_factor,
+                "settings": req.settings.to_dict(),
+            }
+        case DeleteStreamChange(name):
+            return {"kind": "delete_stream", "name": name}
+        case PauseChange(name, partitions, pause, resume_all):
+            kind = "pause" if pause else "resume"
+            return {"kind": kind, "name": name, "partitions": list(partitions), "resume_all": resume_all}
+        case ReadonlyChange(name, partitions, readonly):
+            return {"kind": "readonly", "name": name, "partitions": list(partitions), "readonly": readonly}
+        case IsrChange(name, partition, isr, epoch):
+            return {"kind": "change_isr", "name": name, "partition": partition, "isr": list(isr), "epoch": epoch}
+        case ServerRegistration(server):
+            return {"kind": "register_server", "server": server.to_dict()}
+        case LeaderReport():
+            body = {
+                "kind": "report_leader",
+                "name": request.name,
+                "partition": request.partition,
+                "reporter": request.reporter,
+                "leader": request.leader,
+                "epoch": request.epoch,
+                "leader_epoch": request.leader_epoch,
+            }
+            if request.fenced:
+                body["fenced"] = request.fenced
+            return body
+        case LeaderConfirmation(name, partition, replica):
+            return {"kind": "confirm_leader", "name": name, "partition": partition, "replica": replica}
+    raise TypeError(f"not a control request: {request!r}")
+
+
+def decode_request(data: bytes) -> tuple[ControlRequest, float | None]:
+    """A request and the timeout its sender waits (None when it did not say)."""
+    body = _object(data, "control request")
+    f = _Fields(body, "control request")
+    kind = f.text("kind")
+    f.what = f"{kind!r} request"
+    timeout = f.number("timeout") if "timeout" in body else None
+    request: ControlRequest
+    if kind == "create_stream":
+        settings = f.mapping("settings") if "settings" in body else {}
+        try:
+            stream_settings = StreamSettings.from_dict(settings)
+        except TypeError as exc:
+            raise ProtocolError(f"{f.what}: bad settings: {exc}") from None
+        request = CreateStreamChange(
+            CreateStreamRequest(
+                name=f.text("name"),
+                subject=f.text("subject"),
+                group=f.text("group", ""),
+                partitions=f.integer("partitions", 1),
+                replication_factor=f.integer("replication_factor", 1),
+                settings=stream_settings,
+            )
+        )
+    elif kind == "delete_stream":
+        request = DeleteStreamChange(f.text("name"))
+    elif kind in ("pause", "resume"):
+        request = PauseChange(f.text("name"), f.integers("partitions"), kind == "pause", f.flag("resume_all", False))
+    elif kind == "readonly":
+        request = ReadonlyChange(f.text("name"), f.integers("partitions"), f.flag("readonly"))
+    elif kind == "change_isr":
+        request = IsrChange(f.text("name"), f.integer("partition"), f.texts("isr"), f.integer("epoch"))
+    elif kind == "register_server":
+        try:
+            server = ServerMeta.from_dict(f.mapping("server"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"{f.what}: bad server: {exc!r}") from None
+        request = ServerRegistration(server)
+    elif kind == "report_leader":
+        request = LeaderReport(
+            f.text("name"),
+            f.integer("partition"),
+            f.text("reporter"),
+            f.text("leader"),
+            f.integer("epoch"),
+            f.integer("leader_epoch"),
+            f.text("fenced", ""),
+        )
+    elif kind == "confirm_leader":
+        request = LeaderConfirmation(f.text("name"), f.integer("partition"), f.text("replica"))
+    else:
+        raise ProtocolError(f"unknown control request kind {kind!r}")
+    return request, timeout
+
+
+# -- replies -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The change is committed at this metadata index."""
+
+    index: int
+
+
+class RefusalKind(enum.Enum):
+    STREAM_EXISTS = "stream_exists"
+    NO_SUCH_STREAM = "no_such_stream"
+    NO_SUCH_PARTITION = "no_such_partition"
+    INVALID = "invalid"
+    NOT_LEADER = "not_leader"  # the server asked is not the controller: ask the new one
+    NO_LEADER = "no_leader"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    FAILED = "failed"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    kind: RefusalKind
+    name: str = ""
+    partition: int = -1
+    message: str = ""
+
+
+def encode_reply(reply: Committed | Refusal) -> bytes:
+    if isinstance(reply, Committed):
+        return json.dumps({"index": reply.index}).encode()
+    error: dict[str, Any] = {"kind": reply.kind.value}
+    if reply.name:
+        error["name"] = reply.name
+    if reply.partition >= 0:
+        error["partition"] = reply.partition
+    if reply.message:
+        error["message"] = reply.message
+    return json.dumps({"error": error}).encode()
+
+
+def decode_reply(data: bytes) -> Committed | Refusal:
+    body = _object(data, "controller reply")
+    if "index" in body:
+        return Committed(_Fields(body, "controller reply").integer("index"))
+    error = _Fields(body, "controller reply").mapping("error")
+    f = _Fields(error, "controller refusal")
+    kind_name = f.text("kind", "other")
+    try:
+        kind = RefusalKind(kind_name)
+    except ValueError:  # a refusal newer than this server: its message still says what happened
+        kind = RefusalKind.OTHER
+    return Refusal(kind, f.text("name", ""), f.integer("partition", -1), f.text("message", ""))
+
+
+# -- log end offsets ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogEndQuery:
+    """The controller asks a replica how far its log of a partition goes (to pick the least lagging candidate)."""
+
+    name: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogEnd:
+    """A replica's log end offset; -1 when it has no log of the partition open."""
+
+    leo: int
+
+
+def encode_log_end_query(query: LogEndQuery) -> bytes:
+    return json.dumps({"name": query.name, "partition": query.partition}).encode()
+
+
+def decode_log_end_query(data: bytes) -> LogEndQuery:
+    f = _Fields(_object(data, "log end query"), "log end query")
+    return LogEndQuery(f.text("name"), f.integer("partition"))
+
+
+def encode_log_end(answer: LogEnd) -> bytes:
+    return json.dumps({"leo": answer.leo}).encode()
+
+
+def decode_log_end(data: bytes) -> LogEnd:
+    return LogEnd(_Fields(_object(data, "log end answer"), "log end answer").integer("leo"))
+
+
+# -- applied, join, heartbeat -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedQuery:
+    """Has the server acted on metadata ``index``? It may wait ``timeout`` seconds to say yes."""
+
+    index: int
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    server_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAnswer:
+    ok: bool
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    server_id: str
+
+
+def encode_applied_query(query: AppliedQuery) -> bytes:
+    return json.dumps({"index": query.index, "timeout": query.timeout}).encode()
+
+
+def decode_applied_query(data: bytes, default_timeout: float) -> AppliedQuery:
+    body = _object(data, "applied query")
+    f = _Fields(body, "applied query")
+    return AppliedQuery(f.integer("index"), f.number("timeout") if "timeout" in body else default_timeout)
+
+
+def encode_applied(answer: Applied) -> bytes:
+    return json.dumps({"ok": answer.ok}).encode()
+
+
+def decode_applied(data: bytes) -> Applied:
+    return Applied(_Fields(_object(data, "applied answer"), "applied answer").flag("ok", False))
+
+
+def encode_join(request: JoinRequest) -> bytes:
+    return json.dumps({"id": request.server_id}).encode()
+
+
+def decode_join(data: bytes) -> JoinRequest:
+    return JoinRequest(_Fields(_object(data, "join request"), "join request").text("id"))
+
+
+def encode_join_answer(answer: JoinAnswer) -> bytes:
+    body: dict[str, Any] = {"ok": answer.ok}
+    if answer.error:
+        body["error"] = answer.error
+    return json.dumps(body).encode()
+
+
+def decode_join_answer(data: bytes) -> JoinAnswer:
+    f = _Fields(_object(data, "join answer"), "join answer")
+    return JoinAnswer(f.flag("ok", False), f.text("error", ""))
+
+
+def encode_heartbeat(beat: Heartbeat) -> bytes:
+    return json.dumps({"id": beat.server_id}).encode()
+
+
+def decode_heartbeat(data: bytes) -> Heartbeat:
+    return Heartbeat(_Fields(_object(data, "heartbeat"), "heartbeat").text("id"))
+
+
+# -- field checks --------------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+def _object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{what} is not a JSON object but {type(body).__name__}")
+    return body
+
+
+class _Fields:
+    """Typed reads of a decoded JSON object's fields, each failure a ProtocolError naming the field."""
+
+    def __init__(self, body: dict[str, Any], what: str) -> None:
+        self.body = body
+        self.what = what
+
+    def _get(self, key: str, default: Any, kinds: type | tuple[type, ...], expected: str) -> Any:
+        value = self.body.get(key, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise ProtocolError(f"{self.what}: field {key!r} is missing")
+            return default
+        # bool is an int to isinstance: a flag where a number belongs (or the reverse) is refused.
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+            raise ProtocolError(f"{self.what}: field {key!r} must be {expected}, not {value!r}")
+        return value
+
+    def text(self, key: str, default: Any = _MISSING) -> str:
+        value: str = self._get(key, default, str, "a string")
+        return value
+
+    def integer(self, key: str, default: Any = _MISSING) -> int:
+        value: int = self._get(key, default, int, "an integer")
+        return value
+
+    def number(self, key: str) -> float:
+        return float(self._get(key, _MISSING, (int, float), "a number"))
+
+    def flag(self, key: str, default: Any = _MISSING) -> bool:
+        value: bool = self._get(key, default, bool, "true or false")
+        return value
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        value: dict[str, Any] = self._get(key, _MISSING, dict, "an object")
+        return value
+
+    def integers(self, key: str) -> tuple[int, ...]:
+        items = self._get(key, [], list, "a list of integers")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            raise ProtocolError(f"{self.what}: field {key!r} must be a list of integers, not {items!r}")
+        return tuple(items)
+
+    def texts(self, key: str) -> tuple[str, ...]:
+        items = self._get(key, _MISSING, list, "a list of strings")
+        if not all(isinstance(i, str) for i in items):
+            raise ProtocolError(f"{self.what}: field {key!r} must be a list of strings, not {items!r}")
+        return tuple(items)
+
+
+def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
