@@ -72,17 +72,16 @@ def produce(node: Node, leader: LeaderReplica, *values: bytes) -> None:
             node.hw = action.hw
 
 
+class HwTruncatingFollower(FollowerReplica):
+    """The pre-KIP-101 rule: truncate to the high watermark on becoming a follower (seed 003's failures)."""
+
+    def start(self) -> list[FollowerAction]:
+        return self._truncate(self.hw + 1)
+
+
 def follow(node: Node, leader_name: str, epoch: int, truncate_by: str) -> FollowerReplica:
-    return FollowerReplica(
-        node.name,
-        leader_name,
-        epoch,
-        node.log.log_end_offset,
-        node.hw,
-        node.log.epoch_cache.latest_epoch,
-        NOW,
-        truncate_by=truncate_by,
-    )
+    kind = HwTruncatingFollower if truncate_by == "hw" else FollowerReplica
+    return kind(node.name, leader_name, epoch, node.log.log_end_offset, node.hw, node.log.epoch_cache.latest_epoch, NOW)
 
 
 def run(follower: FollowerReplica, me: Node, leader: LeaderReplica, leader_node: Node, actions: list[FollowerAction],

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from liftlog.server.config import ConfigError, load_config, parse_duration_ms, parse_size
+from liftlog.server.config import ConfigError, load_config
 from liftlog.storage import FsyncPolicy
+from liftlog.units import parse_duration_ms, parse_size
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -45,7 +45,7 @@ CLUSTER_SCENARIOS = ("single", "rf3-all", "rf3-leader", "failover")
 _NOT_FOR_CLUSTER = ("partitions", "ack_policy", "concurrency", "nats_url")
 
 
-def _scenario_errors() -> tuple[type[BaseException], ...]:
+def scenario_errors() -> tuple[type[BaseException], ...]:
     import nats.errors
 
     from liftlog.api.envelope import EnvelopeError
@@ -54,19 +54,17 @@ def _scenario_errors() -> tuple[type[BaseException], ...]:
     return (LiftlogError, OSError, CommandError, EnvelopeError, nats.errors.Error)
 
 
-def _error_result(exc: BaseException, limit: float | None = None) -> dict[str, str]:
+def error_result(exc: BaseException, limit: float | None = None) -> dict[str, str]:
     """The result of a scenario that failed with `exc` (a bare timeout: after its `limit` seconds)."""
     if limit is not None and isinstance(exc, TimeoutError) and not str(exc):
         return {"error": f"timed out after {limit:.0f} s"}
     return {"error": str(exc) or type(exc).__name__}
 
 
-async def _run_all(
-    addrs: list[str], s: Settings, scenarios: list[str], status: Callable[[str], None]
-) -> dict[str, Any]:
+async def run_all(addrs: list[str], s: Settings, scenarios: list[str], status: Callable[[str], None]) -> dict[str, Any]:
     from liftlog.client import Client
 
-    errors = _scenario_errors()
+    errors = scenario_errors()
     run_id = uuid.uuid4().hex[:8]
     results: dict[str, Any] = {}
     async with Client(addrs) as client:
@@ -80,21 +78,21 @@ async def _run_all(
                     await client.create_stream(subject, name, partitions=s.partitions)
                     results[scenario] = (await RUNNERS[scenario](client, s, name, subject, count)).to_json()
             except errors as exc:  # (TimeoutError is an OSError; the client's ack timeouts are LiftlogErrors)
-                results[scenario] = _error_result(exc, limit)
+                results[scenario] = error_result(exc, limit)
             finally:
                 with contextlib.suppress(*errors):
                     await asyncio.wait_for(client.delete_stream(name), 10)
     return results
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _log_tail(path: Path, lines: int = 5) -> str:
+def log_tail(path: Path, lines: int = 5) -> str:
     try:
         tail = path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
@@ -102,7 +100,7 @@ def _log_tail(path: Path, lines: int = 5) -> str:
     return " | ".join(line.strip() for line in tail if line.strip())
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
     """SIGTERM all, wait for all (one shared deadline), SIGKILL the stragglers."""
     for proc in procs:
         if proc.poll() is None:
@@ -125,7 +123,7 @@ async def spawned_server(settings: tuple[str, ...] = ()) -> AsyncIterator[tuple[
     from liftlog.client import Client, LiftlogError
 
     root = Path(tempfile.mkdtemp(prefix="liftlog-bench-"))
-    port, nats_port = _free_port(), _free_port()
+    port, nats_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
     log_path = root / "server.log"
     command = [sys.executable, "-m", "liftlog.cli.main", "server", "--host", "127.0.0.1", "--port", str(port)]
@@ -142,7 +140,7 @@ async def spawned_server(settings: tuple[str, ...] = ()) -> AsyncIterator[tuple[
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                raise CommandError(f"the benchmark server exited with code {proc.returncode}: {_log_tail(log_path)}")
+                raise CommandError(f"the benchmark server exited with code {proc.returncode}: {log_tail(log_path)}")
             try:
                 async with Client([address], timeout=1.0, retries=0) as probe:
                     await probe.fetch_metadata()
@@ -150,12 +148,12 @@ async def spawned_server(settings: tuple[str, ...] = ()) -> AsyncIterator[tuple[
             except LiftlogError:
                 if time.monotonic() > deadline:
                     raise CommandError(
-                        f"the benchmark server did not answer within {_READY_TIMEOUT_S:.0f} s: {_log_tail(log_path)}"
+                        f"the benchmark server did not answer within {_READY_TIMEOUT_S:.0f} s: {log_tail(log_path)}"
                     ) from None
                 await asyncio.sleep(0.2)
         yield address, f"nats://127.0.0.1:{nats_port}"
     finally:
-        _stop([proc])
+        stop_processes([proc])
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -499,14 +497,14 @@ def bench(
     async def go() -> tuple[str, dict[str, dict[str, Any]]]:
         with status or contextlib.nullcontext():
             if not start_server:
-                return ", ".join(addresses()), {"": await _run_all(list(addresses()), settings, chosen, show)}
+                return ", ".join(addresses()), {"": await run_all(list(addresses()), settings, chosen, show)}
             by_policy: dict[str, dict[str, Any]] = {}
             for policy in policies:
                 show(f"starting a server (fsync {policy})")
                 async with spawned_server((f"streams.fsync.policy={policy}",)) as (address, url):
                     settings.nats_url = nats_url or url
                     prefix = f"fsync {policy}: " if len(policies) > 1 else ""
-                    by_policy[policy] = await _run_all(
+                    by_policy[policy] = await run_all(
                         [address], settings, chosen, functools.partial(_prefixed, show, prefix)
                     )
             return "started", by_policy

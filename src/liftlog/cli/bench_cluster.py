@@ -38,7 +38,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from liftlog.cli.bench import _error_result, _free_port, _log_tail, _run_all, _scenario_errors, _stop, spawned_server
+from liftlog.cli.bench import (
+    error_result,
+    free_port,
+    log_tail,
+    run_all,
+    scenario_errors,
+    spawned_server,
+    stop_processes,
+)
 from liftlog.cli.bench_scenarios import RUNNERS, Result, Settings
 from liftlog.cli.common import CommandError
 
@@ -142,7 +150,7 @@ class LocalCluster:
         for node in self.nodes.values():
             if node.id != but and node.proc.poll() is not None:
                 raise CommandError(
-                    f"benchmark server {node.id} exited with code {node.proc.returncode}: {_log_tail(node.log_path)}"
+                    f"benchmark server {node.id} exited with code {node.proc.returncode}: {log_tail(node.log_path)}"
                 )
 
 
@@ -150,12 +158,12 @@ async def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log_path: Pat
     deadline = time.monotonic() + 10
     while True:
         if proc.poll() is not None:
-            raise CommandError(f"nats-server exited with code {proc.returncode}: {_log_tail(log_path)}")
+            raise CommandError(f"nats-server exited with code {proc.returncode}: {log_tail(log_path)}")
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
         if time.monotonic() > deadline:
-            raise CommandError(f"nats-server did not listen on 127.0.0.1:{port} within 10 s: {_log_tail(log_path)}")
+            raise CommandError(f"nats-server did not listen on 127.0.0.1:{port} within 10 s: {log_tail(log_path)}")
         await asyncio.sleep(0.05)
 
 
@@ -182,7 +190,7 @@ async def _wait_formed(cluster: LocalCluster, status: Callable[[str], None]) -> 
             status(text)
             shown = text
         if time.monotonic() > deadline:
-            tails = "; ".join(f"{sid}: {_log_tail(node.log_path, 2)}" for sid, node in pending.items())
+            tails = "; ".join(f"{sid}: {log_tail(node.log_path, 2)}" for sid, node in pending.items())
             raise CommandError(f"the benchmark cluster did not form within {_READY_TIMEOUT_S:.0f} s ({tails})")
         await asyncio.sleep(0.2)
 
@@ -202,7 +210,7 @@ async def spawned_cluster(
     procs: list[subprocess.Popen[bytes]] = []
     nats_proc: subprocess.Popen[bytes] | None = None
     try:
-        nats_port = _free_port()
+        nats_port = free_port()
         nats_log = root / "nats-server.log"
         with open(nats_log, "wb") as log:
             nats_proc = subprocess.Popen(
@@ -219,7 +227,7 @@ async def spawned_cluster(
         # Default settings: none of the developer's LIFTLOG_* variables reach the servers.
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
         for sid in ids:
-            port = _free_port()
+            port = free_port()
             command = [sys.executable, "-m", "liftlog.cli.main", "server", "--id", sid, "--host", "127.0.0.1"]
             command += ["--port", str(port), "--data-dir", str(root / sid), "--nats-servers", cluster.nats_url]
             command += ["--namespace", namespace, "--raft-bootstrap-peers", ",".join(ids), "--log-level", "warn"]
@@ -241,9 +249,9 @@ async def spawned_cluster(
         await _wait_formed(cluster, status)
         yield cluster
     finally:
-        _stop(procs)
+        stop_processes(procs)
         if nats_proc is not None:
-            _stop([nats_proc])
+            stop_processes([nats_proc])
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -395,7 +403,7 @@ async def _single(s: Settings, count: int, status: Callable[[str], None]) -> dic
     status("single: starting a standalone server")
     single = replace(s, ack_policy="all", partitions=1, counts={"async": count})
     async with spawned_server() as (address, _url):
-        result: dict[str, Any] = (await _run_all([address], single, ["async"], status))["async"]
+        result: dict[str, Any] = (await run_all([address], single, ["async"], status))["async"]
     if "notes" in result:
         result["notes"] = f"standalone server, ack ALL; {result['notes']}"
     return result
@@ -411,14 +419,14 @@ async def run_cluster_bench(
     """Run `scenarios` (see :func:`order_scenarios` for the order); a failed scenario is an ``error`` entry."""
     from liftlog.client import Client
 
-    errors = _scenario_errors()
+    errors = scenario_errors()
     results: dict[str, Any] = {}
     ordered = order_scenarios(scenarios)
     if "single" in ordered:
         try:
             results["single"] = await _single(s, s.counts["single"], status)
         except errors as exc:
-            results["single"] = _error_result(exc)
+            results["single"] = error_result(exc)
         ordered.remove("single")
     if not ordered:
         return results
@@ -439,7 +447,7 @@ async def run_cluster_bench(
                         result = await _replicated(client, s, name, subject, count, policy)
                     results[scenario] = result.to_json()
             except errors as exc:  # (TimeoutError is an OSError; the client's timeouts are LiftlogErrors)
-                results[scenario] = _error_result(exc, limit)
+                results[scenario] = error_result(exc, limit)
             finally:
                 if scenario != "failover":  # the cluster is torn down next anyway
                     with contextlib.suppress(*errors):

@@ -13,8 +13,8 @@ from liftlog.cli.bench import bench
 from liftlog.cli.cluster import cluster
 from liftlog.cli.common import ADDR_ENV, ReportingGroup, fail, root_addr_option
 from liftlog.cli.messages import publish, subscribe
+from liftlog.cli.pipeline import pipeline  # imports neither pyspark nor gRPC until a command runs
 from liftlog.cli.streams import stream
-from liftlog.pipeline.cli import pipeline  # imports neither pyspark nor gRPC until a command runs
 
 __all__ = ["main"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from liftlog.server.config import parse_duration_ms, parse_size
+from liftlog.units import parse_duration_ms, parse_size
 
 __all__ = [
     "DURATION",

@@ -2,16 +2,18 @@
 
 A driver owns the clock, the network and the disk::
 
-    node = RaftNode("n1", RaftConfig(peers=("n1", "n2", "n3")), state=disk.load(), rng=random.Random(seed))
+    storage = DiskStorage(directory)                      # or MemoryStorage() in tests
+    node = RaftNode("n1", RaftConfig(peers=("n1", "n2", "n3")), state=storage.state(), rng=random.Random(seed))
     every tick:           node.tick()
     on a message:         node.step(msg)
-    after either:         while node.has_ready():
+    to propose:           index = node.propose(data)          # or propose_conf_change(ConfChange(...))
+    after any of them:    while node.has_ready():
                               rd = node.ready()
-                              disk.save(rd.snapshot, rd.entries, rd.hard_state)   # before sending!
+                              storage.save(rd)                    # snapshot, entries, hard state: before sending!
                               network.send(rd.messages)
-                              state_machine.apply(rd.snapshot, rd.committed)
+                              state_machine.apply(rd.snapshot, rd.committed)   # then serve rd.read_states
                               node.advance(rd)
-    now and then:         disk.save_snapshot(node.compact(applied_index, state_machine.dump()))
+    now and then:         storage.compact(node.compact(applied_index, state_machine.dump()))
 
 Modules: ``types`` (messages, entries, Ready), ``log`` (the log view), ``quorum`` (pure
 majority math), ``progress`` (leader's per-follower state), ``node`` (the state machine),

@@ -10,8 +10,8 @@ Lifecycle (seed 000, seed 003, KIP-101/KIP-279):
    epoch ends locally (``Truncate``), which removes exactly the suffix the
    leader does not have: uncommitted messages of an old leader, or a lineage
    that diverged after a double crash. Truncating to the HW instead can lose
-   committed messages (seed 003); ``truncate_by="hw"`` exists only so tests
-   can show that.
+   committed messages (seed 003; the replication tests show it with a
+   follower that does).
 2. ``Fetch(offset)`` at its LEO. A response is used only if it comes from
    the expected leader epoch and starts at the expected offset; anything else
    is dropped (a late answer, or a leader that moved on).
@@ -109,23 +109,17 @@ class FollowerReplica:
     now: int
     idle_wait_s: float = 10.0
     leader_timeout_ns: int = 15_000_000_000
-    truncate_by: str = "epoch"
     state: FollowerState = field(init=False, default=FollowerState.TRUNCATING)
     _last_heard: int = field(init=False, default=0)
     _reported_at: int | None = field(init=False, default=None)
     _leader_hw: int = field(init=False, default=-1)
 
     def __post_init__(self) -> None:
-        if self.truncate_by not in ("epoch", "hw"):
-            raise ValueError(f"truncate_by must be 'epoch' or 'hw', not {self.truncate_by!r}")
         self._last_heard = self.now
 
     # -- events ----------------------------------------------------------
 
     def start(self) -> list[FollowerAction]:
-        if self.truncate_by == "hw":
-            # The pre-KIP-101 rule, kept to demonstrate its failures in tests.
-            return self._truncate(self.hw + 1)
         if self.latest_epoch is None or self.leo == 0:
             return self._fetch()
         self.state = FollowerState.TRUNCATING

@@ -1,16 +1,19 @@
 """The asyncio shell of partition replication: serving fetches, fetching, notifications, ISR proposals.
 
 Leader side: for every partition it leads, the server answers fetches on
-``<ns>.<stream>.<partition>.replicate`` and epoch questions on
-``<ns>.<stream>.<partition>.offset`` from its ``LeaderReplica``; follower
-notifications go out batched, one message per follower server, on
-``<ns>.notify.<server>``; ISR proposals go to the controller.
+``<ns>.<stream>.<partition>.<leader epoch>.replicate`` and epoch questions on
+``<ns>.<stream>.<partition>.<leader epoch>.offset`` from its ``LeaderReplica``
+(the epoch in the subject keeps a deposed leader from hearing requests meant
+for its successor); a caught-up follower's fetch is held until there is
+data or ``clustering.replica.fetch.wait`` passes. Follower notifications go
+out batched, one message per follower server, on ``<ns>.notify.<server>``;
+ISR proposals go to the controller.
 
 Follower side: one fetch loop per leader server, shared by every partition
-this server follows there (seed 002). Each round sends the due partitions'
-requests at once and carries out what their ``FollowerReplica`` asks:
-truncate, append the raw batches, move the HW, sleep until the idle wait
-ends or a notification arrives.
+this server follows there (seed 002). Each partition's request is a task of
+its own, so a slow or held one does not delay the others; the loop carries
+out what each ``FollowerReplica`` asks: truncate, append the raw batches,
+move the HW, sleep until the idle wait ends or a notification arrives.
 
 The cores decide; this module only moves bytes and calls the log.
 """

@@ -92,7 +92,6 @@ class Server:
         self._grpc: RpcServer | None = None
         self._grpc_tls: ssl.SSLContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopped = asyncio.Event()
         self._stopping = False
         #: Set when a part the server cannot run without broke (the metadata Raft loop); see ``failure``.
         self.failed = asyncio.Event()
@@ -554,7 +553,3 @@ class Server:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
-        self._stopped.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()

@@ -159,12 +159,6 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int | None:
         return self._entries[-1].epoch if self._entries else None
 
-    def start_offset_of(self, epoch: int) -> int | None:
-        for entry in self._entries:
-            if entry.epoch == epoch:
-                return entry.start_offset
-        return None
-
     def flush(self) -> None:
         self._set(self._entries)
 
