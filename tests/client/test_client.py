@@ -102,6 +102,7 @@ class FakeAPI(api_pb2_grpc.APIServicer):
         self.async_errors: dict[bytes, api_pb2.PublishAsyncError] = {}  # value -> error
         self.max_in_flight = 0
         self.silent = False  # read requests, never answer
+        self.linger = 0.0  # PublishAsync: keep the call open this long after answering everything
 
     async def _fail(self, method: str, context: Any) -> None:
         queued = self.failures[method]
@@ -200,6 +201,7 @@ class FakeAPI(api_pb2_grpc.APIServicer):
                         continue
                     ack = api_pb2.Ack(stream=r.stream, offset=int(r.value[1:]), correlationId=r.correlationId)
                     yield api_pb2.PublishResponse(ack=ack, correlationId=r.correlationId)
+            await asyncio.sleep(self.linger)
         except asyncio.CancelledError:
             return  # the client cancelled the call (grpc would print the cancellation)
         finally:
@@ -526,6 +528,17 @@ async def test_publish_many_raises_first_async_error(client: Client, one: Server
     bad = next(r for r in one.api.requests["PublishAsync"] if r.value == b"m5")
     assert err.correlation_id == bad.correlationId
     assert [a.offset for a in err.acks] == [0, 1, 2, 3, 4]
+
+
+async def test_publish_many_does_not_wait_for_a_server_that_lingers_after_the_last_ack(
+    client: Client, one: Server
+) -> None:
+    """Liftbridge sometimes ends PublishAsync seconds after the client half-closed and had every ack."""
+    one.api.linger = 30.0
+    started = time.monotonic()
+    acks = await client.publish_many("s", [f"m{i}" for i in range(20)], window=8)
+    assert [a.offset for a in acks] == list(range(20))
+    assert time.monotonic() - started < 2, "not the client's 5 s timeout"
 
 
 async def test_publish_many_timeout_without_acks(client: Client, one: Server) -> None:

@@ -98,174 +98,202 @@ async def publish_async_attempt(stub: Stub, batch: PublishBatch, window_size: in
     :class:`UnavailableError` when the server ends the call early, the error
     the call failed with, or the error of the caller's iterable.
     """
-    loop = asyncio.get_running_loop()
-    call = stub.publish_async()
-    pending = batch.pending
-    acks = batch.acks
-    window = asyncio.Semaphore(window_size) if pending is not None else None
-    template = batch.template
-    prefix = batch.prefix
-    make_request = api_pb2.PublishRequest
-    stop = False
-    in_source = False  # the writer waits on the caller's async iterable
-    in_write = False
-    writer_done = False
-    progress = 0  # requests written + responses read, for the timeout watchdog
-    timed_out = False
+    await _Attempt(stub, batch, window_size, timeout).run()
 
-    async def write_all() -> None:
-        nonlocal in_source, in_write, writer_done, progress
-        write = call.write
+
+class _Attempt:
+    """One PublishAsync call and what its three tasks share: the reader (``run``), the writer, the watchdog.
+
+    State, all of it here: ``stop`` (the reader is done: the writer must not send more), ``in_source``
+    (the writer waits on the caller's async iterable), ``in_write`` (a request is being written),
+    ``writer_done`` (every request written and the call half-closed), ``progress`` (requests written
+    plus responses read, which the watchdog watches), ``timed_out`` (the watchdog gave up) and
+    ``all_acked`` (every request written and acknowledged: nothing left to wait for, not even the
+    server's end of the call, which Liftbridge sometimes sends only seconds later).
+    """
+
+    def __init__(self, stub: Stub, batch: PublishBatch, window_size: int, timeout: float) -> None:
+        self.stub = stub
+        self.batch = batch
+        self.timeout = timeout
+        self.call = stub.publish_async()
+        self.window = asyncio.Semaphore(window_size) if batch.pending is not None else None
+        self.stop = False
+        self.in_source = False
+        self.in_write = False
+        self.writer_done = False
+        self.progress = 0
+        self.timed_out = False
+        self.all_acked = False
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        batch, call, window = self.batch, self.call, self.window
+        pending, acks = batch.pending, batch.acks
+        writer = loop.create_task(self._write_all())
+        writer.add_done_callback(self._writer_ended)
+        dog = loop.create_task(self._watchdog())
+        failure: BaseException | None = None
+        try:
+            read = call.read
+            while True:
+                resp = await read()
+                if resp is EOF:
+                    break
+                self.progress += 1
+                if window is not None:
+                    window.release()
+                corr = resp.correlationId
+                if resp.HasField("asyncError"):
+                    if pending is not None:
+                        pending.pop(corr, None)
+                    raise error_from_async_error(resp.asyncError, corr, [a for a in acks if a is not None])
+                if pending is not None:
+                    entry = pending.pop(corr, None)
+                    if entry is not None:
+                        acks[entry[0]] = Ack.from_proto(resp.ack)
+                    if not pending and self.writer_done:
+                        break  # every ack is in: the server's end of the call adds nothing
+            # The server completed the call: normally after our half-close, with every ack sent.
+            self.stop = True
+            if window is not None:
+                window.release()  # wake a writer waiting for room; it sees `stop`
+            if not self.in_source:
+                await asyncio.wait([writer])
+            writer_error = _task_error(writer)
+            if writer_error is not None:
+                raise writer_error
+            if pending:
+                raise UnavailableError(f"the server ended PublishAsync with {len(pending)} messages unacknowledged")
+            if not batch.exhausted:
+                raise UnavailableError(f"the server ended PublishAsync after {batch.count} messages, before the last")
+        except RpcError as exc:
+            failure = error_from_rpc(exc, timeout_error=AckTimeoutError)
+            raise failure from exc
+        except asyncio.CancelledError:
+            if being_cancelled():
+                raise
+            writer_error = _task_error(writer)
+            if writer_error is not None:
+                failure = writer_error
+                raise writer_error from None
+            if self.timed_out or self.all_acked:
+                if self.writer_done and not pending:
+                    return  # everything sent and acknowledged; the server just did not end the call
+                failure = AckTimeoutError(
+                    f"no progress on PublishAsync to {self.stub.address} for {self.timeout:g} s "
+                    f"({len(pending) if pending is not None else 0} messages unacknowledged)"
+                )
+                raise failure from None
+            raise
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.stop = True
+            dog.cancel()
+            if not writer.done():
+                if self.in_source and isinstance(failure, (NotLeaderError, UnavailableError)) and pending is not None:
+                    # Let the caller's async iterable hand over its item (kept in pending for the retry)
+                    # rather than cancelling it half-way.
+                    if window is not None:
+                        window.release()
+                    await asyncio.wait([writer])
+                else:
+                    writer.cancel()
+                    await asyncio.wait([writer])
+            if not call.done():
+                call.cancel()
+            await asyncio.wait([dog])
+
+    async def _write_all(self) -> None:
+        """Send the requests still unacknowledged from an earlier attempt, then the rest of the input."""
+        batch, window = self.batch, self.window
+        pending = batch.pending
         try:
             if pending:
                 for _, req in sorted(pending.values(), key=lambda entry: entry[0]):
                     if window is not None:
                         await window.acquire()
-                    if stop:
+                    if self.stop:
                         return
-                    in_write = True
-                    await write(req)
-                    in_write = False
-                    progress += 1
-            sync_values = batch.sync_values
-            async_values = batch.async_values
+                    await self._write(req)
             while not batch.exhausted:
                 if window is not None:
                     await window.acquire()
-                if stop:
+                if self.stop:
                     return
-                try:
-                    if sync_values is not None:
-                        value = next(sync_values)
-                    else:
-                        assert async_values is not None
-                        in_source = True
-                        try:
-                            value = await anext(async_values)
-                        finally:
-                            in_source = False
-                except (StopIteration, StopAsyncIteration):
-                    batch.exhausted = True
+                fresh = await self._next_request()
+                if fresh is None:
                     break
-                index = batch.count
-                batch.count = index + 1
-                corr = prefix + str(index)
-                if isinstance(value, (OutgoingMessage, NewRecord)):
-                    req = make_request(value=to_bytes(value.value), correlationId=corr, **template)
-                    if value.key is not None:
-                        req.key = to_bytes(value.key)
-                    if value.headers:
-                        req.headers.clear()
-                        req.headers.update(value.headers)
-                else:
-                    if isinstance(value, str):
-                        value = value.encode()
-                    req = make_request(value=value, correlationId=corr, **template)
-                if pending is not None:
-                    acks.append(None)
-                    pending[corr] = (index, req)
-                in_write = True
-                await write(req)
-                in_write = False
-                progress += 1
-            await call.done_writing()
-            writer_done = True
+                await self._write(fresh)
+            await self.call.done_writing()
+            self.writer_done = True
+            if pending is not None and not pending and not self.stop:
+                self.all_acked = True  # the last ack came before this: wake the reader
+                self.call.cancel()
         except (RpcError, asyncio.InvalidStateError):
             return  # the call ended; the reader reports why
 
-    writer = loop.create_task(write_all())
+    async def _write(self, req: api_pb2.PublishRequest) -> None:
+        self.in_write = True
+        await self.call.write(req)
+        self.in_write = False
+        self.progress += 1
 
-    def on_writer_done(task: asyncio.Task[None]) -> None:
+    async def _next_request(self) -> api_pb2.PublishRequest | None:
+        """The next input value as a request (kept in ``pending`` when acks are wanted); None at the end."""
+        batch = self.batch
+        try:
+            if batch.sync_values is not None:
+                value = next(batch.sync_values)
+            else:
+                assert batch.async_values is not None
+                self.in_source = True
+                try:
+                    value = await anext(batch.async_values)
+                finally:
+                    self.in_source = False
+        except (StopIteration, StopAsyncIteration):
+            batch.exhausted = True
+            return None
+        index = batch.count
+        batch.count = index + 1
+        corr = batch.prefix + str(index)
+        if isinstance(value, (OutgoingMessage, NewRecord)):
+            req = api_pb2.PublishRequest(value=to_bytes(value.value), correlationId=corr, **batch.template)
+            if value.key is not None:
+                req.key = to_bytes(value.key)
+            if value.headers:
+                req.headers.clear()
+                req.headers.update(value.headers)
+        else:
+            if isinstance(value, str):
+                value = value.encode()
+            req = api_pb2.PublishRequest(value=value, correlationId=corr, **batch.template)
+        if batch.pending is not None:
+            batch.acks.append(None)
+            batch.pending[corr] = (index, req)
+        return req
+
+    def _writer_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            call.cancel()  # the caller's iterable failed: stop the reader, which re-raises it
+            self.call.cancel()  # the caller's iterable failed: stop the reader, which re-raises it
 
-    writer.add_done_callback(on_writer_done)
-
-    async def watchdog() -> None:
-        nonlocal timed_out
+    async def _watchdog(self) -> None:
+        """Cancel the call when nothing moved for the timeout while something was owed."""
+        loop = asyncio.get_running_loop()
         last = -1
         since = loop.time()
-        period = min(max(timeout / 4, 0.005), 1.0)
+        period = min(max(self.timeout / 4, 0.005), 1.0)
         while True:
             await asyncio.sleep(period)
             now = loop.time()
-            waiting = bool(pending) or writer_done or in_write
-            if progress != last or not waiting:
-                last = progress
+            waiting = bool(self.batch.pending) or self.writer_done or self.in_write
+            if self.progress != last or not waiting:
+                last = self.progress
                 since = now
-            elif now - since >= timeout:
-                timed_out = True
-                call.cancel()
+            elif now - since >= self.timeout:
+                self.timed_out = True
+                self.call.cancel()
                 return
-
-    dog = loop.create_task(watchdog())
-    failure: BaseException | None = None
-    try:
-        read = call.read
-        while True:
-            resp = await read()
-            if resp is EOF:
-                break
-            progress += 1
-            if window is not None:
-                window.release()
-            corr = resp.correlationId
-            if resp.HasField("asyncError"):
-                if pending is not None:
-                    pending.pop(corr, None)
-                raise error_from_async_error(resp.asyncError, corr, [a for a in acks if a is not None])
-            if pending is not None:
-                entry = pending.pop(corr, None)
-                if entry is not None:
-                    acks[entry[0]] = Ack.from_proto(resp.ack)
-        # The server completed the call: normally after our half-close, with every ack sent.
-        stop = True
-        if window is not None:
-            window.release()  # wake a writer waiting for room; it sees `stop`
-        if not in_source:
-            await asyncio.wait([writer])
-        writer_error = _task_error(writer)
-        if writer_error is not None:
-            raise writer_error
-        if pending:
-            raise UnavailableError(f"the server ended PublishAsync with {len(pending)} messages unacknowledged")
-        if not batch.exhausted:
-            raise UnavailableError(f"the server ended PublishAsync after {batch.count} messages, before the last")
-    except RpcError as exc:
-        failure = error_from_rpc(exc, timeout_error=AckTimeoutError)
-        raise failure from exc
-    except asyncio.CancelledError:
-        if being_cancelled():
-            raise
-        writer_error = _task_error(writer)
-        if writer_error is not None:
-            failure = writer_error
-            raise writer_error from None
-        if timed_out:
-            if writer_done and not pending:
-                return  # everything sent and acknowledged; the server just did not end the call
-            failure = AckTimeoutError(
-                f"no progress on PublishAsync to {stub.address} for {timeout:g} s "
-                f"({len(pending) if pending is not None else 0} messages unacknowledged)"
-            )
-            raise failure from None
-        raise
-    except BaseException as exc:
-        failure = exc
-        raise
-    finally:
-        stop = True
-        dog.cancel()
-        if not writer.done():
-            if in_source and isinstance(failure, (NotLeaderError, UnavailableError)) and pending is not None:
-                # Let the caller's async iterable hand over its item (kept in pending for the retry)
-                # rather than cancelling it half-way.
-                if window is not None:
-                    window.release()
-                await asyncio.wait([writer])
-            else:
-                writer.cancel()
-                await asyncio.wait([writer])
-        if not call.done():
-            call.cancel()
-        await asyncio.wait([dog])
