@@ -38,6 +38,7 @@ from .client_connection import (
     WindowOpened,
     client_limits,
 )
+from .shell import CoreProtocol
 from .status import Metadata, RpcError, StatusCode
 from .wire import ErrorCode
 
@@ -200,17 +201,14 @@ class StreamCall:
 _CODES: Final = frozenset(int(c) for c in StatusCode)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(CoreProtocol):
+    core: ClientConnection
+
     def __init__(self, channel: Channel) -> None:
+        super().__init__(ClientConnection(channel.authority, limits=channel.limits, tls=channel.ssl is not None))
         self.channel = channel
-        self.core = ClientConnection(channel.authority, limits=channel.limits, tls=channel.ssl is not None)
         self.calls: dict[int, StreamCall] = {}
-        self.transport: asyncio.Transport | None = None
-        self.paused = False
         self.lost = False
-        self._loop = asyncio.get_running_loop()
-        self._flush_scheduled = False
-        self._writers: list[asyncio.Future[None]] = []
         self._room: list[asyncio.Future[None]] = []  # calls waiting for the server's stream limit
         self.failure: RpcError | None = None  # why the connection broke, when it did
 
@@ -220,28 +218,16 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop: not an asyncio.Transport subclass
-        self.flush()
-
     def data_received(self, data: bytes) -> None:
         events = self.core.receive(data, self._loop.time())
         if events:
             self._handle(events)
         self.flush()
         if self.core.closed:
-            self._close_transport()
+            self.close_transport()
 
     def eof_received(self) -> bool | None:
         return None
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        self.flush()
-        self._wake(self._writers)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -253,7 +239,7 @@ class _Connection(asyncio.Protocol):
         for call in list(self.calls.values()):
             call.finish(StatusCode.UNAVAILABLE, why)
         self.calls.clear()
-        self._wake(self._writers)
+        self.wake_writers()
         self._wake(self._room)
         self.channel.connection_lost(self)
 
@@ -297,7 +283,7 @@ class _Connection(asyncio.Protocol):
                     call.finish(StatusCode.UNAVAILABLE, f"the server is going away ({event.reason or 'GOAWAY'})")
             if not self.calls:
                 self.flush()
-                self._close_transport()
+                self.close_transport()
         else:
             if self.core.handshake_done:
                 code, why = StatusCode.INTERNAL, f"the connection to {self.channel.target} broke: {event.reason}"
@@ -336,36 +322,7 @@ class _Connection(asyncio.Protocol):
             self._wake(self._room)
         if not self.calls and not self.core.accepting:
             self.flush()
-            self._close_transport()
-
-    def consumed(self, stream_id: int, size: int) -> None:
-        self.core.consumed(stream_id, size)
-        self.want_flush()
-
-    # -- output ---------------------------------------------------------------------------
-
-    def want_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._flush_scheduled = False
-        transport = self.transport
-        if transport is None:
-            return
-        data = self.core.data_to_send()
-        if data:
-            transport.write(data)
-        if self._writers and not self.paused:
-            self._wake(self._writers)
-
-    async def writable(self) -> None:
-        if self.transport is None:
-            return
-        waiter = self._loop.create_future()
-        self._writers.append(waiter)
-        await waiter
+            self.close_transport()
 
     @staticmethod
     def _wake(waiters: list[asyncio.Future[None]]) -> None:
@@ -380,11 +337,7 @@ class _Connection(asyncio.Protocol):
             call.cancel()
         self.core.close()
         self.flush()
-        self._close_transport()
-
-    def _close_transport(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        self.close_transport()
 
 
 class Channel:

@@ -46,6 +46,7 @@ from .server_connection import (
     StreamReset,
     WindowOpened,
 )
+from .shell import CoreProtocol
 from .status import Metadata, RpcError, StatusCode
 from .wire import ErrorCode
 
@@ -339,17 +340,14 @@ class _Server(Protocol):
     def connection_closed(self, conn: _Connection) -> None: ...
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(CoreProtocol):
+    core: ServerConnection
+
     def __init__(self, server: _Server) -> None:
+        super().__init__(ServerConnection(server.options.limits))
         self.server = server
-        self.core = ServerConnection(server.options.limits)
         self.calls: dict[int, _Call] = {}
-        self.transport: asyncio.Transport | None = None
         self.peer = "unknown"
-        self.paused = False
-        self._waiters: list[asyncio.Future[None]] = []
-        self._flush_scheduled = False
-        self._loop = asyncio.get_running_loop()
         self.last_read = self._loop.time()
         self.last_active = self.last_read
         self.ping_sent: float | None = None
@@ -359,12 +357,11 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop: not an asyncio.Transport subclass
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             host, port = peer[0], peer[1]
             self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
-        self.flush()
+        super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         now = self._loop.time()
@@ -374,22 +371,20 @@ class _Connection(asyncio.Protocol):
             self._handle(events)
         self.flush()
         if self.core.closed:
-            self._close_transport()
+            self.close_transport()
 
     def eof_received(self) -> bool | None:
         return None  # close
 
     def pause_writing(self) -> None:
-        self.paused = True
+        super().pause_writing()
         if self.transport is not None:
             self.transport.pause_reading()  # a client that does not read is not read from
 
     def resume_writing(self) -> None:
-        self.paused = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
-        self.flush()
-        self._wake_writers()
+        super().resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -397,7 +392,7 @@ class _Connection(asyncio.Protocol):
         for call in list(self.calls.values()):
             call.abandon()
         self.calls.clear()
-        self._wake_writers()
+        self.wake_writers()
         if not self.done.done():
             self.done.set_result(None)
         self.server.connection_closed(self)
@@ -459,43 +454,17 @@ class _Connection(asyncio.Protocol):
         if self.closing:
             self._close_if_idle()
 
-    def consumed(self, stream_id: int, size: int) -> None:
-        self.core.consumed(stream_id, size)
-        self.want_flush()
-
     # -- output ------------------------------------------------------------------------
 
-    def want_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._flush_scheduled = False
-        transport = self.transport
-        if transport is None:
-            return
-        data = self.core.data_to_send()
-        if data:
-            transport.write(data)
+    def flushed(self) -> None:
         if self.closing and not self.calls and self.core.open_streams == 0:
             # A call's trailers leave the core only here: finish() came too early to close.
-            self._close_transport()
-        if self._waiters and not self.paused:
-            self._wake_writers()
+            self.close_transport()
 
     async def writable(self) -> None:
         if self.transport is None:
             raise _CallGone
-        waiter = self._loop.create_future()
-        self._waiters.append(waiter)
-        await waiter
-
-    def _wake_writers(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        await super().writable()
 
     # -- ending ------------------------------------------------------------------------
 
@@ -509,11 +478,7 @@ class _Connection(asyncio.Protocol):
     def _close_if_idle(self) -> None:
         if not self.calls and self.core.open_streams == 0:
             self.flush()
-            self._close_transport()
-
-    def _close_transport(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+            self.close_transport()
 
     def abort(self) -> None:
         """Stop now: end the calls still running with UNAVAILABLE, then close."""
@@ -522,7 +487,7 @@ class _Connection(asyncio.Protocol):
             call.abandon()
         self.calls.clear()
         self.flush()
-        self._close_transport()
+        self.close_transport()
 
     def tick(self, now: float) -> None:
         """Keepalive and idle policing, once a second."""
@@ -532,7 +497,7 @@ class _Connection(asyncio.Protocol):
                 log.info("closing connection from %s: keepalive ping not answered", self.peer)
                 self.core.close(ErrorCode.NO_ERROR, "keepalive timeout")
                 self.flush()
-                self._close_transport()
+                self.close_transport()
             return
         if options.keepalive_time and now - self.last_read > options.keepalive_time:
             self.ping_sent = now
