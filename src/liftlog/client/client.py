@@ -188,11 +188,6 @@ class Client(Routing):
             with contextlib.suppress(nats.errors.Error, OSError):
                 await nc.close()
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
     # ------------------------------------------------------------------ stream administration
 
     async def create_stream(
@@ -316,7 +311,7 @@ class Client(Routing):
         :class:`IncorrectOffsetError`, :class:`ReadonlyError`). Retried on
         :class:`NotLeaderError` and :class:`UnavailableError` (at least once).
         """
-        self._check_open()
+        self.check_open()
         req = api_pb2.PublishRequest(
             stream=stream,
             expectedOffset=-1 if expected_offset is None else expected_offset,
@@ -331,7 +326,7 @@ class Client(Routing):
             resp: api_pb2.PublishResponse = await stub.publish(req, timeout=deadline)
             return resp
 
-        resp = await self._call_leader(stream, partition, call, timeout_error=AckTimeoutError)
+        resp = await self.call_leader(stream, partition, call, timeout_error=AckTimeoutError)
         return _ack_of(resp, ack_policy)
 
     async def publish_to_subject(
@@ -352,7 +347,7 @@ class Client(Routing):
         returned (None with ``AckPolicy.NONE`` or when no stream acked). Raises
         :class:`AckTimeoutError` when no ack comes within `timeout`.
         """
-        self._check_open()
+        self.check_open()
         req = api_pb2.PublishToSubjectRequest(
             subject=subject, **_message_fields(value, key, headers, ack_policy, ack_inbox, correlation_id)
         )
@@ -405,7 +400,7 @@ class Client(Routing):
         stored messages and their acks carry no correlation id, and a chunk's
         refusal refuses all of it. Liftbridge servers get ``PublishAsync``.
         """
-        self._check_open()
+        self.check_open()
         if window < 1:
             raise InvalidArgumentError(f"window must be at least 1, got {window}")
         want_acks = ack_policy != AckPolicy.NONE
@@ -438,7 +433,7 @@ class Client(Routing):
         async def attempt(stub: Stub) -> None:
             await publish_async_attempt(stub, batch, window, deadline)
 
-        await self._call_leader(stream, partition, attempt, timeout_error=AckTimeoutError, retryable=retryable)
+        await self.call_leader(stream, partition, attempt, timeout_error=AckTimeoutError, retryable=retryable)
         if not want_acks:
             return []
         acks = [a for a in batch.acks if a is not None]
@@ -477,7 +472,7 @@ class Client(Routing):
         can vanish in a leader change, and its offset then holds another one.
         Use it only where lower latency matters more than that.
         """
-        self._check_open()
+        self.check_open()
         req = api_pb2.SubscribeRequest(
             stream=stream,
             partition=partition,
@@ -520,7 +515,7 @@ class Client(Routing):
         the log's end, :class:`CorruptDataError` for batches that fail their
         check, and :class:`UnimplementedError` against a Liftbridge server.
         """
-        self._check_open()
+        self.check_open()
         if offset < 0 or (end_offset is not None and end_offset < 0) or max_bytes < 0 or max_wait < 0:
             raise InvalidArgumentError("offset, end_offset, max_bytes and max_wait must not be negative")
         req = batches_pb2.FetchRequest(
@@ -541,7 +536,7 @@ class Client(Routing):
             resp: batches_pb2.FetchResponse = await stub.fetch_batches(req, timeout=deadline)
             return resp
 
-        resp = await self._call_leader(stream, partition, call, isr=read_isr_replica)
+        resp = await self.call_leader(stream, partition, call, isr=read_isr_replica)
         limit = resp.nextOffset if end_offset is None else min(end_offset, resp.nextOffset)
         cols, _ = decode_batches(
             resp.batches, offset, limit, resp.subject, out=Columns(stream, partition), headers=headers, fields=fields
@@ -598,12 +593,12 @@ class Client(Routing):
 
         Refreshes the client's cache of partition leaders as a side effect.
         """
-        self._check_open()
+        self.check_open()
         return await self._fetch_metadata(*streams)
 
     async def fetch_partition_metadata(self, stream: str, partition: int = 0) -> PartitionInfo:
         """Up-to-date metadata of one partition (high watermark, newest offset), asked of its leader."""
-        self._check_open()
+        self.check_open()
         req = api_pb2.FetchPartitionMetadataRequest(stream=stream, partition=partition)
         deadline = self.timeout
 
@@ -611,7 +606,7 @@ class Client(Routing):
             resp: api_pb2.FetchPartitionMetadataResponse = await stub.fetch_partition_metadata(req, timeout=deadline)
             return resp
 
-        resp = await self._call_leader(stream, partition, call)
+        resp = await self.call_leader(stream, partition, call)
         return PartitionInfo.from_proto(resp.metadata)
 
     async def cluster_status(self) -> ClusterStatus:
@@ -625,7 +620,7 @@ class Client(Routing):
         serve), and :class:`UnimplementedError` when the server has no
         ``liftlog.Cluster`` service, as a Liftbridge server does not.
         """
-        self._check_open()
+        self.check_open()
         try:
             resp: cluster_pb2.ClusterStatusResponse = await self._call_any(
                 "cluster_status", cluster_pb2.ClusterStatusRequest()
@@ -680,7 +675,7 @@ class Client(Routing):
         otherwise). Raises :class:`ConfigurationError` when the client has no
         NATS servers.
         """
-        self._check_open()
+        self.check_open()
         nc = await self._nats()
         if not envelope and (key is not None or headers or ack_policy != AckPolicy.NONE):
             raise InvalidArgumentError("key, headers and acks need an envelope (envelope=True)")

@@ -129,7 +129,7 @@ async def _send(
         resp: batches_pb2.PublishResponse = await stub.publish_batch(req, timeout=timeout)
         return resp
 
-    resp = await client._call_leader(
+    resp = await client.call_leader(
         stream, partition, call, timeout_error=AckTimeoutError, retryable=None if retry else (lambda: False)
     )
     if ack_policy == AckPolicy.NONE or not return_acks:

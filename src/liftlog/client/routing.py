@@ -5,13 +5,15 @@ holds its connection settings and state: one :class:`~liftlog.client.stubs.Stub`
 per server address, the broker addresses and stream metadata learned from
 ``FetchMetadata``, and the two retry loops every RPC goes through.
 :meth:`Routing._call_any` sends a request to any server, failing over to the
-next address when one is unavailable; :meth:`Routing._call_leader` sends a
+next address when one is unavailable; :meth:`Routing.call_leader` sends a
 partition request to the partition's leader, refreshing the metadata and
 backing off (exponentially, with jitter) on :class:`NotLeaderError` and
 :class:`UnavailableError`.
 
 Like the client it is part of, it may be shared by the tasks of one event
-loop: concurrent metadata refreshes of a stream share one request.
+loop: concurrent metadata refreshes of a stream share one request. Its
+public methods (``call_leader``, ``check_open``, ``closed``) are what the
+client's other modules (subscriptions, batched publishing) build on.
 """
 
 from __future__ import annotations
@@ -89,7 +91,13 @@ class Routing:
         self._preferred: str | None = None  # the last address that answered a non-partition RPC
         self._closed = False
 
-    def _check_open(self) -> None:
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran; every call then raises :class:`ClientClosedError`."""
+        return self._closed
+
+    def check_open(self) -> None:
+        """Raise :class:`ClientClosedError` once the client is closed."""
         if self._closed:
             raise ClientClosedError("the client is closed")
 
@@ -104,7 +112,7 @@ class Routing:
     def _stub(self, address: str) -> Stub:
         stub = self._stubs.get(address)
         if stub is None:
-            self._check_open()
+            self.check_open()
             stub = open_stub(address)
             self._stubs[address] = stub
         return stub
@@ -136,7 +144,7 @@ class Routing:
         timeout_error: type[DeadlineExceededError] = DeadlineExceededError,
     ) -> Any:
         """Call `method` on any server: the next address on UNAVAILABLE, `retries` more rounds with backoff."""
-        self._check_open()
+        self.check_open()
         deadline = self.timeout if timeout is None else timeout
         attempt = 0
         while True:
@@ -158,7 +166,7 @@ class Routing:
             await self._sleep_backoff(attempt)
             attempt += 1
 
-    async def _call_leader(
+    async def call_leader(
         self,
         stream: str,
         partition: int,

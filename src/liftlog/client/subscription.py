@@ -124,7 +124,7 @@ class Subscription:
         """
         client = self._client
         request = self._request
-        client._check_open()
+        client.check_open()
 
         async def open_call(stub: Stub) -> Any:
             call = stub.subscribe(request, metadata=self._metadata)
@@ -142,7 +142,7 @@ class Subscription:
                 raise
             return None if first is EOF else call
 
-        return await client._call_leader(request.stream, request.partition, open_call, isr=request.readISRReplica)
+        return await client.call_leader(request.stream, request.partition, open_call, isr=request.readISRReplica)
 
     def __aiter__(self) -> Subscription:
         return self
@@ -166,7 +166,7 @@ class Subscription:
                 raise StopAsyncIteration from None
             raise err from exc
         except asyncio.CancelledError:
-            if (self._closed or self._client._closed) and not being_cancelled():
+            if (self._closed or self._client.closed) and not being_cancelled():
                 self._done = True
                 self._call = None
                 raise StopAsyncIteration from None
