@@ -2,7 +2,7 @@
 
 A driver owns the clock, the network and the disk::
 
-    storage = DiskStorage(directory)                      # or MemoryStorage() in tests
+    storage = DiskStorage.open(directory)                 # or MemoryStorage() in tests: both a RaftStorage
     node = RaftNode("n1", RaftConfig(peers=("n1", "n2", "n3")), state=storage.state(), rng=random.Random(seed))
     every tick:           node.tick()
     on a message:         node.step(msg)
@@ -20,7 +20,10 @@ majority math), ``progress`` (leader's per-follower state), ``node`` (the state 
 ``errors``; ``memory`` (``MemoryStorage``, how a Ready is persisted, kept in memory).
 ``codec``: the binary encoding of messages, entries, hard state and snapshots (wire and disk).
 ``disk``: ``DiskStorage``, MemoryStorage made durable (WAL, snapshots, hard state; crash recovery).
+``storage``: ``RaftStorage``, the contract both keep (mypy checks that they do).
 """
+
+from typing import TYPE_CHECKING
 
 from .codec import (
     CodecError,
@@ -37,6 +40,7 @@ from .disk import DiskStorage, RaftStorageError
 from .errors import NotLeader, ProposalDropped, RaftError
 from .memory import MemoryStorage
 from .node import RaftConfig, RaftNode
+from .storage import RaftStorage
 from .types import (
     ConfChange,
     ConfChangeOp,
@@ -69,6 +73,7 @@ __all__ = [
     "RaftConfig",
     "RaftError",
     "RaftNode",
+    "RaftStorage",
     "RaftStorageError",
     "ReadState",
     "Ready",
@@ -83,3 +88,9 @@ __all__ = [
     "encode_message",
     "encode_snapshot",
 ]
+
+
+if TYPE_CHECKING:
+
+    def _both_keep_the_contract(memory: MemoryStorage, disk: DiskStorage) -> tuple[RaftStorage, RaftStorage]:
+        return memory, disk

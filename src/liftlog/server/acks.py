@@ -18,11 +18,11 @@ import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from liftlog.api import api_pb2
 from liftlog.api.envelope import EnvelopeError, decode_ack, encode_ack
 
+from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 
 __all__ = ["AckRouter"]
@@ -45,9 +45,9 @@ class AckRouter:
         self._wake = asyncio.Event()
         self._publish: Publish | None = None
         self._sender: asyncio.Task[None] | None = None
-        self._sub: Any = None
+        self._sub: NatsSubscription | None = None
 
-    async def start(self, nats: Any) -> None:
+    async def start(self, nats: NatsClient) -> None:
         """Publish outgoing acks through ``nats`` and listen on this server's inbox."""
         self._publish = nats.publish
         self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name="ack sender")
@@ -104,7 +104,7 @@ class AckRouter:
             if len(self._outbox) == 1:
                 self._wake.set()
 
-    async def _on_nats_ack(self, msg: Any) -> None:
+    async def _on_nats_ack(self, msg: NatsMessage) -> None:
         try:
             ack = decode_ack(msg.data)
         except EnvelopeError as exc:

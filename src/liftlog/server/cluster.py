@@ -91,6 +91,7 @@ from liftlog.raft import NotLeader, ProposalDropped, Role
 
 from .failover import Failover
 from .metadata_raft import MetadataRaft, RaftSettings
+from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 from .streams import StreamManager
 
@@ -215,7 +216,7 @@ def _error_of(refusal: Refusal) -> MetadataError:
     return MetadataError(refusal.message or "metadata change failed")
 
 
-def _decoded(msg: Any, what: str, decode: Callable[[bytes], T]) -> T | None:
+def _decoded(msg: NatsMessage, what: str, decode: Callable[[bytes], T]) -> T | None:
     """The message a request carries; None (and a rate-limited warning) for a malformed one."""
     try:
         return decode(msg.data)
@@ -267,9 +268,9 @@ class MetadataService:
             bootstrap_peers=bootstrap_peers,
             on_failure=on_failure,
         )
-        self._nats: Any = None
-        self._subs: list[Any] = []
-        self._join_sub: Any = None
+        self._nats: NatsClient
+        self._subs: list[NatsSubscription] = []
+        self._join_sub: NatsSubscription | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._leader_task: asyncio.Task[None] | None = None
         self._leader_changed = asyncio.Event()
@@ -277,7 +278,7 @@ class MetadataService:
 
     # -- lifecycle -------------------------------------------------------
 
-    async def start(self, nats: Any) -> None:
+    async def start(self, nats: NatsClient) -> None:
         self._nats = nats
         for subject, handler in (
             (f"{self._prefix}{self.server_id}.propose", self._on_propose),
@@ -462,11 +463,11 @@ class MetadataService:
             raise _NotLeaderReply()
         raise _error_of(answer)
 
-    async def _on_propose(self, msg: Any) -> None:
+    async def _on_propose(self, msg: NatsMessage) -> None:
         # One task per request: a subscription's callbacks run one at a time.
         self._spawn(self._answer_propose(msg))
 
-    async def _answer_propose(self, msg: Any) -> None:
+    async def _answer_propose(self, msg: NatsMessage) -> None:
         decoded = _decoded(msg, "metadata change", decode_request)
         if decoded is None:
             return
@@ -562,7 +563,7 @@ class MetadataService:
         node = self.raft.node
         return node.applied_index if node is not None else 0
 
-    async def _on_leo(self, msg: Any) -> None:
+    async def _on_leo(self, msg: NatsMessage) -> None:
         """The controller asks how far this replica's log goes (to pick the least lagging candidate)."""
         query = _decoded(msg, "log end query", decode_log_end_query)
         if query is None:
@@ -596,10 +597,10 @@ class MetadataService:
 
         await asyncio.gather(*(one(s) for s in sorted(servers)))
 
-    async def _on_applied(self, msg: Any) -> None:
+    async def _on_applied(self, msg: NatsMessage) -> None:
         self._spawn(self._answer_applied(msg))
 
-    async def _answer_applied(self, msg: Any) -> None:
+    async def _answer_applied(self, msg: NatsMessage) -> None:
         query = _decoded(msg, "applied query", lambda data: decode_applied_query(data, APPLY_WAIT_S - 0.5))
         if query is None:
             return
@@ -635,10 +636,10 @@ class MetadataService:
                     await self._join_sub.unsubscribe()
                 self._join_sub = None
 
-    async def _on_join(self, msg: Any) -> None:
+    async def _on_join(self, msg: NatsMessage) -> None:
         self._spawn(self._answer_join(msg))
 
-    async def _answer_join(self, msg: Any) -> None:
+    async def _answer_join(self, msg: NatsMessage) -> None:
         join = _decoded(msg, "join request", decode_join)
         if join is None:
             return
@@ -658,7 +659,7 @@ class MetadataService:
     def _on_heartbeat_from(self, server_id: str) -> None:
         self._liveness.heard(server_id, self._clock())
 
-    async def _on_heartbeat(self, msg: Any) -> None:
+    async def _on_heartbeat(self, msg: NatsMessage) -> None:
         if self.raft.is_leader:
             beat = _decoded(msg, "heartbeat", decode_heartbeat)
             if beat is not None:

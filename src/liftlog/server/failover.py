@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from liftlog.metadata import (
     ChangeLeader,
@@ -43,6 +42,8 @@ from liftlog.metadata.protocol import (
     encode_log_end_query,
 )
 
+from .nats_types import NatsClient
+
 __all__ = ["Failover"]
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class Failover:
         *,
         metadata: Callable[[], Metadata],
         propose: Propose,
-        nats: Any,
+        nats: NatsClient,
         prefix: str,
         clock: Callable[[], int],
         confirm_timeout_ns: int = 5_000_000_000,

@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from liftlog.raft import (
     ConfChange,
@@ -41,6 +41,7 @@ from liftlog.raft import (
 from liftlog.raft.codec import CodecError, decode_message, encode_message
 from liftlog.raft.disk import DiskStorage
 
+from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 
 __all__ = ["MetadataRaft", "RaftSettings", "StateMachine"]
@@ -99,13 +100,13 @@ class MetadataRaft:
         self._sm = state_machine
         self._peers = bootstrap_peers
         self._rng = rng or random.Random()
-        self._nats: Any = None
+        self._nats: NatsClient
         self._storage: DiskStorage | None = None
         self.node: RaftNode | None = None
         self._inbox: asyncio.Queue[Callable[[RaftNode], None]] = asyncio.Queue()
         self._pending: dict[int, _Pending] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._sub: Any = None
+        self._sub: NatsSubscription | None = None
         self._role: tuple[Role, str | None, int] | None = None
         self._snapshot_index = 0
         self.failed: BaseException | None = None
@@ -115,7 +116,7 @@ class MetadataRaft:
 
     # -- lifecycle -------------------------------------------------------
 
-    async def start(self, nats: Any) -> None:
+    async def start(self, nats: NatsClient) -> None:
         self._nats = nats
         self._storage = await asyncio.to_thread(
             DiskStorage.open, self._dir, fsync=self._settings.fsync, retain_snapshots=self._settings.snapshot_retain
@@ -241,7 +242,7 @@ class MetadataRaft:
             await asyncio.sleep(self._settings.tick_seconds)
             self._inbox.put_nowait(RaftNode.tick)
 
-    async def _on_message(self, msg: Any) -> None:
+    async def _on_message(self, msg: NatsMessage) -> None:
         try:
             message = decode_message(msg.data)
         except CodecError as exc:

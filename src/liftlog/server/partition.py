@@ -25,7 +25,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 from liftlog.api import api_pb2
 from liftlog.metadata import EventTimestamps, PartitionMeta
@@ -45,6 +44,7 @@ from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .messages import Incoming, incoming_from_nats, record_size
+from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 
 __all__ = ["AckSink", "Partition", "PartitionClosed", "PartitionOptions"]
@@ -70,10 +70,6 @@ class PartitionClosed(Exception):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
-
-
-class NatsSubscriber(Protocol):
-    async def subscribe(self, subject: str, queue: str = ..., cb: Any = ...) -> Any: ...
 
 
 class PartitionOptions:
@@ -144,7 +140,7 @@ class Partition:
         self.subscribers = 0
         #: ns of the last retention/compaction pass.
         self.last_cleaned = clock()
-        self._sub: Any = None
+        self._sub: NatsSubscription | None = None
         self._pending: list[Incoming] = []
         #: Why this replica refuses writes (its log failed to open, or fenced itself after a write it could
         #: not undo); None when healthy.
@@ -194,7 +190,7 @@ class Partition:
         self._closed_reason = None
         self.last_activity = self._clock()
 
-    async def start_intake(self, nats: NatsSubscriber) -> None:
+    async def start_intake(self, nats: NatsClient) -> None:
         """Subscribe to the partition's subject and start writing what arrives."""
         if self._sub is None:
             self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
@@ -227,7 +223,7 @@ class Partition:
 
     # -- intake ----------------------------------------------------------
 
-    async def _on_nats_message(self, msg: Any) -> None:
+    async def _on_nats_message(self, msg: NatsMessage) -> None:
         # nats-py calls this once per message, from one task that drains the subscription's
         # queue without yielding; writing when the queue is empty makes every burst one batch.
         self._pending.append(incoming_from_nats(msg.subject, msg.reply, msg.data, self.subject))

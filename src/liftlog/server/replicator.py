@@ -65,6 +65,7 @@ from liftlog.replication.protocol import (
 )
 from liftlog.storage import StorageError
 
+from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .partition import Partition
 from .ratelimit import LogLimiter
 
@@ -147,11 +148,11 @@ class Replicator:
         self._propose_isr = propose_isr
         self._report_leader = report_leader
         self._clock = clock
-        self._nats: Any = None
+        self._nats: NatsClient
         #: Led partitions: the partition, its request subscriptions and the leader epoch they serve.
-        self._served: dict[tuple[str, int], tuple[Partition, list[Any], int]] = {}
+        self._served: dict[tuple[str, int], tuple[Partition, list[NatsSubscription], int]] = {}
         self._loops: dict[str, _Loop] = {}
-        self._notify_sub: Any = None
+        self._notify_sub: NatsSubscription | None = None
         self._outbox: dict[str, set[tuple[str, int]]] = {}
         self._flush_scheduled = False
         #: Fetches of caught-up followers held until there is data, by partition and follower.
@@ -159,7 +160,7 @@ class Replicator:
         self._wake_parked: list[tuple[Partition, str]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def start(self, nats: Any) -> None:
+    async def start(self, nats: NatsClient) -> None:
         self._nats = nats
         self._notify_sub = await nats.subscribe(notify_subject(self._ns, self.server_id), cb=self._on_notify)
 
@@ -231,7 +232,7 @@ class Replicator:
         for part, _, _ in list(self._served.values()):
             part.leader_tick(now)
 
-    async def _serve_fetch(self, part: Partition, msg: Any) -> None:
+    async def _serve_fetch(self, part: Partition, msg: NatsMessage) -> None:
         try:
             req = decode_fetch_request(msg.data)
         except ProtocolError as exc:
@@ -247,7 +248,7 @@ class Replicator:
         with contextlib.suppress(Exception):
             await msg.respond(reply)
 
-    def _park(self, part: Partition, req: FetchRequest, msg: Any, wait: float) -> None:
+    def _park(self, part: Partition, req: FetchRequest, msg: NatsMessage, wait: float) -> None:
         held = self._parked.setdefault((part.stream, part.id), {})
         earlier = held.pop(req.replica_id, None)
         if earlier is not None:  # its follower gave up on it (a timeout) and asked again
@@ -255,7 +256,7 @@ class Replicator:
         timer = asyncio.get_running_loop().call_later(wait, self._answer_parked, part, req.replica_id, msg)
         held[req.replica_id] = _Parked(req, msg, timer)
 
-    def _answer_parked(self, part: Partition, replica: str, msg: Any = None) -> None:
+    def _answer_parked(self, part: Partition, replica: str, msg: NatsMessage | None = None) -> None:
         """Answer ``replica``'s held fetch of ``part`` now (``msg``: only if it is still that one)."""
         key = (part.stream, part.id)
         held = self._parked.get(key, {})
@@ -302,7 +303,7 @@ class Replicator:
             ), False
         return encode_fetch_response(answer.leader_epoch, answer.hw, data), answer.empty
 
-    async def _serve_epoch(self, part: Partition, msg: Any) -> None:
+    async def _serve_epoch(self, part: Partition, msg: NatsMessage) -> None:
         try:
             req = decode_epoch_offset_request(msg.data)
         except ProtocolError as exc:
@@ -380,7 +381,7 @@ class Replicator:
             loop.members.pop(key, None)
         part.follower = None
 
-    async def _on_notify(self, msg: Any) -> None:
+    async def _on_notify(self, msg: NatsMessage) -> None:
         try:
             pairs = decode_notification(msg.data)
         except ProtocolError as exc:
@@ -565,7 +566,7 @@ class Replicator:
 @dataclass(slots=True)
 class _Parked:
     req: FetchRequest
-    msg: Any
+    msg: NatsMessage
     timer: asyncio.TimerHandle
 
 

@@ -44,6 +44,7 @@ from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .group_commit import GroupCommitter
+from .nats_types import NatsClient
 from .partition import AckSink, Partition, PartitionOptions
 from .ratelimit import LogLimiter
 from .replicator import Replicator
@@ -105,7 +106,7 @@ class StreamManager:
         self._batch_max = batch_max
         self._ack_sink = ack_sink
         self._clock = clock
-        self._nats: Any = None
+        self._nats: NatsClient
         #: The committed metadata; the metadata service replaces it when it restores a snapshot.
         self.metadata = Metadata()
         self.partitions: dict[tuple[str, int], Partition] = {}
@@ -133,7 +134,7 @@ class StreamManager:
 
     # -- lifecycle -------------------------------------------------------
 
-    async def start(self, nats: Any) -> None:
+    async def start(self, nats: NatsClient) -> None:
         self._nats = nats
         self._dir.mkdir(parents=True, exist_ok=True)
         self._task = asyncio.get_running_loop().create_task(self._reconcile_loop(), name="reconcile-partitions")
