@@ -110,6 +110,7 @@ class Server:
             await self._start_nats()
             self._acks = AckRouter(self.server_id)
             await self._acks.start(self._nc)
+            self.replicator = self._make_replicator()
             self.streams = StreamManager(
                 server_id=self.server_id,
                 data_dir=self.config.data_dir,
@@ -120,10 +121,15 @@ class Server:
                 clock=self._clock,
                 file_io=self._file_io,
                 segment_files=int(self.config.values["streams.segment.files.max"]),
+                replicator=self.replicator,
+                min_isr_default=self.config.clustering.min_insync_replicas,
+                request_pause=self._request_pause,
+                resign=self._resign,
+                confirm_candidate=self._confirm_candidate,
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
-            await self.streams.start(self._nc)
-            await self._start_replicator()
+            await self.streams.start(self._nc)  # hosts nothing until the metadata service starts, below
+            await self.replicator.start(self._nc)
             self._create_metadata()
             self._bind_grpc()  # the port the metadata advertises
             await self._start_metadata()
@@ -243,10 +249,9 @@ class Server:
             return (self.server_id,)
         return ()
 
-    async def _start_replicator(self) -> None:
-        assert self.streams is not None
+    def _make_replicator(self) -> Replicator:
         c = self.config.clustering
-        self.replicator = Replicator(
+        return Replicator(
             server_id=self.server_id,
             namespace=c.namespace,
             settings=ReplicatorSettings(
@@ -262,10 +267,11 @@ class Server:
             report_leader=self._report_leader,
             clock=self._clock,
         )
-        await self.replicator.start(self._nc)
-        self.streams.replicator = self.replicator
-        self.streams.min_isr_default = c.min_insync_replicas
-        self.streams.confirm_candidate = self._confirm_candidate
+
+    async def _request_pause(self, name: str, partitions: tuple[int, ...]) -> None:
+        """Auto-pause: have the controller pause these partitions (once the metadata service runs)."""
+        if self.cluster is not None:
+            await self.cluster.pause(name, partitions)
 
     async def _propose_isr(self, part: Partition, isr: tuple[str, ...], reason: str) -> None:
         meta, core = part.meta, part.leader
@@ -335,8 +341,6 @@ class Server:
             rebalance_delay=c.leader_rebalance_delay / 1000,
             limits=self.config.stream_limits(),
         )
-        self.streams.request_pause = self.cluster.pause
-        self.streams.resign = self._resign
 
     async def _start_metadata(self) -> None:
         assert self.cluster is not None

@@ -90,6 +90,11 @@ class StreamManager:
         clock: Callable[[], int] = time.time_ns,
         file_io: FileIO = DEFAULT_FILE_IO,
         segment_files: int = 0,
+        replicator: Replicator | None = None,
+        min_isr_default: int = 1,
+        request_pause: PauseRequest | None = None,
+        resign: Callable[[Partition, str], Awaitable[None]] | None = None,
+        confirm_candidate: Callable[[Partition], Awaitable[None]] | None = None,
     ) -> None:
         self.server_id = server_id
         self._file_io = file_io
@@ -113,18 +118,19 @@ class StreamManager:
         self._hosted: dict[tuple[str, int], _Hosted] = {}
         self.reconciled_index = 0
         #: clustering.min.insync.replicas, for streams without their own minIsr.
-        self.min_isr_default = 1
+        self.min_isr_default = min_isr_default
         self._target_index = 0
         self._dirty = asyncio.Event()
         self._reconciled = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        self.request_pause: PauseRequest | None = None
+        #: Asks the controller to pause partitions (auto-pause); None: nothing pauses them.
+        self._request_pause = request_pause
         #: Replication of partitions with several replicas; None runs every partition unreplicated.
-        self.replicator: Replicator | None = None
+        self.replicator = replicator
         #: Asks the controller to move leadership away from a replica whose log fenced itself.
-        self.resign: Callable[[Partition, str], Awaitable[None]] | None = None
+        self._resign = resign
         #: Tells the controller this replica is ready to lead (an election picked it).
-        self.confirm_candidate: Callable[[Partition], Awaitable[None]] | None = None
+        self._confirm_candidate = confirm_candidate
         #: False until this server has caught up with the cluster's metadata: a restarted server must not
         #: lead (take publishes, ack them) by metadata it replayed from its own log, which may be stale.
         self.may_lead = True
@@ -373,8 +379,8 @@ class StreamManager:
             hosted.confirmed_at = meta.epoch
             if replicator is not None:
                 replicator.unfollow(part)
-            if self.confirm_candidate is not None:
-                task: asyncio.Future[None] = asyncio.ensure_future(self.confirm_candidate(part))
+            if self._confirm_candidate is not None:
+                task: asyncio.Future[None] = asyncio.ensure_future(self._confirm_candidate(part))
                 self._confirmations.add(task)
                 task.add_done_callback(self._confirmations.discard)
         if leader and not self.may_lead:
@@ -482,11 +488,11 @@ class StreamManager:
                 continue
             idle.setdefault(part.stream, []).append(part.id)
         for name, ids in idle.items():
-            if self.request_pause is None:
+            if self._request_pause is None:
                 return
             log.info("auto-pausing %s (idle)", ", ".join(f"{name}/{i}" for i in ids))
             try:
-                await self.request_pause(name, tuple(ids))
+                await self._request_pause(name, tuple(ids))
             except Exception as exc:  # deleted meanwhile, or no controller right now
                 log.info("auto-pause of %s: %s", name, exc)
 
@@ -556,8 +562,8 @@ class StreamManager:
         return part
 
     def _fenced_while_leading(self, part: Partition) -> None:
-        if self.resign is not None and part.fenced is not None:
-            task = asyncio.ensure_future(self.resign(part, part.fenced))
+        if self._resign is not None and part.fenced is not None:
+            task = asyncio.ensure_future(self._resign(part, part.fenced))
             self._confirmations.add(task)
             task.add_done_callback(self._confirmations.discard)
 
