@@ -9,6 +9,7 @@ connection after the old one is lost, and bounded buffering both ways.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -243,6 +244,45 @@ async def test_lost_connection_fails_calls_then_reconnects() -> None:
     finally:
         await channel.close()
         await server.stop(0)
+
+
+class _Proxy:
+    """A TCP relay to a server that can freeze: it keeps the connections open and passes nothing on."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.frozen = asyncio.Event()
+
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            if self.frozen.is_set():
+                await asyncio.Event().wait()  # swallow it, and everything after
+            writer.write(data)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        with contextlib.suppress(Exception):
+            await asyncio.gather(self.relay(reader, up_writer), self.relay(up_reader, writer))
+
+
+async def test_a_server_that_stops_answering_fails_running_calls(server: RpcServer) -> None:
+    proxy = _Proxy(server.port)
+    relay = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    channel = Channel(f"127.0.0.1:{relay.sockets[0].getsockname()[1]}", keepalive_time=0.2, keepalive_timeout=0.3)
+    try:
+        api = Api(channel)
+        call = api.subscribe(api_pb2.SubscribeRequest(stream="forever", stopOffset=10))
+        assert (await call.read()).offset == 0
+        proxy.frozen.set()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(RpcError) as info:
+            while True:
+                await call.read()
+        assert info.value.code == StatusCode.UNAVAILABLE and "stopped answering" in info.value.message
+        assert asyncio.get_running_loop().time() - started < 3
+    finally:
+        await channel.close()
+        relay.close()
 
 
 async def test_closed_channel_refuses_calls(api: Api) -> None:

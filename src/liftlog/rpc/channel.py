@@ -14,7 +14,9 @@ objects look like grpc.aio's, so code written for those reads the same::
 A call that ends with a status other than OK raises :class:`RpcError` (from
 ``read``, or from awaiting a unary call). ``call.cancel()`` ends a call;
 reads then raise ``asyncio.CancelledError``, as grpc.aio's do. Failures of
-the connection are UNAVAILABLE, a deadline is DEADLINE_EXCEEDED. Writes wait
+the connection are UNAVAILABLE, a deadline is DEADLINE_EXCEEDED; so is a
+server that stops answering while calls run (a PING after ``keepalive_time``
+of silence, unanswered for ``keepalive_timeout``). Writes wait
 while the server's windows or the socket are behind; a response message
 counts against our window until it is read. Channels and calls belong to
 the event loop they were first used on.
@@ -211,6 +213,9 @@ class _Connection(CoreProtocol):
         self.lost = False
         self._room: list[asyncio.Future[None]] = []  # calls waiting for the server's stream limit
         self.failure: RpcError | None = None  # why the connection broke, when it did
+        self._last_read = self._loop.time()
+        self._ping_sent: float | None = None
+        self._keepalive: asyncio.TimerHandle | None = None
 
     @property
     def usable(self) -> bool:
@@ -218,8 +223,14 @@ class _Connection(CoreProtocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._schedule_keepalive()
+
     def data_received(self, data: bytes) -> None:
-        events = self.core.receive(data, self._loop.time())
+        self._last_read = now = self._loop.time()
+        self._ping_sent = None  # anything from the server shows it is there
+        events = self.core.receive(data, now)
         if events:
             self._handle(events)
         self.flush()
@@ -231,6 +242,8 @@ class _Connection(CoreProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         self.transport = None
         self.paused = False
         why = f"the connection to {self.channel.target} was lost" + (f": {exc}" if exc else "")
@@ -294,6 +307,41 @@ class _Connection(CoreProtocol):
                 call.finish(code, why)
         self._wake(self._room)
 
+    # -- keepalive --------------------------------------------------------------------------
+
+    def _schedule_keepalive(self) -> None:
+        channel = self.channel
+        if channel.keepalive_time > 0:
+            period = min(channel.keepalive_time, channel.keepalive_timeout) / 2
+            self._keepalive = self._loop.call_later(period, self._check_alive)
+
+    def _check_alive(self) -> None:
+        """While calls run, ping a server that has been quiet; give up on one that does not answer.
+
+        Without this a call to a server that vanished (a network partition, a frozen host) would wait
+        for ever: nothing arrives, and nothing fails either.
+        """
+        if self.lost:
+            return
+        now = self._loop.time()
+        channel = self.channel
+        if self._ping_sent is not None and now - self._ping_sent >= channel.keepalive_timeout:
+            why = (
+                f"the server at {channel.target} stopped answering: no reply to a PING "
+                f"in {channel.keepalive_timeout:g} s"
+            )
+            self.failure = RpcError(StatusCode.UNAVAILABLE, why)
+            for call in list(self.calls.values()):
+                call.finish(StatusCode.UNAVAILABLE, why)
+            if self.transport is not None:
+                self.transport.abort()  # nothing to flush to a server that does not read
+            return
+        if self._ping_sent is None and self.calls and now - self._last_read >= channel.keepalive_time:
+            self._ping_sent = now
+            self.core.ping()
+            self.flush()
+        self._schedule_keepalive()
+
     # -- calls ----------------------------------------------------------------------------
 
     async def start(self, call: StreamCall, path: str, metadata: Metadata, timeout: float | None) -> None:
@@ -351,8 +399,15 @@ class Channel:
         connect_timeout: float = 20.0,
         ssl_context: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
+        keepalive_time: float = 360.0,
+        keepalive_timeout: float = 20.0,
     ) -> None:
         self.target = target
+        #: With calls running and nothing heard for ``keepalive_time`` s, ping; no answer in ``keepalive_timeout``
+        #: s fails the calls with UNAVAILABLE (0 turns this off). Not under 5 minutes by default: grpc-go
+        #: servers (Liftbridge's) close a connection that pings more often than that with no data between.
+        self.keepalive_time = keepalive_time
+        self.keepalive_timeout = keepalive_timeout
         self.host, self.port = _split_target(target)
         self.authority = target
         self.limits = client_limits(max_message_bytes)
