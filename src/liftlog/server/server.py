@@ -84,7 +84,7 @@ class Server:
         self.port = config.port
         self._lock_file: IO[str] | None = None
         self._embedded: EmbeddedNats | None = None
-        self._nc: Any = None
+        self._nc: nats.aio.client.Client | None = None
         self._acks: AckRouter | None = None
         self.streams: StreamManager | None = None
         self.cluster: MetadataService | None = None
@@ -98,6 +98,11 @@ class Server:
         self.failure = ""
 
     @property
+    def _connected_nats(self) -> nats.aio.client.Client:
+        assert self._nc is not None, "used before _start_nats"
+        return self._nc
+
+    @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
@@ -109,7 +114,7 @@ class Server:
             self._open_data_dir()
             await self._start_nats()
             self._acks = AckRouter(self.server_id)
-            await self._acks.start(self._nc)
+            await self._acks.start(self._connected_nats)
             self.replicator = self._make_replicator()
             self.streams = StreamManager(
                 server_id=self.server_id,
@@ -128,8 +133,8 @@ class Server:
                 confirm_candidate=self._confirm_candidate,
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
-            await self.streams.start(self._nc)  # hosts nothing until the metadata service starts, below
-            await self.replicator.start(self._nc)
+            await self.streams.start(self._connected_nats)  # hosts nothing until the metadata service starts, below
+            await self.replicator.start(self._connected_nats)
             self._create_metadata()
             self._bind_grpc()  # the port the metadata advertises
             await self._start_metadata()
@@ -347,7 +352,7 @@ class Server:
         c = self.config.clustering
         self.cluster.advertise = ServerMeta(self.server_id, self.config.host, self.port, c.rack)
         try:
-            await self.cluster.start(self._nc)
+            await self.cluster.start(self._connected_nats)
         except (RaftStorageError, StorageError, OSError, ValueError) as exc:
             raise ServerStartError(f"cannot open the metadata log in {self.config.data_dir / 'raft'}: {exc}") from exc
 
@@ -386,7 +391,8 @@ class Server:
             log.warning("disconnected from NATS; reconnecting")
 
     async def _on_nats_reconnected(self) -> None:
-        log.info("reconnected to NATS at %s", self._nc.connected_url.netloc if self._nc else "?")
+        url = self._nc.connected_url if self._nc is not None else None
+        log.info("reconnected to NATS at %s", url.netloc if url is not None else "?")
 
     async def _catch_up_locally(self) -> None:
         """Serve only once the metadata this server had committed is replayed and its partitions reopened."""
@@ -441,7 +447,7 @@ class Server:
             streams=self.streams,
             cluster=self.cluster,
             acks=self._acks,
-            publish=self._nc.publish,
+            publish=self._connected_nats.publish,
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
             max_message_bytes=self.config.streams.max_message_bytes,
             limits=ApiLimits(
@@ -452,7 +458,7 @@ class Server:
                 max_publish_inflight=values["publish.async.max.inflight"],
                 coalesce_publishes=values["publish.async.coalesce"],
             ),
-            nats_max_payload=lambda: int(self._nc.max_payload),
+            nats_max_payload=lambda: int(self._connected_nats.max_payload),
         )
         server.add_methods(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service))
         server.add_methods(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(service)))
