@@ -285,6 +285,39 @@ async def test_a_server_that_stops_answering_fails_running_calls(server: RpcServ
         relay.close()
 
 
+async def test_closing_the_channel_while_a_call_connects_ends_the_call() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts, never says a word: the handshake waits
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    channel = Channel(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        call = Api(channel).subscribe(api_pb2.SubscribeRequest(stream="n", startOffset=1))
+        reader = asyncio.create_task(call.read())
+        await asyncio.sleep(0.1)
+        await channel.close()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(reader, 2)  # as grpc.aio's reads do after the channel closed, not a hang
+        assert call.done()
+    finally:
+        server.close()
+
+
+async def test_closing_the_channel_before_it_connected_ends_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def never(self: Channel) -> None:
+        await asyncio.sleep(3600)  # a connect that does not finish (a host that drops SYNs)
+
+    monkeypatch.setattr(Channel, "_connect", never)
+    channel = Channel("127.0.0.1:1")
+    call = Api(channel).subscribe(api_pb2.SubscribeRequest(stream="n", startOffset=1))
+    reader = asyncio.create_task(call.read())
+    await asyncio.sleep(0.05)
+    await channel.close()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(reader, 2)
+    assert call.done()
+
+
 async def test_closed_channel_refuses_calls(api: Api) -> None:
     call = api.subscribe(api_pb2.SubscribeRequest(stream="forever", stopOffset=10))
     assert (await call.read()).offset == 0

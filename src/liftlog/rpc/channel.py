@@ -486,6 +486,14 @@ class Channel:
             except RpcError as exc:
                 stream.finish(exc.code, exc.message, exc.trailing_metadata)
                 return
+            except asyncio.CancelledError:
+                if stream._status is None:  # the channel closed under it (cancel() finishes the call itself)
+                    stream._cancelled = True
+                    stream.finish(StatusCode.CANCELLED, f"the channel to {self.target} was closed")
+                raise
+            except BaseException as exc:
+                stream.finish(StatusCode.INTERNAL, f"starting the call failed: {exc!r}")
+                raise
             self._first_request(stream, request)
 
         stream._opening = asyncio.get_running_loop().create_task(opening())
