@@ -253,7 +253,7 @@ class _Connection(CoreProtocol):
             call.finish(StatusCode.UNAVAILABLE, why)
         self.calls.clear()
         self.wake_writers()
-        self._wake(self._room)
+        self.wake(self._room)
         self.channel.connection_lost(self)
 
     def _handle(self, events: list[ClientEvent]) -> None:
@@ -305,7 +305,7 @@ class _Connection(CoreProtocol):
             self.failure = RpcError(code, why)
             for call in list(self.calls.values()):
                 call.finish(code, why)
-        self._wake(self._room)
+        self.wake(self._room)
 
     # -- keepalive --------------------------------------------------------------------------
 
@@ -367,18 +367,10 @@ class _Connection(CoreProtocol):
 
     def call_ended(self) -> None:
         if self._room:
-            self._wake(self._room)
+            self.wake(self._room)
         if not self.calls and not self.core.accepting:
             self.flush()
             self.close_transport()
-
-    @staticmethod
-    def _wake(waiters: list[asyncio.Future[None]]) -> None:
-        pending = waiters[:]
-        waiters.clear()
-        for waiter in pending:
-            if not waiter.done():
-                waiter.set_result(None)
 
     def close(self) -> None:
         for call in list(self.calls.values()):
@@ -427,11 +419,7 @@ class Channel:
             stream = StreamCall(request_serializer, response_deserializer)
             try:
                 await self._start(stream, path, metadata or (), timeout)
-                conn = stream._conn
-                assert conn is not None
-                conn.core.send_message(stream.id, request_serializer(request))
-                conn.core.end_request(stream.id)
-                conn.want_flush()
+                self._first_request(stream, request)
                 response = await stream.read()
                 if response is EOF:
                     raise RpcError(StatusCode.INTERNAL, f"{path}: the server ended the call without a response")

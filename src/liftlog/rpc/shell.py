@@ -72,8 +72,14 @@ class CoreProtocol(asyncio.Protocol):
         await waiter
 
     def wake_writers(self) -> None:
-        waiters, self._writers = self._writers, []
-        for waiter in waiters:
+        self.wake(self._writers)
+
+    @staticmethod
+    def wake(waiters: list[asyncio.Future[None]]) -> None:
+        """Resolve every future waiting in ``waiters`` and empty the list."""
+        pending = waiters[:]
+        waiters.clear()
+        for waiter in pending:
             if not waiter.done():
                 waiter.set_result(None)
 
