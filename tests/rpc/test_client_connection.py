@@ -157,6 +157,8 @@ def test_compressed_messages() -> None:
         (wire.frame(FrameType.HEADERS, END_HEADERS, 7, hpack.Encoder().encode(OK_HEADERS)), ErrorCode.PROTOCOL_ERROR),
         (wire.frame(FrameType.HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff"), ErrorCode.COMPRESSION_ERROR),
         (wire.frame(FrameType.DATA, 0, 1, b"x" * (5 << 20)), ErrorCode.FRAME_SIZE_ERROR),
+        (wire.frame(FrameType.HEADERS, 0, 1, b"\x00" * (70 << 10)), ErrorCode.ENHANCE_YOUR_CALM),  # headers flood
+        (wire.frame(FrameType.SETTINGS, 0, 0, b"\x00\x04\x80\x00\x00\x00"), ErrorCode.FLOW_CONTROL_ERROR),
     ],
 )
 def test_server_frames_that_break_the_connection(frame: bytes, code: ErrorCode) -> None:
