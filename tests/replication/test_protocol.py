@@ -1,4 +1,4 @@
-"""The replication wire protocol: exact round trips, Liftbridge's fetch response layout, ProtocolError on bad input."""
+"""The replication wire protocol: exact round trips, pinned layouts, ProtocolError on bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from liftlog.api.envelope import HEADER_LEN, BadMagic, Buffer, EnvelopeError, MsgType, decode_envelope, encode_envelope
 from liftlog.replication import (
-    FETCH_RESPONSE_HEADER_LEN,
+    FETCH_VERSION,
     FORMAT_VERSION,
     EpochOffsetRequest,
     EpochOffsetResponse,
@@ -20,12 +20,15 @@ from liftlog.replication import (
     FetchErrorCode,
     FetchRequest,
     FetchResponse,
+    PartitionData,
+    PartitionFetch,
     PartitionNotification,
+    PartitionRefusal,
     ProtocolError,
+    decode_epoch_offset_reply,
     decode_epoch_offset_request,
     decode_epoch_offset_response,
     decode_fetch_error,
-    decode_fetch_reply,
     decode_fetch_request,
     decode_fetch_response,
     decode_notification,
@@ -37,9 +40,10 @@ from liftlog.replication import (
     encode_fetch_response,
     encode_notification,
     encode_partition_notification,
+    fetch_entry_size,
+    fetch_subject,
     notify_subject,
     offset_subject,
-    replicate_subject,
 )
 
 I32 = 2**31 - 1
@@ -53,22 +57,28 @@ partitions = st.integers(0, I32)
 offsets = st.integers(0, I64)
 offsets_or_none = st.integers(-1, I64)
 
-fetch_requests = st.builds(FetchRequest, names, names, partitions, offsets, offsets)
+partition_fetches = st.builds(PartitionFetch, names, partitions, offsets, offsets)
+fetch_requests = st.builds(
+    FetchRequest, names, st.integers(0, 2**32 - 1), st.lists(partition_fetches, min_size=1, max_size=8).map(tuple)
+)
 fetch_errors = st.builds(FetchError, st.sampled_from(FetchErrorCode), names, offsets_or_none, offsets_or_none)
-epoch_requests = st.builds(EpochOffsetRequest, names, partitions, offsets)
+data_answers = st.tuples(names, partitions, offsets, offsets_or_none, st.binary(max_size=100))
+refusals = st.builds(PartitionRefusal, names, partitions, fetch_errors)
+epoch_requests = st.builds(EpochOffsetRequest, names, partitions, offsets, offsets)
 epoch_responses = st.builds(EpochOffsetResponse, offsets_or_none, offsets_or_none, offsets_or_none)
 pair_lists = st.lists(st.tuples(names, partitions), min_size=1, max_size=20)
 
-REQ = FetchRequest("server-ä", "orders", 3, 42, 7)
+REQ = FetchRequest("server-ä", 1, (PartitionFetch("orders", 3, 42, 7), PartitionFetch("flüsse", 0, 0, 2)))
 ERR = FetchError(FetchErrorCode.OFFSET_OUT_OF_RANGE, "offset 42 below log start 100", 7, 100)
-EPOCH_REQ = EpochOffsetRequest("orders", 3, 7)
+RESP = encode_fetch_response([("orders", 3, 7, 41, b"batch-data"), PartitionRefusal("flüsse", 0, ERR)])
+EPOCH_REQ = EpochOffsetRequest("orders", 3, 7, 8)
 EPOCH_RESP = EpochOffsetResponse(6, 41, 0)
 PAIRS = [("orders", 0), ("flüsse", 2), ("", 0)]
 
 # One valid encoding per decoder, and the envelope type each decoder wants.
 SAMPLES: dict[str, tuple[Decoder, bytes, MsgType]] = {
     "fetch request": (decode_fetch_request, encode_fetch_request(REQ), MsgType.REPLICATION_REQUEST),
-    "fetch response": (decode_fetch_response, encode_fetch_response(7, -1, b""), MsgType.REPLICATION_RESPONSE),
+    "fetch response": (decode_fetch_response, RESP, MsgType.REPLICATION_RESPONSE),
     "fetch error": (decode_fetch_error, encode_fetch_error(ERR), MsgType.PARTITION_STATUS_RESPONSE),
     "epoch offset request": (
         decode_epoch_offset_request,
@@ -87,11 +97,13 @@ SAMPLES: dict[str, tuple[Decoder, bytes, MsgType]] = {
         MsgType.PARTITION_NOTIFICATION,
     ),
 }
-ALL_DECODERS: list[Decoder] = [
-    *(decoder for decoder, _, _ in SAMPLES.values()),
-    decode_fetch_reply,
-]
+ALL_DECODERS: list[Decoder] = [*(decoder for decoder, _, _ in SAMPLES.values()), decode_epoch_offset_reply]
 sample_ids = pytest.mark.parametrize("name", list(SAMPLES))
+#: The first byte of each sample's payload.
+VERSIONS = {
+    name: FETCH_VERSION if name in ("fetch request", "fetch response", "epoch offset request") else FORMAT_VERSION
+    for name in SAMPLES
+}
 
 
 def reframe(data: bytes, msg_type: MsgType, payload: bytes | None = None) -> bytes:
@@ -104,6 +116,12 @@ def payload_of(data: bytes) -> bytes:
     return bytes(decode_envelope(data)[1])
 
 
+def as_tuple(answer: PartitionData | PartitionRefusal) -> object:
+    if isinstance(answer, PartitionRefusal):
+        return answer
+    return (answer.stream, answer.partition, answer.leader_epoch, answer.hw, bytes(answer.batches))
+
+
 # --- round trips ------------------------------------------------------------------------
 
 
@@ -112,17 +130,18 @@ def test_fetch_request_round_trips(req: FetchRequest) -> None:
     assert decode_fetch_request(encode_fetch_request(req)) == req
 
 
-@given(st.integers(0, I64), st.integers(-1, I64), st.binary(max_size=200))
-def test_fetch_response_round_trips(epoch: int, hw: int, batches: bytes) -> None:
-    resp = decode_fetch_response(encode_fetch_response(epoch, hw, batches))
-    assert (resp.leader_epoch, resp.hw, bytes(resp.batches)) == (epoch, hw, batches)
-    assert decode_fetch_reply(encode_fetch_response(epoch, hw, batches)) == resp
+@given(st.lists(st.one_of(data_answers, refusals), max_size=8))
+def test_fetch_response_round_trips_in_order(
+    answers: list[tuple[str, int, int, int, bytes] | PartitionRefusal],
+) -> None:
+    resp = decode_fetch_response(encode_fetch_response(answers))
+    assert [as_tuple(a) for a in resp.partitions] == answers
 
 
 @given(fetch_errors)
 def test_fetch_error_round_trips(err: FetchError) -> None:
     assert decode_fetch_error(encode_fetch_error(err)) == err
-    assert decode_fetch_reply(encode_fetch_error(err)) == err
+    assert decode_epoch_offset_reply(encode_fetch_error(err)) == err
 
 
 @given(epoch_requests)
@@ -133,6 +152,7 @@ def test_epoch_offset_request_round_trips(req: EpochOffsetRequest) -> None:
 @given(epoch_responses)
 def test_epoch_offset_response_round_trips(resp: EpochOffsetResponse) -> None:
     assert decode_epoch_offset_response(encode_epoch_offset_response(resp)) == resp
+    assert decode_epoch_offset_reply(encode_epoch_offset_response(resp)) == resp
 
 
 @given(pair_lists)
@@ -161,79 +181,60 @@ def test_decoders_accept_envelopes_with_a_crc_and_any_bytes_like_input() -> None
         assert decoder(memoryview(data)) == expected
 
 
-# --- the fetch response: Liftbridge's layout, zero copy ---------------------------------
-
-
-def test_fetch_response_layout_is_pinned_byte_for_byte() -> None:
-    batches = b"\x00\x01record-batches\xff"
-    data = encode_fetch_response(0x0102030405060708, -1, batches)
-    assert data[:HEADER_LEN] == encode_envelope(MsgType.REPLICATION_RESPONSE, b"")
-    body = data[HEADER_LEN:]
-    assert body[:8] == bytes.fromhex("0102030405060708")  # LeaderEpoch, big-endian
-    assert body[8:16] == b"\xff" * 8  # HW -1 as a signed int64
-    assert body[16:] == batches  # verbatim
-    assert len(data) == HEADER_LEN + FETCH_RESPONSE_HEADER_LEN + len(batches)
-
-
-def test_caught_up_fetch_response_is_exactly_the_header_and_16_bytes() -> None:
-    data = encode_fetch_response(3, 41, b"")
-    assert data[HEADER_LEN:] == struct.pack(">qq", 3, 41)
-    resp = decode_fetch_response(data)
-    assert (resp.leader_epoch, resp.hw, len(resp.batches)) == (3, 41, 0)
+# --- the fetch response: zero copy, sizes -----------------------------------------------
 
 
 @pytest.mark.parametrize("wrap", [bytes, bytearray], ids=["bytes", "bytearray"])
 def test_fetch_response_batches_are_a_view_of_the_input(wrap: Callable[[bytes], bytes]) -> None:
-    data = wrap(encode_fetch_response(2, 10, b"batch-data"))
-    for decode in (decode_fetch_response, decode_fetch_reply):
-        resp = decode(data)
-        assert isinstance(resp, FetchResponse)
-        assert resp.batches.obj is data
-        assert bytes(resp.batches) == b"batch-data"
+    data = wrap(encode_fetch_response([("s", 0, 2, 10, b"batch-data"), ("t", 1, 2, 10, b"more")]))
+    first, second = decode_fetch_response(data).partitions
+    assert isinstance(first, PartitionData) and isinstance(second, PartitionData)
+    assert first.batches.obj is data and second.batches.obj is data
+    assert (bytes(first.batches), bytes(second.batches)) == (b"batch-data", b"more")
 
 
 def test_fetch_response_view_of_a_memoryview_input_shares_its_buffer() -> None:
-    buf = bytearray(encode_fetch_response(2, 10, b"batch-data"))
-    resp = decode_fetch_response(memoryview(buf))
-    assert resp.batches.obj is buf
+    buf = bytearray(encode_fetch_response([("s", 0, 2, 10, b"batch-data")]))
+    (answer,) = decode_fetch_response(memoryview(buf)).partitions
+    assert isinstance(answer, PartitionData)
+    assert answer.batches.obj is buf
     buf[-1:] = b"!"  # a view, not a copy
-    assert bytes(resp.batches) == b"batch-dat!"
+    assert bytes(answer.batches) == b"batch-dat!"
 
 
 def test_fetch_response_encoder_takes_a_memoryview_of_batches() -> None:
     segment = bytearray(b"....batch-data....")
-    data = encode_fetch_response(1, 0, memoryview(segment)[4:-4])
-    assert bytes(decode_fetch_response(data).batches) == b"batch-data"
+    (answer,) = decode_fetch_response(encode_fetch_response([("s", 0, 1, 0, memoryview(segment)[4:-4])])).partitions
+    assert isinstance(answer, PartitionData)
+    assert bytes(answer.batches) == b"batch-data"
 
 
-def test_fetch_response_with_batches_that_look_like_an_error_is_still_a_response() -> None:
-    batches = payload_of(encode_fetch_error(ERR))
-    reply = decode_fetch_reply(encode_fetch_response(7, 5, batches))
-    assert isinstance(reply, FetchResponse)
-    assert bytes(reply.batches) == batches
+def test_an_empty_fetch_response_is_valid() -> None:
+    """Every partition left out for the byte budget (or none asked): the follower asks again."""
+    assert decode_fetch_response(encode_fetch_response([])) == FetchResponse(())
 
 
-# --- fetch error vs fetch response ------------------------------------------------------
+@given(names, st.binary(max_size=50))
+def test_entry_size_is_what_a_data_answer_adds(stream: str, batches: bytes) -> None:
+    empty = len(encode_fetch_response([]))
+    one = len(encode_fetch_response([(stream, 1, 1, 1, batches)]))
+    assert one - empty == fetch_entry_size(stream) + len(batches)
+    req = len(encode_fetch_request(FetchRequest("r", 0, (PartitionFetch(stream, 0, 0, 0),))))
+    assert req - len(encode_fetch_request(FetchRequest("r", 0, (PartitionFetch("", 0, 0, 0),)))) <= fetch_entry_size(
+        stream
+    )
 
 
-def test_fetch_reply_is_told_apart_by_the_envelope_type() -> None:
-    assert isinstance(decode_fetch_reply(encode_fetch_response(7, -1, b"")), FetchResponse)
-    assert decode_fetch_reply(encode_fetch_error(ERR)) == ERR
+def test_epoch_offset_reply_is_told_apart_by_the_envelope_type() -> None:
+    assert decode_epoch_offset_reply(encode_epoch_offset_response(EPOCH_RESP)) == EPOCH_RESP
+    assert decode_epoch_offset_reply(encode_fetch_error(ERR)) == ERR
     assert encode_fetch_error(ERR)[7] == MsgType.PARTITION_STATUS_RESPONSE
-    assert encode_fetch_response(7, -1, b"")[7] == MsgType.REPLICATION_RESPONSE
 
 
-def test_fetch_error_is_rejected_by_the_fetch_response_decoder_and_vice_versa() -> None:
-    with pytest.raises(ProtocolError, match="PARTITION_STATUS_RESPONSE"):
-        decode_fetch_response(encode_fetch_error(ERR))
-    with pytest.raises(ProtocolError, match="REPLICATION_RESPONSE"):
-        decode_fetch_error(encode_fetch_response(7, -1, b""))
-
-
-@pytest.mark.parametrize("msg_type", [t for t in MsgType if t not in (3, 13)], ids=lambda t: t.name)
-def test_fetch_reply_of_another_type_raises(msg_type: MsgType) -> None:
-    with pytest.raises(ProtocolError, match="bad fetch reply: envelope type"):
-        decode_fetch_reply(reframe(encode_fetch_response(7, -1, b""), msg_type))
+@pytest.mark.parametrize("msg_type", [t for t in MsgType if t not in (7, 13)], ids=lambda t: t.name)
+def test_epoch_offset_reply_of_another_type_raises(msg_type: MsgType) -> None:
+    with pytest.raises(ProtocolError, match="bad epoch offset reply: envelope type"):
+        decode_epoch_offset_reply(reframe(encode_epoch_offset_response(EPOCH_RESP), msg_type))
 
 
 def test_fetch_error_codes_are_pinned() -> None:
@@ -245,17 +246,33 @@ def test_fetch_error_codes_are_pinned() -> None:
     }
 
 
+# --- layouts, byte for byte -------------------------------------------------------------
+
+
 def test_fetch_error_layout() -> None:
     err = FetchError(FetchErrorCode.NOT_LEADER, "é", -1, 5)
     assert payload_of(encode_fetch_error(err)) == b"\x01\x01" + struct.pack(">qqH", -1, 5, 2) + "é".encode()
 
 
+def test_fetch_layouts() -> None:
+    req = FetchRequest("r", 5, (PartitionFetch("s", 2, 9, 4), PartitionFetch("tt", 0, 1, 4)))
+    assert payload_of(encode_fetch_request(req)) == (
+        b"\x02" + struct.pack(">IIH", 5, 2, 1) + b"r"
+        + struct.pack(">qqiH", 9, 4, 2, 1) + b"s"
+        + struct.pack(">qqiH", 1, 4, 0, 2) + b"tt"
+    )  # fmt: skip
+    resp = encode_fetch_response([("s", 2, 4, -1, b"\x00data"), PartitionRefusal("t", 1, FetchError(3, "m", 4, 0))])  # type: ignore[arg-type]
+    assert resp[:HEADER_LEN] == encode_envelope(MsgType.REPLICATION_RESPONSE, b"")
+    assert payload_of(resp) == (
+        b"\x02" + struct.pack(">I", 2)
+        + struct.pack(">BiH", 0, 2, 1) + b"s" + struct.pack(">qqI", 4, -1, 5) + b"\x00data"
+        + struct.pack(">BiH", 3, 1, 1) + b"t" + struct.pack(">qqH", 4, 0, 1) + b"m"
+    )  # fmt: skip
+
+
 def test_other_layouts() -> None:
-    assert payload_of(encode_fetch_request(FetchRequest("r", "s", 2, 9, 4))) == (
-        b"\x01" + struct.pack(">qqiH", 9, 4, 2, 1) + b"r" + struct.pack(">H", 1) + b"s"
-    )
-    assert payload_of(encode_epoch_offset_request(EpochOffsetRequest("s", 2, 4))) == (
-        b"\x01" + struct.pack(">qiH", 4, 2, 1) + b"s"
+    assert payload_of(encode_epoch_offset_request(EpochOffsetRequest("s", 2, 4, 5))) == (
+        b"\x02" + struct.pack(">qqiH", 4, 5, 2, 1) + b"s"
     )
     assert payload_of(encode_epoch_offset_response(EpochOffsetResponse(-1, -1, 0))) == (
         b"\x01" + struct.pack(">qqq", -1, -1, 0)
@@ -276,16 +293,6 @@ def test_every_truncated_prefix_raises(name: str) -> None:
             decoder(data[:n])
 
 
-def test_fetch_response_prefixes_past_the_16_bytes_are_shorter_batches() -> None:
-    """Liftbridge's layout has no batch length: record-batch framing is checked by the storage decoder."""
-    data = encode_fetch_response(7, 3, b"abcdef")
-    for n in range(HEADER_LEN + FETCH_RESPONSE_HEADER_LEN):
-        with pytest.raises(ProtocolError):
-            decode_fetch_response(data[:n])
-    for n in range(HEADER_LEN + FETCH_RESPONSE_HEADER_LEN, len(data) + 1):
-        assert bytes(decode_fetch_response(data[:n]).batches) == b"abcdef"[: n - len(data) + 6]
-
-
 @sample_ids
 def test_truncation_message_names_field_and_offset(name: str) -> None:
     decoder, data, _ = SAMPLES[name]
@@ -293,7 +300,7 @@ def test_truncation_message_names_field_and_offset(name: str) -> None:
         decoder(data[: HEADER_LEN + 3])
 
 
-@pytest.mark.parametrize("name", [n for n in SAMPLES if n != "fetch response"])
+@sample_ids
 def test_trailing_bytes_raise(name: str) -> None:
     decoder, data, _ = SAMPLES[name]
     with pytest.raises(ProtocolError, match="1 trailing bytes"):
@@ -309,13 +316,14 @@ def test_wrong_envelope_type_raises(name: str) -> None:
                 decoder(reframe(data, other))
 
 
-@pytest.mark.parametrize("name", [n for n in SAMPLES if n != "fetch response"])
+@sample_ids
 def test_unknown_format_version_raises(name: str) -> None:
     decoder, data, msg_type = SAMPLES[name]
     payload = payload_of(data)
-    assert payload[0] == FORMAT_VERSION
-    with pytest.raises(ProtocolError, match="unknown format version 2 at offset 0"):
-        decoder(reframe(data, msg_type, b"\x02" + payload[1:]))
+    assert payload[0] == VERSIONS[name]
+    for version in (0, 3) if VERSIONS[name] == FETCH_VERSION else (0, 2):
+        with pytest.raises(ProtocolError, match=f"unknown format version {version} at offset 0"):
+            decoder(reframe(data, msg_type, bytes([version]) + payload[1:]))
 
 
 def test_unknown_fetch_error_code_raises() -> None:
@@ -323,59 +331,74 @@ def test_unknown_fetch_error_code_raises() -> None:
     for code in (0, 5, 255):
         payload[1] = code
         data = encode_envelope(MsgType.PARTITION_STATUS_RESPONSE, bytes(payload))
-        for decode in (decode_fetch_error, decode_fetch_reply):
+        for decode in (decode_fetch_error, decode_epoch_offset_reply):
             with pytest.raises(ProtocolError, match=f"unknown error code {code} at offset 1"):
                 decode(data)
+    refusal = bytearray(payload_of(encode_fetch_response([PartitionRefusal("s", 0, ERR)])))
+    refusal[5] = 9
+    with pytest.raises(ProtocolError, match="unknown error code 9 in answer 0"):
+        decode_fetch_response(encode_envelope(MsgType.REPLICATION_RESPONSE, bytes(refusal)))
+
+
+def test_a_batch_length_past_the_end_is_a_truncation() -> None:
+    """The length is checked before a view is made: a forged length cannot read past the message."""
+    payload = (
+        b"\x02" + struct.pack(">I", 1) + struct.pack(">BiH", 0, 0, 1) + b"s" + struct.pack(">qqI", 0, 0, 2**32 - 1)
+    )
+    with pytest.raises(ProtocolError, match="truncated: batches of answer 0"):
+        decode_fetch_response(encode_envelope(MsgType.REPLICATION_RESPONSE, payload + b"abc"))
 
 
 @pytest.mark.parametrize(
     ("name", "payload", "field"),
     [
-        ("fetch request", b"\x01" + struct.pack(">qqiH", 0, 0, 0, 1) + b"\xff" + b"\x00\x00", "replica_id"),
-        ("fetch request", b"\x01" + struct.pack(">qqiH", 0, 0, 0, 0) + b"\x00\x02\xc3\x28", "stream"),
+        ("fetch request", b"\x02" + struct.pack(">IIH", 0, 1, 1) + b"\xff", "replica_id"),
+        ("fetch request", b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", 0, 0, 0, 2) + b"\xc3\x28",
+         "stream of entry 0"),
+        ("fetch response", b"\x02" + struct.pack(">IBiH", 1, 0, 0, 1) + b"\x80", "stream of answer 0"),
         ("fetch error", b"\x01\x01" + struct.pack(">qqH", 0, 0, 1) + b"\x80", "message"),
-        ("epoch offset request", b"\x01" + struct.pack(">qiH", 0, 0, 1) + b"\xfe", "stream"),
+        ("epoch offset request", b"\x02" + struct.pack(">qqiH", 0, 0, 0, 1) + b"\xfe", "stream"),
         ("notification", b"\x01" + struct.pack(">IH", 1, 2) + b"\xed\xa0" + b"\x00" * 4, "stream of pair 0"),
     ],
-)
+)  # fmt: skip
 def test_bad_utf8_raises_naming_the_field(name: str, payload: bytes, field: str) -> None:
     decoder, _, msg_type = SAMPLES[name]
     with pytest.raises(ProtocolError, match=f"{field} at offset \\d+ is not UTF-8"):
         decoder(encode_envelope(msg_type, payload))
 
 
+def _answer(code: int, partition: int, tail: bytes) -> bytes:
+    return b"\x02" + struct.pack(">IBiH", 1, code, partition, 1) + b"s" + tail
+
+
 @pytest.mark.parametrize(
     ("decoder", "msg_type", "payload", "problem"),
     [
-        (decode_fetch_response, MsgType.REPLICATION_RESPONSE, struct.pack(">qq", -1, 0), "leader_epoch -1 at offset 0"),
-        (decode_fetch_response, MsgType.REPLICATION_RESPONSE, struct.pack(">qq", 0, -2), "hw -2 at offset 8"),
-        (
-            decode_fetch_request,
-            MsgType.REPLICATION_REQUEST,
-            b"\x01" + struct.pack(">qqiHH", -1, 0, 0, 0, 0),
-            "offset -1",
-        ),
-        (
-            decode_fetch_request,
-            MsgType.REPLICATION_REQUEST,
-            b"\x01" + struct.pack(">qqiHH", 0, 0, -3, 0, 0),
-            "partition",
-        ),
-        (
-            decode_epoch_offset_response,
-            MsgType.LEADER_EPOCH_OFFSET_RESPONSE,
-            b"\x01" + struct.pack(">qqq", 0, -2, 0),
-            "end_offset -2 at offset 9",
-        ),
-        (
-            decode_notification,
-            MsgType.PARTITION_NOTIFICATION,
-            b"\x01" + struct.pack(">IHi", 1, 0, -1),
-            "partition of pair 0 -1 at offset 7",
-        ),
+        (decode_fetch_response, MsgType.REPLICATION_RESPONSE, _answer(0, -1, struct.pack(">qqI", 0, 0, 0)),
+         "partition of answer 0 -1 at offset 6"),
+        (decode_fetch_response, MsgType.REPLICATION_RESPONSE, _answer(0, 0, struct.pack(">qqI", -1, 0, 0)),
+         "leader_epoch of answer 0 -1 at offset 13"),
+        (decode_fetch_response, MsgType.REPLICATION_RESPONSE, _answer(0, 0, struct.pack(">qqI", 0, -2, 0)),
+         "hw of answer 0 -2 at offset 21"),
+        (decode_fetch_response, MsgType.REPLICATION_RESPONSE, _answer(1, 0, struct.pack(">qqH", -2, 0, 0)),
+         "leader_epoch of answer 0 -2"),
+        (decode_fetch_request, MsgType.REPLICATION_REQUEST, b"\x02" + struct.pack(">IIH", 0, 0, 0),
+         "count at offset 5 is 0"),
+        (decode_fetch_request, MsgType.REPLICATION_REQUEST,
+         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", -1, 0, 0, 0), "offset of entry 0 -1"),
+        (decode_fetch_request, MsgType.REPLICATION_REQUEST,
+         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", 0, -1, 0, 0), "leader_epoch of entry 0 -1"),
+        (decode_fetch_request, MsgType.REPLICATION_REQUEST,
+         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", 0, 0, -3, 0), "partition of entry 0 -3"),
+        (decode_epoch_offset_request, MsgType.LEADER_EPOCH_OFFSET_REQUEST,
+         b"\x02" + struct.pack(">qqiH", 0, -1, 0, 0), "current_epoch -1 at offset 9"),
+        (decode_epoch_offset_response, MsgType.LEADER_EPOCH_OFFSET_RESPONSE,
+         b"\x01" + struct.pack(">qqq", 0, -2, 0), "end_offset -2 at offset 9"),
+        (decode_notification, MsgType.PARTITION_NOTIFICATION, b"\x01" + struct.pack(">IHi", 1, 0, -1),
+         "partition of pair 0 -1 at offset 7"),
         (decode_notification, MsgType.PARTITION_NOTIFICATION, b"\x01" + struct.pack(">I", 0), "count at offset 1 is 0"),
     ],
-)
+)  # fmt: skip
 def test_out_of_range_values_raise(decoder: Decoder, msg_type: MsgType, payload: bytes, problem: str) -> None:
     with pytest.raises(ProtocolError, match=problem):
         decoder(encode_envelope(msg_type, payload))
@@ -386,10 +409,17 @@ def test_single_notification_decoder_wants_exactly_one_pair() -> None:
         decode_partition_notification(encode_notification(PAIRS))
 
 
-def test_huge_notification_count_fails_fast_on_truncation() -> None:
-    data = encode_envelope(MsgType.PARTITION_NOTIFICATION, b"\x01" + struct.pack(">IHi", 2**32 - 1, 1, 0) + b"x")
+@pytest.mark.parametrize(
+    ("decoder", "msg_type", "payload"),
+    [
+        (decode_notification, MsgType.PARTITION_NOTIFICATION, b"\x01" + struct.pack(">IHi", 2**32 - 1, 1, 0) + b"x"),
+        (decode_fetch_request, MsgType.REPLICATION_REQUEST, b"\x02" + struct.pack(">IIH", 0, 2**32 - 1, 0)),
+        (decode_fetch_response, MsgType.REPLICATION_RESPONSE, b"\x02" + struct.pack(">I", 2**32 - 1)),
+    ],
+)
+def test_huge_counts_fail_fast_on_truncation(decoder: Decoder, msg_type: MsgType, payload: bytes) -> None:
     with pytest.raises(ProtocolError, match="truncated"):
-        decode_notification(data)
+        decoder(encode_envelope(msg_type, payload))
 
 
 def test_envelope_errors_are_wrapped_with_their_cause() -> None:
@@ -401,7 +431,7 @@ def test_envelope_errors_are_wrapped_with_their_cause() -> None:
 
 
 def test_crc_mismatch_is_a_protocol_error() -> None:
-    data = bytearray(encode_envelope(MsgType.REPLICATION_RESPONSE, struct.pack(">qq", 1, 1) + b"data", crc=True))
+    data = bytearray(encode_envelope(MsgType.REPLICATION_RESPONSE, payload_of(RESP), crc=True))
     data[-1] ^= 0xFF
     with pytest.raises(ProtocolError, match="CRC-32C mismatch"):
         decode_fetch_response(data)
@@ -435,19 +465,28 @@ def test_single_byte_corruption_raises_only_protocol_error(name: str, data: st.D
 # --- encoding errors --------------------------------------------------------------------
 
 
+def _req(replica: str = "r", *entries: PartitionFetch, session: int = 0) -> FetchRequest:
+    return FetchRequest(replica, session, entries or (PartitionFetch("s", 0, 0, 0),))
+
+
 @pytest.mark.parametrize(
     ("encode", "problem"),
     [
-        (lambda: encode_fetch_request(FetchRequest("r", "s", 0, -1, 0)), "offset -1 is outside 0.."),
-        (lambda: encode_fetch_request(FetchRequest("r", "s", 2**31, 0, 0)), "partition 2147483648"),
-        (lambda: encode_fetch_request(FetchRequest("r", "s", 0, 0, 2**63)), "leader_epoch"),
-        (lambda: encode_fetch_request(FetchRequest("r" * 65536, "s", 0, 0, 0)), "replica_id is 65536 bytes"),
-        (lambda: encode_fetch_request(FetchRequest("\ud800", "s", 0, 0, 0)), "replica_id is not valid Unicode"),
-        (lambda: encode_fetch_response(0, -2, b""), "hw -2 is outside -1.."),
-        (lambda: encode_fetch_response(-1, 0, b""), "leader_epoch -1 is outside 0.."),
+        (lambda: encode_fetch_request(_req("r", PartitionFetch("s", 0, -1, 0))), "offset -1 is outside 0.."),
+        (lambda: encode_fetch_request(_req("r", PartitionFetch("s", 2**31, 0, 0))), "partition 2147483648"),
+        (lambda: encode_fetch_request(_req("r", PartitionFetch("s", 0, 0, 2**63))), "leader_epoch"),
+        (lambda: encode_fetch_request(_req("r" * 65536)), "replica_id is 65536 bytes"),
+        (lambda: encode_fetch_request(_req("\ud800")), "replica_id is not valid Unicode"),
+        (lambda: encode_fetch_request(FetchRequest("r", 0, ())), "count 0 is outside 1.."),
+        (lambda: encode_fetch_request(_req(session=-1)), "session -1"),
+        (lambda: encode_fetch_response([("s", 0, 0, -2, b"")]), "hw -2 is outside -1.."),
+        (lambda: encode_fetch_response([("s", 0, -1, 0, b"")]), "leader_epoch -1 is outside 0.."),
+        (lambda: encode_fetch_response([("s", -1, 0, 0, b"")]), "partition -1"),
+        (lambda: encode_fetch_response([PartitionRefusal("s", 0, FetchError(9, "", 0, 0))]), "unknown error code 9"),  # type: ignore[arg-type]
         (lambda: encode_fetch_error(FetchError(9, "", 0, 0)), "unknown error code 9"),  # type: ignore[arg-type]
         (lambda: encode_fetch_error(FetchError(FetchErrorCode.NOT_LEADER, "", -2, 0)), "leader_epoch -2"),
-        (lambda: encode_epoch_offset_request(EpochOffsetRequest("s", -1, 0)), "partition -1"),
+        (lambda: encode_epoch_offset_request(EpochOffsetRequest("s", -1, 0, 0)), "partition -1"),
+        (lambda: encode_epoch_offset_request(EpochOffsetRequest("s", 0, 0, -1)), "current_epoch -1"),
         (lambda: encode_epoch_offset_response(EpochOffsetResponse(0, 2**63, 0)), "end_offset"),
         (lambda: encode_notification([]), "names no partition"),
         (lambda: encode_notification([("s", -1)]), "partition -1"),
@@ -462,7 +501,7 @@ def test_values_the_layout_cannot_carry_raise(encode: Callable[[], bytes], probl
 
 
 def test_subjects() -> None:
-    # The leader epoch is in the subject: a deposed leader does not listen on its successor's subjects.
-    assert replicate_subject("liftbridge-default", "orders", 3, 7) == "liftbridge-default.orders.3.7.replicate"
-    assert offset_subject("liftbridge-default", "orders", 3, 7) == "liftbridge-default.orders.3.7.offset"
+    # One subject per server, not per partition: every fetch a follower server makes of a leader server.
+    assert fetch_subject("liftbridge-default", "srv-1") == "liftbridge-default.fetch.srv-1"
+    assert offset_subject("liftbridge-default", "srv-1") == "liftbridge-default.offset.srv-1"
     assert notify_subject("liftbridge-default", "srv-1") == "liftbridge-default.notify.srv-1"

@@ -1,8 +1,9 @@
 """Stream names and subjects: the one set of rules the API and the controller both apply.
 
-A stream name becomes a directory name and a token run inside internal NATS
-subjects (``<namespace>.<stream>.<partition>.<leader epoch>.replicate``), so
-it must be a valid run of NATS tokens. A stream subject must be a valid NATS
+A stream name becomes a directory name, and Liftbridge puts it inside internal
+NATS subjects (``<namespace>.<stream>.<partition>.<leader epoch>.replicate``),
+so it must be a valid run of NATS tokens: liftlog keeps that rule (its own
+replication subjects name servers, not streams) so that names stay portable. A stream subject must be a valid NATS
 subject that cannot match the cluster's own traffic: everything under
 ``<namespace>.`` (Raft, replication, notifications) and the ``_INBOX.``
 inboxes acks and request replies travel on.

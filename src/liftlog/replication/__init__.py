@@ -2,14 +2,14 @@
 
 ``leader``: ``LeaderReplica``, the leader's follower progress, HW and ISR proposals;
 ``follower``: ``FollowerReplica``, truncation by leader epoch and the fetch cycle;
-``protocol``: the server-to-server messages (fetch, fetch error, leader-epoch offset,
+``protocol``: the server-to-server messages (multi-partition fetch, leader-epoch offset,
 new-data notification) in Liftbridge envelopes, and their NATS subjects.
 """
 
 from .follower import FollowerReplica, FollowerState
 from .leader import FetchAnswer, LeaderReplica
 from .protocol import (
-    FETCH_RESPONSE_HEADER_LEN,
+    FETCH_VERSION,
     FORMAT_VERSION,
     EpochOffsetRequest,
     EpochOffsetResponse,
@@ -17,12 +17,15 @@ from .protocol import (
     FetchErrorCode,
     FetchRequest,
     FetchResponse,
+    PartitionData,
+    PartitionFetch,
     PartitionNotification,
+    PartitionRefusal,
     ProtocolError,
+    decode_epoch_offset_reply,
     decode_epoch_offset_request,
     decode_epoch_offset_response,
     decode_fetch_error,
-    decode_fetch_reply,
     decode_fetch_request,
     decode_fetch_response,
     decode_notification,
@@ -34,13 +37,14 @@ from .protocol import (
     encode_fetch_response,
     encode_notification,
     encode_partition_notification,
+    fetch_entry_size,
+    fetch_subject,
     notify_subject,
     offset_subject,
-    replicate_subject,
 )
 
 __all__ = [
-    "FETCH_RESPONSE_HEADER_LEN",
+    "FETCH_VERSION",
     "FORMAT_VERSION",
     "EpochOffsetRequest",
     "EpochOffsetResponse",
@@ -52,12 +56,15 @@ __all__ = [
     "FollowerReplica",
     "FollowerState",
     "LeaderReplica",
+    "PartitionData",
+    "PartitionFetch",
     "PartitionNotification",
+    "PartitionRefusal",
     "ProtocolError",
+    "decode_epoch_offset_reply",
     "decode_epoch_offset_request",
     "decode_epoch_offset_response",
     "decode_fetch_error",
-    "decode_fetch_reply",
     "decode_fetch_request",
     "decode_fetch_response",
     "decode_notification",
@@ -69,7 +76,8 @@ __all__ = [
     "encode_fetch_response",
     "encode_notification",
     "encode_partition_notification",
+    "fetch_entry_size",
+    "fetch_subject",
     "notify_subject",
     "offset_subject",
-    "replicate_subject",
 ]

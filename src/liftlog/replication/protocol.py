@@ -1,37 +1,51 @@
 """The server-to-server replication messages: pure encode/decode functions, no I/O.
 
 Every message travels in a Liftbridge envelope (``liftlog.api.envelope``) whose
-message type says what it is. The fetch response keeps Liftbridge's own binary
-layout; the other payloads are liftlog's struct formats (Liftbridge uses protobuf
-there), so every server of a cluster must run liftlog. All integers are big-endian
-and signed (``i32``/``i64``) unless marked ``u``::
+message type says what it is; the payloads are liftlog's own struct formats
+(Liftbridge uses one protobuf request per partition), so every server of a
+cluster must run liftlog. ``docs/replication-protocol.md`` explains the
+exchange; this is the byte layout. All integers are big-endian and signed
+(``i32``/``i64``) unless marked ``u``::
 
     str     u16 length, then that many bytes of UTF-8
 
-    fetch request        envelope REPLICATION_REQUEST (2), sent on replicate_subject()
-      0  u8   version = 1
-      1  i64  offset               first offset the follower wants (>= 0)
-      9  i64  leader_epoch         the leader epoch the follower believes current (>= 0)
-     17  i32  partition            (>= 0)
-     21  str  replica_id, then str stream
+    fetch request        envelope REPLICATION_REQUEST (2), on fetch_subject(leader server)
+      0  u8   version = 2
+      1  u32  session              the follower's number for this run of fetches (see below)
+      5  u32  count                partitions asked for (>= 1)
+      9  str  replica_id
+         count times:
+           i64  offset             first offset the follower wants (>= 0)
+           i64  leader_epoch       the leader epoch the follower believes current (>= 0)
+           i32  partition          (>= 0)
+           str  stream
 
-    fetch response       envelope REPLICATION_RESPONSE (3): Liftbridge's layout, exactly
-      0  i64  leader_epoch         (>= 0)
-      8  i64  hw                   high watermark, -1 when nothing is committed
-     16  ...  record batches, verbatim, possibly none (the follower is caught up)
+    fetch response       envelope REPLICATION_RESPONSE (3)
+      0  u8   version = 2
+      1  u32  count                partitions answered (0..the request's count)
+         count times:
+           u8   code               0: data follows; otherwise a FetchErrorCode
+           i32  partition          (>= 0)
+           str  stream
+           code 0:  i64 leader_epoch (>= 0), i64 hw (-1 when nothing is committed),
+                    u32 length, then that many bytes of record batches, verbatim
+                    (none: the follower is caught up)
+           else:    i64 leader_epoch, i64 log_start_offset (the responder's, -1 if
+                    unknown), str message
 
-    fetch error          envelope PARTITION_STATUS_RESPONSE (13), on the fetch reply inbox
+    fetch error          envelope PARTITION_STATUS_RESPONSE (13), the refusal of an epoch offset request
       0  u8   version = 1
       1  u8   code                 FetchErrorCode
       2  i64  leader_epoch         the responder's current leader epoch, -1 if unknown
      10  i64  log_start_offset     the responder's first offset, -1 if unknown
      18  str  message
 
-    epoch offset request envelope LEADER_EPOCH_OFFSET_REQUEST (6), sent on offset_subject()
-      0  u8   version = 1
-      1  i64  leader_epoch         the follower's latest epoch (>= 0)
-      9  i32  partition            (>= 0)
-     13  str  stream
+    epoch offset request envelope LEADER_EPOCH_OFFSET_REQUEST (6), on offset_subject(leader server)
+      0  u8   version = 2
+      1  i64  leader_epoch         the follower's latest epoch, the one asked about (>= 0)
+      9  i64  current_epoch        the leader epoch the follower believes the responder leads in (>= 0)
+     17  i32  partition            (>= 0)
+     21  str  stream
 
     epoch offset reply   envelope LEADER_EPOCH_OFFSET_RESPONSE (7)
       0  u8   version = 1
@@ -44,13 +58,17 @@ and signed (``i32``/``i64``) unless marked ``u``::
       1  u32  count                (>= 1)
       5       count times: str stream, i32 partition (>= 0)
 
-Why a fetch error is a separate envelope type: the fetch response layout is fixed
-by Liftbridge (16 bytes, then data), so no flag fits in it, and sentinel epochs
-would make a valid response ambiguous. The receiver of a fetch reply decides on
-the envelope type byte alone (:func:`decode_fetch_reply`). Type 13 belongs to
-Liftbridge's partition-status RPC, but a fetch error only ever arrives on the
-reply inbox of a fetch request, where no partition-status reply can arrive, and a
-Liftbridge follower that received one would reject it instead of misreading it.
+A fetch names every partition the follower replicates from that leader server
+(Kafka's fetch session, without the incremental part): one request per server
+pair instead of one per partition. A response may leave out partitions (the
+leader's byte budget ran out before them); the follower asks for those again at
+once. ``session`` tells apart the fetches one follower has outstanding at the
+same leader (one per chunk when its partitions do not fit one request): the
+leader holds at most one fetch per (follower, session) and answers an earlier
+one at once when a newer one arrives. The epoch offset request names the epoch
+the follower believes the responder leads in, so that a deposed leader that has
+not yet heard of its successor refuses it instead of answering from a log that
+may have diverged.
 
 A single :class:`PartitionNotification` and a batch share one layout (a batch of
 one), so a follower decodes whatever arrives on its notify subject with
@@ -70,14 +88,14 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from liftlog.api.envelope import Buffer, EnvelopeError, MsgType, decode_envelope, encode_envelope
 
 __all__ = [
-    "FETCH_RESPONSE_HEADER_LEN",
+    "FETCH_VERSION",
     "FORMAT_VERSION",
     "EpochOffsetRequest",
     "EpochOffsetResponse",
@@ -85,12 +103,15 @@ __all__ = [
     "FetchErrorCode",
     "FetchRequest",
     "FetchResponse",
+    "PartitionData",
+    "PartitionFetch",
     "PartitionNotification",
+    "PartitionRefusal",
     "ProtocolError",
+    "decode_epoch_offset_reply",
     "decode_epoch_offset_request",
     "decode_epoch_offset_response",
     "decode_fetch_error",
-    "decode_fetch_reply",
     "decode_fetch_request",
     "decode_fetch_response",
     "decode_notification",
@@ -102,16 +123,18 @@ __all__ = [
     "encode_fetch_response",
     "encode_notification",
     "encode_partition_notification",
+    "fetch_entry_size",
+    "fetch_subject",
     "notify_subject",
     "offset_subject",
-    "replicate_subject",
 ]
 
 FORMAT_VERSION: Final = 1
-"""First byte of every liftlog payload (not the fetch response): lets a reader refuse a format it does not know."""
+"""First byte of the fetch error, epoch offset reply and notification: a reader refuses a format it does not know."""
 
-FETCH_RESPONSE_HEADER_LEN: Final = 16
-"""Bytes of leader epoch and HW before the record batches of a fetch response."""
+FETCH_VERSION: Final = 2
+"""First byte of the multi-partition fetch request and response and of the epoch offset request (version 1
+was one partition per request, on subjects named after the partition)."""
 
 _I32_MAX: Final = 2**31 - 1
 _I64_MAX: Final = 2**63 - 1
@@ -122,13 +145,16 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
-_FETCH_REQUEST_HEAD = struct.Struct(">qqi")  # offset, leader_epoch, partition (after the version byte)
-_FETCH_RESPONSE_HEAD = struct.Struct(">qq")  # leader_epoch, hw
+_FETCH_REQUEST_HEAD = struct.Struct(">BII")  # version, session, count
+_FETCH_ENTRY = struct.Struct(">qqi")  # offset, leader_epoch, partition
+_FETCH_RESPONSE_HEAD = struct.Struct(">BI")  # version, count
+_ANSWER_HEAD = struct.Struct(">Bi")  # code, partition
+_DATA_HEAD = struct.Struct(">qqI")  # leader_epoch, hw, length
+_REFUSAL_HEAD = struct.Struct(">qq")  # leader_epoch, log_start_offset
 _FETCH_ERROR_HEAD = struct.Struct(">Bqq")  # code, leader_epoch, log_start_offset
-_EPOCH_REQUEST_HEAD = struct.Struct(">qi")  # leader_epoch, partition
+_EPOCH_REQUEST_HEAD = struct.Struct(">Bqqi")  # version, leader_epoch, current_epoch, partition
 _EPOCH_RESPONSE = struct.Struct(">qqq")  # leader_epoch, end_offset, log_start_offset
 _VERSION_BYTE: Final = _U8.pack(FORMAT_VERSION)
-assert _FETCH_RESPONSE_HEAD.size == FETCH_RESPONSE_HEADER_LEN
 
 # The 8-byte envelope header alone, so that a fetch response is built with one
 # join and its batches are copied once (encode_envelope would copy them again).
@@ -140,12 +166,12 @@ class ProtocolError(ValueError):
 
 
 class FetchErrorCode(enum.IntEnum):
-    """Why a leader cannot serve a fetch. The values are the wire codes: never renumber."""
+    """Why a leader cannot serve a partition's fetch. The values are the wire codes: never renumber (0 is data)."""
 
     NOT_LEADER = 1  # the responder does not lead the partition (any more), or is behind the follower's epoch
     UNKNOWN_PARTITION = 2  # the responder has no such stream partition
     OFFSET_OUT_OF_RANGE = 3  # the offset is below log_start_offset or past the log end
-    STALE_EPOCH = 4  # the follower's leader epoch is older than the leader's: it must refresh and truncate
+    STALE_EPOCH = 4  # the follower's leader epoch is not the leader's: it must refresh (and maybe truncate)
 
 
 _ERROR_CODES: Final = {int(c): c for c in FetchErrorCode}
@@ -155,14 +181,13 @@ _ERROR_CODES: Final = {int(c): c for c in FetchErrorCode}
 
 
 @dataclass(frozen=True, slots=True)
-class FetchRequest:
-    """A follower asks the leader for records from `offset`.
+class PartitionFetch:
+    """One partition of a fetch: records from ``offset``, from the leader of ``leader_epoch``.
 
-    `offset` is also the follower's acknowledgement: everything before it is in
+    ``offset`` is also the follower's acknowledgement: everything before it is in
     its log, which is how the leader tracks the ISR and advances the HW.
     """
 
-    replica_id: str
     stream: str
     partition: int
     offset: int
@@ -170,13 +195,24 @@ class FetchRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class FetchResponse:
-    """The leader's answer: its epoch and HW, and the record batches from the requested offset.
+class FetchRequest:
+    """A follower asks one leader server for every partition it follows there."""
 
-    `batches` is a view into the received buffer (no copy), which it keeps alive:
-    take ``bytes(batches)`` to keep the records longer than the buffer.
+    replica_id: str
+    session: int
+    partitions: tuple[PartitionFetch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionData:
+    """The leader's epoch and HW for a partition, and its record batches from the requested offset.
+
+    ``batches`` is a view into the received buffer (no copy), which it keeps alive:
+    take ``bytes(batches)`` to keep the records longer than the buffer. Empty: caught up.
     """
 
+    stream: str
+    partition: int
     leader_epoch: int
     hw: int
     batches: memoryview
@@ -184,7 +220,7 @@ class FetchResponse:
 
 @dataclass(frozen=True, slots=True)
 class FetchError:
-    """The leader cannot serve a fetch; `code` says why, the offsets help the follower recover."""
+    """The leader cannot serve a request; ``code`` says why, the offsets help the follower recover."""
 
     code: FetchErrorCode
     message: str
@@ -193,12 +229,36 @@ class FetchError:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionRefusal:
+    """One partition of a fetch that the leader cannot serve (the others are answered as usual)."""
+
+    stream: str
+    partition: int
+    error: FetchError
+
+
+PartitionAnswer = PartitionData | PartitionRefusal
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse:
+    """The answers, in the leader's order; partitions of the request that are missing get asked for again."""
+
+    partitions: tuple[PartitionAnswer, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class EpochOffsetRequest:
-    """A recovering follower asks where its latest leader epoch ends (KIP-101/279)."""
+    """A recovering follower asks where its latest leader epoch ends (KIP-101/279).
+
+    ``current_epoch`` is the epoch in which the follower believes the responder
+    leads: a responder that leads in another epoch (or not at all) refuses.
+    """
 
     stream: str
     partition: int
     leader_epoch: int
+    current_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,18 +285,18 @@ class PartitionNotification:
 # --- subjects ---------------------------------------------------------------------------
 
 
-def replicate_subject(namespace: str, stream: str, partition: int, leader_epoch: int) -> str:
-    """The subject the leader of ``leader_epoch`` serves fetch requests on.
+def fetch_subject(namespace: str, server_id: str) -> str:
+    """The subject server ``server_id`` serves fetches on, for every partition it leads.
 
-    The epoch is part of the subject so that a deposed leader that has not yet heard of its successor
-    never sees, let alone answers, a request meant for the new one.
+    A deposed leader still hears fetches meant for its successor's epoch: it refuses them
+    partition by partition (NOT_LEADER, STALE_EPOCH), which the request's epochs let it do.
     """
-    return f"{namespace}.{stream}.{partition}.{leader_epoch}.replicate"
+    return f"{namespace}.fetch.{server_id}"
 
 
-def offset_subject(namespace: str, stream: str, partition: int, leader_epoch: int) -> str:
-    """The subject the leader of ``leader_epoch`` serves leader-epoch offset requests on."""
-    return f"{namespace}.{stream}.{partition}.{leader_epoch}.offset"
+def offset_subject(namespace: str, server_id: str) -> str:
+    """The subject server ``server_id`` serves leader-epoch offset requests on."""
+    return f"{namespace}.offset.{server_id}"
 
 
 def notify_subject(namespace: str, server_id: str) -> str:
@@ -262,25 +322,60 @@ def _str(what: str, field: str, s: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
+def fetch_entry_size(stream: str) -> int:
+    """Bytes one partition of ``stream`` adds to a fetch request, or (before its batches) to a response."""
+    return _DATA_HEAD.size + _ANSWER_HEAD.size + _U16.size + len(stream.encode(errors="replace"))
+
+
 def encode_fetch_request(req: FetchRequest) -> bytes:
     what = "fetch request"
-    _check(what, "offset", req.offset, 0, _I64_MAX)
-    _check(what, "leader_epoch", req.leader_epoch, 0, _I64_MAX)
-    _check(what, "partition", req.partition, 0, _I32_MAX)
-    head = _VERSION_BYTE + _FETCH_REQUEST_HEAD.pack(req.offset, req.leader_epoch, req.partition)
-    payload = b"".join((head, _str(what, "replica_id", req.replica_id), _str(what, "stream", req.stream)))
-    return encode_envelope(MsgType.REPLICATION_REQUEST, payload)
+    _check(what, "session", req.session, 0, _U32_MAX)
+    _check(what, "count", len(req.partitions), 1, _U32_MAX)
+    parts = [_FETCH_REQUEST_HEAD.pack(FETCH_VERSION, req.session, len(req.partitions))]
+    parts.append(_str(what, "replica_id", req.replica_id))
+    for p in req.partitions:
+        _check(what, "offset", p.offset, 0, _I64_MAX)
+        _check(what, "leader_epoch", p.leader_epoch, 0, _I64_MAX)
+        _check(what, "partition", p.partition, 0, _I32_MAX)
+        parts.append(_FETCH_ENTRY.pack(p.offset, p.leader_epoch, p.partition))
+        parts.append(_str(what, "stream", p.stream))
+    return encode_envelope(MsgType.REPLICATION_REQUEST, b"".join(parts))
 
 
-def encode_fetch_response(leader_epoch: int, hw: int, batches: Buffer) -> bytes:
-    """A fetch response carrying `batches` verbatim (b"" when the follower is caught up).
+def encode_fetch_response(answers: Sequence[tuple[str, int, int, int, Buffer] | PartitionRefusal]) -> bytes:
+    """A fetch response; data answers are ``(stream, partition, leader_epoch, hw, batches)`` tuples.
 
-    The batches are copied once, into the result.
+    Each partition's batches are copied once, into the result (tuples rather than
+    :class:`PartitionData`, so that the leader need not make a view of what it read).
     """
     what = "fetch response"
-    _check(what, "leader_epoch", leader_epoch, 0, _I64_MAX)
-    _check(what, "hw", hw, -1, _I64_MAX)
-    return b"".join((_REPLICATION_RESPONSE_HEADER, _FETCH_RESPONSE_HEAD.pack(leader_epoch, hw), batches))
+    _check(what, "count", len(answers), 0, _U32_MAX)
+    parts: list[Buffer] = [_REPLICATION_RESPONSE_HEADER, _FETCH_RESPONSE_HEAD.pack(FETCH_VERSION, len(answers))]
+    for answer in answers:
+        if isinstance(answer, PartitionRefusal):
+            err = answer.error
+            code = _ERROR_CODES.get(err.code)
+            if code is None:
+                raise ProtocolError(f"cannot encode {what}: unknown error code {err.code!r}")
+            _check(what, "partition", answer.partition, 0, _I32_MAX)
+            _check(what, "leader_epoch", err.leader_epoch, -1, _I64_MAX)
+            _check(what, "log_start_offset", err.log_start_offset, -1, _I64_MAX)
+            parts.append(_ANSWER_HEAD.pack(code, answer.partition))
+            parts.append(_str(what, "stream", answer.stream))
+            parts.append(_REFUSAL_HEAD.pack(err.leader_epoch, err.log_start_offset))
+            parts.append(_str(what, "message", err.message))
+            continue
+        stream, partition, leader_epoch, hw, batches = answer
+        _check(what, "partition", partition, 0, _I32_MAX)
+        _check(what, "leader_epoch", leader_epoch, 0, _I64_MAX)
+        _check(what, "hw", hw, -1, _I64_MAX)
+        size = memoryview(batches).nbytes
+        _check(what, "batches length", size, 0, _U32_MAX)
+        parts.append(_ANSWER_HEAD.pack(0, partition))
+        parts.append(_str(what, "stream", stream))
+        parts.append(_DATA_HEAD.pack(leader_epoch, hw, size))
+        parts.append(batches)
+    return b"".join(parts)
 
 
 def encode_fetch_error(err: FetchError) -> bytes:
@@ -297,8 +392,9 @@ def encode_fetch_error(err: FetchError) -> bytes:
 def encode_epoch_offset_request(req: EpochOffsetRequest) -> bytes:
     what = "epoch offset request"
     _check(what, "leader_epoch", req.leader_epoch, 0, _I64_MAX)
+    _check(what, "current_epoch", req.current_epoch, 0, _I64_MAX)
     _check(what, "partition", req.partition, 0, _I32_MAX)
-    head = _VERSION_BYTE + _EPOCH_REQUEST_HEAD.pack(req.leader_epoch, req.partition)
+    head = _EPOCH_REQUEST_HEAD.pack(FETCH_VERSION, req.leader_epoch, req.current_epoch, req.partition)
     return encode_envelope(MsgType.LEADER_EPOCH_OFFSET_REQUEST, head + _str(what, "stream", req.stream))
 
 
@@ -380,10 +476,11 @@ class _Reader:
         self.pos = pos + st.size
         return st.unpack_from(self.buf, pos)
 
-    def version(self) -> None:
-        (v,) = self.unpack(_U8, "version")
-        if v != FORMAT_VERSION:
-            raise self.fail(f"unknown format version {v} at offset 0 (expected {FORMAT_VERSION})")
+    def version(self, value: int | None = None, expected: int = FORMAT_VERSION) -> None:
+        """Check the version byte (read here unless the caller unpacked it as ``value``)."""
+        v = self.unpack(_U8, "version")[0] if value is None else value
+        if v != expected:
+            raise self.fail(f"unknown format version {v} at offset 0 (expected {expected})")
 
     def int_(self, field: str, value: int, offset: int, low: int) -> int:
         """`value`, read at `offset`, after checking it is not below `low` (-1 or 0)."""
@@ -402,6 +499,13 @@ class _Reader:
         except UnicodeDecodeError as exc:
             raise self.fail(f"{field} at offset {pos} is not UTF-8 ({exc.reason})") from None
 
+    def bytes_(self, n: int, field: str) -> memoryview:
+        pos = self.pos
+        if pos + n > len(self.buf):
+            raise self.fail(f"truncated: {field} at offset {pos} needs {n} bytes, {len(self.buf) - pos} left")
+        self.pos = pos + n
+        return self.buf[pos : pos + n]
+
     def done(self) -> None:
         if self.pos != len(self.buf):
             raise self.fail(f"{len(self.buf) - self.pos} trailing bytes at offset {self.pos}")
@@ -409,23 +513,64 @@ class _Reader:
 
 def decode_fetch_request(data: Buffer) -> FetchRequest:
     r = _Reader(_payload(data, MsgType.REPLICATION_REQUEST, "fetch request"), "fetch request")
-    r.version()
-    offset, epoch, partition = r.unpack(_FETCH_REQUEST_HEAD, "header")
-    req = FetchRequest(
-        replica_id=r.str_("replica_id"),
-        stream=r.str_("stream"),
-        partition=r.int_("partition", partition, 17, 0),
-        offset=r.int_("offset", offset, 1, 0),
-        leader_epoch=r.int_("leader_epoch", epoch, 9, 0),
-    )
+    version, session, count = r.unpack(_FETCH_REQUEST_HEAD, "header")
+    r.version(version, FETCH_VERSION)
+    if count == 0:
+        raise r.fail("count at offset 5 is 0: a fetch asks for at least one partition")
+    replica_id = r.str_("replica_id")
+    entries: list[PartitionFetch] = []
+    for i in range(count):  # a huge count hits the end of the buffer first: no allocation up front
+        pos = r.pos
+        offset, epoch, partition = r.unpack(_FETCH_ENTRY, f"entry {i}")
+        entries.append(
+            PartitionFetch(
+                stream=r.str_(f"stream of entry {i}"),
+                partition=r.int_(f"partition of entry {i}", partition, pos + 16, 0),
+                offset=r.int_(f"offset of entry {i}", offset, pos, 0),
+                leader_epoch=r.int_(f"leader_epoch of entry {i}", epoch, pos + 8, 0),
+            )
+        )
     r.done()
-    return req
+    return FetchRequest(replica_id, session, tuple(entries))
 
 
-def _fetch_response(payload: memoryview) -> FetchResponse:
-    r = _Reader(payload, "fetch response")
-    epoch, hw = r.unpack(_FETCH_RESPONSE_HEAD, "leader_epoch and hw")
-    return FetchResponse(r.int_("leader_epoch", epoch, 0, 0), r.int_("hw", hw, 8, -1), payload[r.pos :])
+def decode_fetch_response(data: Buffer) -> FetchResponse:
+    """A fetch response; each partition's ``batches`` is a view of `data` (no copy), not yet validated as records."""
+    r = _Reader(_payload(data, MsgType.REPLICATION_RESPONSE, "fetch response"), "fetch response")
+    version, count = r.unpack(_FETCH_RESPONSE_HEAD, "header")
+    r.version(version, FETCH_VERSION)
+    answers: list[PartitionAnswer] = []
+    for i in range(count):
+        pos = r.pos
+        code, partition = r.unpack(_ANSWER_HEAD, f"answer {i}")
+        partition = r.int_(f"partition of answer {i}", partition, pos + 1, 0)
+        stream = r.str_(f"stream of answer {i}")
+        pos = r.pos
+        if code == 0:
+            epoch, hw, length = r.unpack(_DATA_HEAD, f"data head of answer {i}")
+            answers.append(
+                PartitionData(
+                    stream,
+                    partition,
+                    r.int_(f"leader_epoch of answer {i}", epoch, pos, 0),
+                    r.int_(f"hw of answer {i}", hw, pos + 8, -1),
+                    r.bytes_(length, f"batches of answer {i}"),
+                )
+            )
+            continue
+        known = _ERROR_CODES.get(code)
+        if known is None:
+            raise r.fail(f"unknown error code {code} in answer {i}")
+        epoch, log_start = r.unpack(_REFUSAL_HEAD, f"refusal head of answer {i}")
+        error = FetchError(
+            known,
+            r.str_(f"message of answer {i}"),
+            r.int_(f"leader_epoch of answer {i}", epoch, pos, -1),
+            r.int_(f"log_start_offset of answer {i}", log_start, pos + 8, -1),
+        )
+        answers.append(PartitionRefusal(stream, partition, error))
+    r.done()
+    return FetchResponse(tuple(answers))
 
 
 def _fetch_error(payload: memoryview) -> FetchError:
@@ -445,49 +590,27 @@ def _fetch_error(payload: memoryview) -> FetchError:
     return err
 
 
-def decode_fetch_response(data: Buffer) -> FetchResponse:
-    """A fetch response; its `batches` is a view of `data` (no copy), not yet validated as records.
-
-    A fetch error raises ProtocolError here: use :func:`decode_fetch_reply` on a fetch reply inbox.
-    """
-    return _fetch_response(_payload(data, MsgType.REPLICATION_RESPONSE, "fetch response"))
-
-
 def decode_fetch_error(data: Buffer) -> FetchError:
     return _fetch_error(_payload(data, MsgType.PARTITION_STATUS_RESPONSE, "fetch error"))
-
-
-def decode_fetch_reply(data: Buffer) -> FetchResponse | FetchError:
-    """Whatever a leader sent to a fetch reply inbox: told apart by the envelope type alone."""
-    msg_type, payload = _envelope(data, "fetch reply")
-    if msg_type is MsgType.REPLICATION_RESPONSE:
-        return _fetch_response(payload)
-    if msg_type is MsgType.PARTITION_STATUS_RESPONSE:
-        return _fetch_error(payload)
-    raise ProtocolError(
-        f"bad fetch reply: envelope type {int(msg_type)} ({msg_type.name}), expected "
-        f"{int(MsgType.REPLICATION_RESPONSE)} (REPLICATION_RESPONSE) or "
-        f"{int(MsgType.PARTITION_STATUS_RESPONSE)} (PARTITION_STATUS_RESPONSE, a fetch error)"
-    )
 
 
 def decode_epoch_offset_request(data: Buffer) -> EpochOffsetRequest:
     what = "epoch offset request"
     r = _Reader(_payload(data, MsgType.LEADER_EPOCH_OFFSET_REQUEST, what), what)
-    r.version()
-    epoch, partition = r.unpack(_EPOCH_REQUEST_HEAD, "header")
+    version, epoch, current, partition = r.unpack(_EPOCH_REQUEST_HEAD, "header")
+    r.version(version, FETCH_VERSION)
     req = EpochOffsetRequest(
         stream=r.str_("stream"),
-        partition=r.int_("partition", partition, 9, 0),
+        partition=r.int_("partition", partition, 17, 0),
         leader_epoch=r.int_("leader_epoch", epoch, 1, 0),
+        current_epoch=r.int_("current_epoch", current, 9, 0),
     )
     r.done()
     return req
 
 
-def decode_epoch_offset_response(data: Buffer) -> EpochOffsetResponse:
-    what = "epoch offset response"
-    r = _Reader(_payload(data, MsgType.LEADER_EPOCH_OFFSET_RESPONSE, what), what)
+def _epoch_offset_response(payload: memoryview) -> EpochOffsetResponse:
+    r = _Reader(payload, "epoch offset response")
     r.version()
     epoch, end, log_start = r.unpack(_EPOCH_RESPONSE, "body")
     r.done()
@@ -495,6 +618,25 @@ def decode_epoch_offset_response(data: Buffer) -> EpochOffsetResponse:
         leader_epoch=r.int_("leader_epoch", epoch, 1, -1),
         end_offset=r.int_("end_offset", end, 9, -1),
         log_start_offset=r.int_("log_start_offset", log_start, 17, -1),
+    )
+
+
+def decode_epoch_offset_response(data: Buffer) -> EpochOffsetResponse:
+    what = "epoch offset response"
+    return _epoch_offset_response(_payload(data, MsgType.LEADER_EPOCH_OFFSET_RESPONSE, what))
+
+
+def decode_epoch_offset_reply(data: Buffer) -> EpochOffsetResponse | FetchError:
+    """Whatever a leader sent to an epoch offset request's inbox: told apart by the envelope type alone."""
+    msg_type, payload = _envelope(data, "epoch offset reply")
+    if msg_type is MsgType.LEADER_EPOCH_OFFSET_RESPONSE:
+        return _epoch_offset_response(payload)
+    if msg_type is MsgType.PARTITION_STATUS_RESPONSE:
+        return _fetch_error(payload)
+    raise ProtocolError(
+        f"bad epoch offset reply: envelope type {int(msg_type)} ({msg_type.name}), expected "
+        f"{int(MsgType.LEADER_EPOCH_OFFSET_RESPONSE)} (LEADER_EPOCH_OFFSET_RESPONSE) or "
+        f"{int(MsgType.PARTITION_STATUS_RESPONSE)} (PARTITION_STATUS_RESPONSE, a refusal)"
     )
 
 

@@ -35,6 +35,11 @@ class NatsSubscription(Protocol):
 
 
 class NatsClient(Protocol):
+    @property
+    def max_payload(self) -> int:
+        """The largest message the connected nats-server takes (from its INFO)."""
+        ...
+
     async def publish(
         self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
     ) -> None: ...

@@ -1,19 +1,24 @@
 """The asyncio shell of partition replication: serving fetches, fetching, notifications, ISR proposals.
 
-Leader side: for every partition it leads, the server answers fetches on
-``<ns>.<stream>.<partition>.<leader epoch>.replicate`` and epoch questions on
-``<ns>.<stream>.<partition>.<leader epoch>.offset`` from its ``LeaderReplica``
-(the epoch in the subject keeps a deposed leader from hearing requests meant
-for its successor); a caught-up follower's fetch is held until there is
-data or ``clustering.replica.fetch.wait`` passes. Follower notifications go
-out batched, one message per follower server, on ``<ns>.notify.<server>``;
-ISR proposals go to the controller.
+Leader side: a server answers every fetch of the partitions it leads on one
+subject, ``<ns>.fetch.<server>``, and epoch questions on ``<ns>.offset.<server>``
+(``replication.protocol``). A fetch names every partition one follower server
+replicates from this leader; each partition is answered from its
+``LeaderReplica`` or refused on its own (not the leader, another epoch, out of
+range), so one partition's trouble never holds up the others. A fetch whose
+partitions are all caught up is held until one of them has data or
+``clustering.replica.fetch.wait`` passes. Notifications for followers without a
+held fetch go out batched, one message per follower server, on
+``<ns>.notify.<server>``; ISR proposals go to the controller.
 
 Follower side: one fetch loop per leader server, shared by every partition
-this server follows there (seed 002). Each partition's request is a task of
-its own, so a slow or held one does not delay the others; the loop carries
-out what each ``FollowerReplica`` asks: truncate, append the raw batches,
-move the HW, sleep until the idle wait ends or a notification arrives.
+this server follows there (seed 002). It sends one fetch for all of them
+(several if they do not fit one request) and carries out what each
+``FollowerReplica`` asks: truncate, append the raw batches, move the HW, sleep
+until the idle wait ends or a notification arrives. A partition that joins
+while a fetch is out (a new follower, a retry, the end of a truncation) sends a
+new fetch for everyone at once; the leader answers the earlier one straight
+away and the follower ignores that answer.
 
 The cores decide; this module only moves bytes and calls the log.
 """
@@ -22,13 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from liftlog.api.envelope import Buffer
 from liftlog.replication.follower import (
     Append,
     Fetch,
@@ -47,11 +52,14 @@ from liftlog.replication.protocol import (
     FetchError,
     FetchErrorCode,
     FetchRequest,
+    PartitionData,
+    PartitionFetch,
+    PartitionRefusal,
     ProtocolError,
+    decode_epoch_offset_reply,
     decode_epoch_offset_request,
-    decode_epoch_offset_response,
-    decode_fetch_reply,
     decode_fetch_request,
+    decode_fetch_response,
     decode_notification,
     encode_epoch_offset_request,
     encode_epoch_offset_response,
@@ -59,9 +67,10 @@ from liftlog.replication.protocol import (
     encode_fetch_request,
     encode_fetch_response,
     encode_notification,
+    fetch_entry_size,
+    fetch_subject,
     notify_subject,
     offset_subject,
-    replicate_subject,
 )
 from liftlog.storage import StorageError
 
@@ -77,6 +86,17 @@ _warn = LogLimiter(log)
 
 ProposeIsrCallback = Callable[[Partition, tuple[str, ...], str], Awaitable[None]]
 ReportLeaderCallback = Callable[[Partition, ReportLeader], Awaitable[None]]
+
+PartitionKey = tuple[str, int]
+#: A data answer as the leader encodes it: (stream, partition, leader epoch, HW, batches).
+_DataAnswer = tuple[str, int, int, int, Buffer]
+
+#: Envelope (with a CRC), version and count: what a fetch response holds besides its answers.
+_RESPONSE_OVERHEAD = 12 + 5
+#: Followers whose answer rotation is remembered (more than any cluster has servers).
+_MAX_FOLLOWERS = 1024
+#: A fetch request stays under this many bytes; the follower splits its partitions over several if needed.
+_REQUEST_MAX_BYTES = 256 << 10
 
 
 class _StorageFailed(Exception):
@@ -102,6 +122,8 @@ class ReplicatorSettings:
     idle_wait_s: float = 10.0
     fetch_timeout_s: float = 3.0
     leader_timeout_ns: int = 15_000_000_000
+    #: Most bytes of record batches in one fetch response (all its partitions together); the
+    #: connected nats-server's max_payload bounds it too.
     max_bytes: int = 1 << 20
     retry_s: float = 0.25
     #: How long the leader holds a caught-up follower's fetch, answering it as soon as there is data
@@ -119,6 +141,11 @@ class _Following:
     #: A notification arrived while a request was in flight: do not sleep after its (empty) answer.
     notified: bool = False
     due: float = 0.0
+    #: The Fetch out for this partition and the number of the newest fetch request carrying it.
+    sent: Fetch | None = None
+    request: int = 0
+    #: Which of the loop's fetch requests carries this partition (all of them unless they do not fit one).
+    session: int = 0
 
 
 @dataclass(slots=True)
@@ -126,9 +153,38 @@ class _Loop:
     """Fetching from one leader server: its partitions and the task that serves them."""
 
     leader: str
-    members: dict[tuple[str, int], _Following] = field(default_factory=dict)
+    members: dict[PartitionKey, _Following] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    #: Numbers the fetch requests; an answer counts only for partitions whose newest request it answers.
+    requests: int = 0
+    #: Bytes each session's request takes (``_REQUEST_MAX_BYTES`` at most, unless one partition is larger).
+    session_bytes: list[int] = field(default_factory=list)
+
+    def join(self, member: _Following) -> None:
+        size = fetch_entry_size(member.part.stream)
+        session = next((i for i, used in enumerate(self.session_bytes) if used + size <= _REQUEST_MAX_BYTES), None)
+        if session is None:
+            session = len(self.session_bytes)
+            self.session_bytes.append(0)
+        self.session_bytes[session] += size
+        member.session = session
+        self.members[(member.part.stream, member.part.id)] = member
+
+    def leave(self, key: PartitionKey) -> None:
+        member = self.members.pop(key, None)
+        if member is not None:
+            self.session_bytes[member.session] -= fetch_entry_size(member.part.stream)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A fetch whose partitions were all caught up, answered when one of them has data or the wait ends."""
+
+    req: FetchRequest
+    msg: NatsMessage
+    keys: frozenset[PartitionKey]
+    timer: asyncio.TimerHandle
 
 
 class Replicator:
@@ -149,26 +205,33 @@ class Replicator:
         self._report_leader = report_leader
         self._clock = clock
         self._nats: NatsClient
-        #: Led partitions: the partition, its request subscriptions and the leader epoch they serve.
-        self._served: dict[tuple[str, int], tuple[Partition, list[NatsSubscription], int]] = {}
+        #: Led partitions, by key.
+        self._served: dict[PartitionKey, Partition] = {}
+        self._subs: list[NatsSubscription] = []
         self._loops: dict[str, _Loop] = {}
-        self._notify_sub: NatsSubscription | None = None
-        self._outbox: dict[str, set[tuple[str, int]]] = {}
+        self._outbox: dict[str, set[PartitionKey]] = {}
         self._flush_scheduled = False
-        #: Fetches of caught-up followers held until there is data, by partition and follower.
-        self._parked: dict[tuple[str, int], dict[str, _Parked]] = {}
-        self._wake_parked: list[tuple[Partition, str]] = []
+        #: Held fetches, by follower and session.
+        self._held: dict[str, dict[int, _Held]] = {}
+        self._wake_held: set[tuple[str, int]] = set()
+        #: Where the next answer to each follower starts, so that a partition with a backlog cannot
+        #: take every response's byte budget.
+        self._rotation: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self, nats: NatsClient) -> None:
         self._nats = nats
-        self._notify_sub = await nats.subscribe(notify_subject(self._ns, self.server_id), cb=self._on_notify)
+        self._subs = [
+            await nats.subscribe(notify_subject(self._ns, self.server_id), cb=self._on_notify),
+            await nats.subscribe(fetch_subject(self._ns, self.server_id), cb=self._serve_fetch),
+            await nats.subscribe(offset_subject(self._ns, self.server_id), cb=self._serve_epoch),
+        ]
 
     async def stop(self) -> None:
-        for held in self._parked.values():
-            for parked in held.values():
-                parked.timer.cancel()
-        self._parked.clear()
+        for sessions in self._held.values():
+            for held in sessions.values():
+                held.timer.cancel()
+        self._held.clear()
         for loop in self._loops.values():
             if loop.task is not None:
                 loop.task.cancel()
@@ -178,15 +241,11 @@ class Replicator:
             *(lp.task for lp in self._loops.values() if lp.task is not None), *self._tasks, return_exceptions=True
         )
         self._loops.clear()
-        for _, subs, _ in self._served.values():
-            for sub in subs:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
         self._served.clear()
-        if self._notify_sub is not None:
+        for sub in self._subs:
             with contextlib.suppress(Exception):
-                await self._notify_sub.unsubscribe()
-            self._notify_sub = None
+                await sub.unsubscribe()
+        self._subs = []
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -195,138 +254,180 @@ class Replicator:
 
     # -- leader side -----------------------------------------------------
 
-    async def lead(self, part: Partition) -> None:
-        """Start serving followers of ``part`` (it already has its ``leader`` core) in its leader epoch."""
+    def lead(self, part: Partition) -> None:
+        """Serve followers' fetches of ``part`` (it already has its ``leader`` core) in its leader epoch."""
         assert part.leader is not None
-        key = (part.stream, part.id)
-        epoch = part.leader.leader_epoch
         part.leader_actions = self._on_leader_actions
-        served = self._served.get(key)
-        if served is not None:
-            if served[2] == epoch:
-                return
-            await self.stop_leading(part)  # re-elected: serve the new epoch's subjects only
-        subs = [
-            await self._nats.subscribe(
-                replicate_subject(self._ns, part.stream, part.id, epoch),
-                cb=functools.partial(self._serve_fetch, part),
-            ),
-            await self._nats.subscribe(
-                offset_subject(self._ns, part.stream, part.id, epoch),
-                cb=functools.partial(self._serve_epoch, part),
-            ),
-        ]
-        self._served[key] = (part, subs, epoch)
+        self._served[(part.stream, part.id)] = part
+        self._answer_held_of(part)  # fetches held for an earlier epoch get refused now
 
-    async def stop_leading(self, part: Partition) -> None:
-        for replica in list(self._parked.get((part.stream, part.id), ())):
-            self._answer_parked(part, replica)  # a refusal now (not leading, or a stale epoch)
-        _, subs, _ = self._served.pop((part.stream, part.id), (part, [], -1))
-        for sub in subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+    def stop_leading(self, part: Partition) -> None:
+        key = (part.stream, part.id)
+        if self._served.get(key) is part:
+            del self._served[key]
+        self._answer_held_of(part)  # a refusal now (not leading)
 
     def tick(self) -> None:
         """Let every led partition judge its followers' lag."""
         now = self._clock()
-        for part, _, _ in list(self._served.values()):
+        for part in list(self._served.values()):
             part.leader_tick(now)
 
-    async def _serve_fetch(self, part: Partition, msg: NatsMessage) -> None:
+    async def _serve_fetch(self, msg: NatsMessage) -> None:
         try:
             req = decode_fetch_request(msg.data)
         except ProtocolError as exc:
             _warn.warning("malformed fetch request on %s: %s", msg.subject, exc)
             return
-        reply, caught_up = self._fetch_reply(part, req)
+        # A newer fetch of the same session: its follower gave up on the earlier one (a timeout) or
+        # added partitions to it. Answer that one now; the follower reads only the newest answer.
+        self._answer_held(req.replica_id, req.session)
+        reply, caught_up = self._fetch_reply(req)
         wait = min(self.settings.fetch_wait_s, self.settings.fetch_timeout_s / 2)
         if caught_up and wait > 0:
             # Held, the fetch is answered the moment data arrives: a notification and a second fetch
             # would take two more trips through NATS (what an ack ALL waits for).
-            self._park(part, req, msg, wait)
+            timer = asyncio.get_running_loop().call_later(wait, self._answer_held, req.replica_id, req.session, msg)
+            keys = frozenset((p.stream, p.partition) for p in req.partitions)
+            self._held.setdefault(req.replica_id, {})[req.session] = _Held(req, msg, keys, timer)
             return
-        with contextlib.suppress(Exception):
-            await msg.respond(reply)
+        await self._respond(msg, reply)
 
-    def _park(self, part: Partition, req: FetchRequest, msg: NatsMessage, wait: float) -> None:
-        held = self._parked.setdefault((part.stream, part.id), {})
-        earlier = held.pop(req.replica_id, None)
-        if earlier is not None:  # its follower gave up on it (a timeout) and asked again
-            earlier.timer.cancel()
-        timer = asyncio.get_running_loop().call_later(wait, self._answer_parked, part, req.replica_id, msg)
-        held[req.replica_id] = _Parked(req, msg, timer)
-
-    def _answer_parked(self, part: Partition, replica: str, msg: NatsMessage | None = None) -> None:
-        """Answer ``replica``'s held fetch of ``part`` now (``msg``: only if it is still that one)."""
-        key = (part.stream, part.id)
-        held = self._parked.get(key, {})
-        parked = held.get(replica)
-        if parked is None or (msg is not None and parked.msg is not msg):
-            return
-        del held[replica]
-        if not held:
-            del self._parked[key]
-        parked.timer.cancel()
-        reply, _ = self._fetch_reply(part, parked.req)
-        self._spawn(parked.msg.respond(reply))
-
-    def _fetch_reply(self, part: Partition, req: FetchRequest) -> tuple[bytes, bool]:
-        """The encoded answer to a fetch, and whether it is the empty answer of a caught-up follower."""
-        leader = part.leader
-        if leader is None or part.log is None:
-            return encode_fetch_error(
-                FetchError(FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead {part.stream}/{part.id}", -1, -1)
-            ), False
-        if req.leader_epoch != leader.leader_epoch:
-            return encode_fetch_error(
-                FetchError(
-                    FetchErrorCode.STALE_EPOCH,
-                    f"leader epoch is {leader.leader_epoch}, not {req.leader_epoch}",
-                    leader.leader_epoch,
-                    part.log.log_start_offset,
-                )
-            ), False
-        if req.offset < part.log.log_start_offset or req.offset > part.log.log_end_offset:
-            return encode_fetch_error(
-                FetchError(
-                    FetchErrorCode.OFFSET_OUT_OF_RANGE,
-                    f"offset {req.offset} is outside {part.log.log_start_offset}..{part.log.log_end_offset}",
-                    leader.leader_epoch,
-                    part.log.log_start_offset,
-                )
-            ), False
+    async def _respond(self, msg: NatsMessage, reply: bytes) -> None:
         try:
-            answer, data = part.serve_fetch(req.replica_id, req.offset, req.leader_epoch, self.settings.max_bytes)
-        except (ValueError, StorageError) as exc:
-            return encode_fetch_error(
-                FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), leader.leader_epoch, part.log.log_start_offset)
-            ), False
-        return encode_fetch_response(answer.leader_epoch, answer.hw, data), answer.empty
+            await msg.respond(reply)
+        except Exception as exc:
+            _warn.warning("could not answer a fetch (%d bytes): %r", len(reply), exc)
 
-    async def _serve_epoch(self, part: Partition, msg: NatsMessage) -> None:
+    def _answer_held(self, replica: str, session: int, msg: NatsMessage | None = None) -> None:
+        """Answer ``replica``'s held fetch of ``session`` now (``msg``: only if it is still that one)."""
+        sessions = self._held.get(replica)
+        held = sessions.get(session) if sessions is not None else None
+        if held is None or (msg is not None and held.msg is not msg):
+            return
+        assert sessions is not None
+        del sessions[session]
+        if not sessions:
+            del self._held[replica]
+        held.timer.cancel()
+        reply, _ = self._fetch_reply(held.req)
+        self._spawn(self._respond(held.msg, reply))
+
+    def _answer_held_of(self, part: Partition) -> None:
+        key = (part.stream, part.id)
+        for replica, sessions in list(self._held.items()):
+            for session, held in list(sessions.items()):
+                if key in held.keys:
+                    self._answer_held(replica, session)
+
+    def _response_limit(self) -> int:
+        """Most bytes of answers in one fetch response."""
+        return min(self.settings.max_bytes, int(self._nats.max_payload)) - _RESPONSE_OVERHEAD
+
+    def _fetch_reply(self, req: FetchRequest) -> tuple[bytes, bool]:
+        """The encoded answer to a fetch, and whether every partition in it is caught up.
+
+        Answers partitions in turn from where the previous answer to this follower started, until
+        the byte budget is spent; those left out are asked for again at once.
+        """
+        parts = req.partitions
+        n = len(parts)
+        start = self._rotation.get(req.replica_id, 0) % n
+        if len(self._rotation) >= _MAX_FOLLOWERS and req.replica_id not in self._rotation:
+            self._rotation.clear()  # ids from the wire: whoever can publish here must not grow it for ever
+        self._rotation[req.replica_id] = start + 1
+        room = self._response_limit()
+        answers: list[_DataAnswer | PartitionRefusal] = []
+        caught_up = True
+        for i in range(n):
+            p = parts[(start + i) % n]
+            size = fetch_entry_size(p.stream)
+            if room - size <= 0 and answers:
+                caught_up = False
+                break
+            answer = self._answer_partition(req.replica_id, p, max(room - size, 1))
+            if isinstance(answer, PartitionRefusal):
+                caught_up = False
+                size += len(answer.error.message.encode())
+            elif answer[4]:
+                caught_up = False
+                size += len(answer[4])
+                if size > room and answers:
+                    continue  # a batch larger than what is left: it comes first in a later answer
+            answers.append(answer)
+            room -= size
+        return encode_fetch_response(answers), caught_up
+
+    def _answer_partition(self, replica: str, p: PartitionFetch, max_bytes: int) -> _DataAnswer | PartitionRefusal:
+        part = self._served.get((p.stream, p.partition))
+        leader = part.leader if part is not None else None
+        if part is None or leader is None or part.log is None:
+            return self._refusal(p, FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead it", -1, -1)
+        start, end = part.log.log_start_offset, part.log.log_end_offset
+        if p.leader_epoch != leader.leader_epoch:
+            return self._refusal(
+                p,
+                FetchErrorCode.STALE_EPOCH,
+                f"leader epoch is {leader.leader_epoch}, not {p.leader_epoch}",
+                leader.leader_epoch,
+                start,
+            )
+        if p.offset < start or p.offset > end:
+            return self._refusal(
+                p,
+                FetchErrorCode.OFFSET_OUT_OF_RANGE,
+                f"offset {p.offset} is outside {start}..{end}",
+                leader.leader_epoch,
+                start,
+            )
+        try:
+            answer, data = part.serve_fetch(replica, p.offset, p.leader_epoch, max_bytes)
+        except (ValueError, StorageError) as exc:
+            return self._refusal(p, FetchErrorCode.UNKNOWN_PARTITION, str(exc), leader.leader_epoch, start)
+        return (p.stream, p.partition, answer.leader_epoch, answer.hw, data)
+
+    @staticmethod
+    def _refusal(p: PartitionFetch, code: FetchErrorCode, message: str, epoch: int, start: int) -> PartitionRefusal:
+        return PartitionRefusal(p.stream, p.partition, FetchError(code, message, epoch, start))
+
+    async def _serve_epoch(self, msg: NatsMessage) -> None:
         try:
             req = decode_epoch_offset_request(msg.data)
         except ProtocolError as exc:
             _warn.warning("malformed epoch offset request on %s: %s", msg.subject, exc)
             return
-        if part.log is None or part.leader is None:
-            # Stepped down, not yet unsubscribed: stay silent. "No such epoch" would make the follower
-            # truncate its whole log; without an answer it asks again, and the new leader answers.
-            return
-        epoch, end = part.epoch_end(req.leader_epoch)
-        start = part.log.log_start_offset
-        with contextlib.suppress(Exception):
-            await msg.respond(encode_epoch_offset_response(EpochOffsetResponse(epoch, end, start)))
+        part = self._served.get((req.stream, req.partition))
+        leader = part.leader if part is not None else None
+        if part is None or leader is None or part.log is None:
+            # Never "no such epoch" from a server that does not lead: that would make the follower
+            # truncate its whole log. A refusal makes it ask again, of whoever leads by then.
+            refusal = FetchError(FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead it", -1, -1)
+            reply = encode_fetch_error(refusal)
+        elif req.current_epoch != leader.leader_epoch:
+            # A deposed leader that has not heard of its successor, or one that is ahead of the follower.
+            reply = encode_fetch_error(
+                FetchError(
+                    FetchErrorCode.STALE_EPOCH,
+                    f"leader epoch is {leader.leader_epoch}, not {req.current_epoch}",
+                    leader.leader_epoch,
+                    part.log.log_start_offset,
+                )
+            )
+        else:
+            epoch, end = part.epoch_end(req.leader_epoch)
+            reply = encode_epoch_offset_response(EpochOffsetResponse(epoch, end, part.log.log_start_offset))
+        await self._respond(msg, reply)
 
     def _on_leader_actions(self, part: Partition, actions: Sequence[LeaderAction]) -> None:
+        key = (part.stream, part.id)
         for action in actions:
             if isinstance(action, NotifyFollowers):
-                held = self._parked.get((part.stream, part.id), {})
                 for follower in action.replicas:
-                    if follower in held:
-                        self._wake_parked.append((part, follower))
+                    held = [s for s, h in self._held.get(follower, {}).items() if key in h.keys]
+                    if held:
+                        self._wake_held.update((follower, s) for s in held)
                     else:
-                        self._outbox.setdefault(follower, set()).add((part.stream, part.id))
+                        self._outbox.setdefault(follower, set()).add(key)
                 if not self._flush_scheduled:
                     self._flush_scheduled = True
                     asyncio.get_running_loop().call_soon(self._flush_notifications)
@@ -336,9 +437,9 @@ class Replicator:
 
     def _flush_notifications(self) -> None:
         self._flush_scheduled = False
-        wake, self._wake_parked = self._wake_parked, []
-        for part, follower in wake:
-            self._answer_parked(part, follower)
+        wake, self._wake_held = self._wake_held, set()
+        for follower, session in wake:
+            self._answer_held(follower, session)
         outbox, self._outbox = self._outbox, {}
         for follower, pairs in outbox.items():
             self._spawn(self._nats.publish(notify_subject(self._ns, follower), encode_notification(sorted(pairs))))
@@ -371,14 +472,14 @@ class Replicator:
             loop = self._loops[meta.leader] = _Loop(meta.leader)
             loop.task = asyncio.get_running_loop().create_task(self._fetch_loop(loop), name=f"fetch-from-{meta.leader}")
         member = _Following(part, core)
-        loop.members[(part.stream, part.id)] = member
+        loop.join(member)
         self._carry_out(member, core.start())
         loop.wake.set()
 
     def unfollow(self, part: Partition) -> None:
         key = (part.stream, part.id)
         for loop in self._loops.values():
-            loop.members.pop(key, None)
+            loop.leave(key)
         part.follower = None
 
     async def _on_notify(self, msg: NatsMessage) -> None:
@@ -413,10 +514,19 @@ class Replicator:
             raise
 
     async def _fetch_rounds(self, loop: _Loop) -> None:
-        """Send every due request on its own: a fetch the leader holds (nothing new yet) must not hold
-        up the other partitions' fetches from the same leader."""
+        """Send a fetch for every partition as soon as one of them has a new request due.
+
+        Fetches already out are superseded rather than waited for: the leader may be holding them
+        (nothing new yet), and a partition that just joined must not wait for that.
+        """
         clock = asyncio.get_running_loop().time
         in_flight: set[asyncio.Task[None]] = set()
+
+        def run(coro: Awaitable[None]) -> None:
+            task = asyncio.ensure_future(coro)
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+
         try:
             while True:
                 loop.wake.clear()  # before looking: an answer that lands meanwhile sets it again
@@ -425,15 +535,19 @@ class Replicator:
                     if m.sleeping and m.due <= now:
                         m.sleeping = False
                         self._carry_out(m, m.core.wake())
-                due = [m for m in loop.members.values() if m.pending is not None and m.due <= now]
-                for m in due:
-                    action, m.pending = m.pending, None
-                    assert action is not None
-                    m.notified = False  # this request sees whatever was announced before it
-                    task = asyncio.ensure_future(self._request_then_wake(m, action, loop))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-                if not due:
+                fetch_due = False
+                for m in list(loop.members.values()):
+                    if m.pending is None or m.due > now:
+                        continue
+                    if isinstance(m.pending, RequestEpochOffset):
+                        action, m.pending = m.pending, None
+                        run(self._request_epoch(m, action, loop))
+                    else:
+                        fetch_due = True
+                if fetch_due:
+                    for members, request, number in self._next_fetches(loop, now):
+                        run(self._fetch(loop, members, request, number))
+                else:
                     waits = [m.due - now for m in loop.members.values() if m.due > now]
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(loop.wake.wait(), min(waits, default=self.settings.idle_wait_s))
@@ -441,70 +555,128 @@ class Replicator:
             for task in in_flight:
                 task.cancel()
 
-    async def _request_then_wake(self, member: _Following, action: FollowerAction, loop: _Loop) -> None:
-        try:
-            await self._request(member, action)
-        finally:
-            loop.wake.set()  # its next request (if any) is due now or later
+    def _next_fetches(self, loop: _Loop, now: float) -> list[tuple[list[_Following], FetchRequest, int]]:
+        """A fetch request for each session with a partition due: it carries every partition of the
+        session that is due, asleep (so the leader can answer as soon as it has data for one) or
+        already out (that earlier request is superseded)."""
+        due: set[int] = set()
+        for m in loop.members.values():
+            if isinstance(m.pending, Fetch) and m.due <= now:
+                due.add(m.session)
+        sessions: dict[int, list[_Following]] = {}
+        for m in loop.members.values():
+            if m.session not in due:
+                continue
+            woke = m.sleeping
+            if woke:
+                m.sleeping = False
+                self._carry_out(m, m.core.wake())
+            if isinstance(m.pending, Fetch) and (woke or m.due <= now):
+                m.sent, m.pending = m.pending, None
+                m.notified = False  # this request sees whatever was announced before it
+            if m.sent is not None:
+                sessions.setdefault(m.session, []).append(m)
+        fetches = []
+        for session, members in sessions.items():
+            loop.requests += 1
+            entries = []
+            for m in members:
+                assert m.sent is not None
+                m.request = loop.requests
+                entries.append(PartitionFetch(m.part.stream, m.part.id, m.sent.offset, m.sent.leader_epoch))
+            fetches.append((members, FetchRequest(self.server_id, session, tuple(entries)), loop.requests))
+        return fetches
 
-    async def _request(self, member: _Following, action: FollowerAction) -> None:
-        part, core = member.part, member.core
+    async def _fetch(self, loop: _Loop, members: list[_Following], req: FetchRequest, number: int) -> None:
         try:
-            if isinstance(action, Fetch):
-                req = FetchRequest(self.server_id, part.stream, part.id, action.offset, action.leader_epoch)
-                msg = await self._nats.request(
-                    replicate_subject(self._ns, part.stream, part.id, core.leader_epoch),
-                    encode_fetch_request(req),
-                    timeout=self.settings.fetch_timeout_s,
-                )
-                reply = decode_fetch_reply(msg.data)
-                if isinstance(reply, FetchError):
-                    raise _Refused(reply)
-                if part.follower is not core:
-                    return  # unfollowed meanwhile
-                first = action.offset
-                actions = core.fetched(reply.leader_epoch, reply.hw, first, not reply.batches, self._clock())
-                if actions and isinstance(actions[0], Append):
-                    assert part.log is not None
-                    with _storage():
-                        part.log.append_raw(reply.batches)
-                    part.write_succeeded()
-                    part.appended()
-                    actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())
-                self._carry_out(member, actions)
-            elif isinstance(action, RequestEpochOffset):
-                msg = await self._nats.request(
-                    offset_subject(self._ns, part.stream, part.id, core.leader_epoch),
-                    encode_epoch_offset_request(EpochOffsetRequest(part.stream, part.id, action.epoch)),
-                    timeout=self.settings.fetch_timeout_s,
-                )
-                resp = decode_epoch_offset_response(msg.data)
-                if part.follower is not core or part.log is None:
-                    return
-                local = part.epoch_end(resp.leader_epoch)[1]  # unused by the core when the epoch is -1
-                self._carry_out(member, core.epoch_offset(resp.leader_epoch, resp.end_offset, local))
+            msg = await self._nats.request(
+                fetch_subject(self._ns, loop.leader), encode_fetch_request(req), timeout=self.settings.fetch_timeout_s
+            )
+            resp = decode_fetch_response(msg.data)
         except asyncio.CancelledError:
             raise
-        except _Refused as refused:
-            if part.follower is not core:
-                return
-            if refused.error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
-                try:
-                    self._out_of_range(part, core, refused.error)
-                except _StorageFailed as failed:
-                    self._storage_failed(part, failed.cause)
-                return
-            log.debug("%s: %s refused a fetch: %s", part, core.leader, refused)
-            self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
-        except _StorageFailed as failed:
-            if part.follower is not core:
-                return
-            self._storage_failed(part, failed.cause)
         except Exception as exc:
-            if part.follower is not core:
+            log.debug("a fetch of %d partitions from %s failed: %r", len(members), loop.leader, exc)
+            for m in members:
+                if self._current(m, number):
+                    m.sent = None
+                    self._carry_out(m, m.core.failed(self._clock()), delay=self.settings.retry_s)
+            return
+        finally:
+            loop.wake.set()  # the next requests (if any) are due now or later
+        answers = {(a.stream, a.partition): a for a in resp.partitions}
+        for m in members:
+            if not self._current(m, number):
+                continue  # unfollowed, or carried by a newer request whose answer counts instead
+            sent, m.sent = m.sent, None
+            assert sent is not None
+            answer = answers.get((m.part.stream, m.part.id))
+            if answer is None:
+                m.pending, m.due = sent, 0.0  # left out of this answer for its size: ask again now
+                continue
+            self._apply(m, sent, answer)
+
+    def _current(self, member: _Following, request: int) -> bool:
+        return member.part.follower is member.core and member.request == request and member.sent is not None
+
+    def _apply(self, member: _Following, sent: Fetch, answer: PartitionData | PartitionRefusal) -> None:
+        if isinstance(answer, PartitionRefusal):
+            self._refused(member, answer.error)
+            return
+        part, core = member.part, member.core
+        try:
+            actions = core.fetched(answer.leader_epoch, answer.hw, sent.offset, not answer.batches, self._clock())
+            if actions and isinstance(actions[0], Append):
+                assert part.log is not None
+                with _storage():
+                    part.log.append_raw(answer.batches)
+                part.write_succeeded()
+                part.appended()
+                actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())
+            self._carry_out(member, actions)
+        except _StorageFailed as failed:
+            self._storage_failed(part, failed.cause)
+
+    def _refused(self, member: _Following, error: FetchError) -> None:
+        part, core = member.part, member.core
+        if error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
+            try:
+                self._out_of_range(part, core, error)
+            except _StorageFailed as failed:
+                self._storage_failed(part, failed.cause)
+            return
+        log.debug("%s: %s refused a request: %s: %s", part, core.leader, error.code.name, error.message)
+        self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+
+    async def _request_epoch(self, member: _Following, action: RequestEpochOffset, loop: _Loop) -> None:
+        part, core = member.part, member.core
+        try:
+            msg = await self._nats.request(
+                offset_subject(self._ns, core.leader),
+                encode_epoch_offset_request(
+                    EpochOffsetRequest(part.stream, part.id, action.epoch, current_epoch=core.leader_epoch)
+                ),
+                timeout=self.settings.fetch_timeout_s,
+            )
+            reply = decode_epoch_offset_reply(msg.data)
+            if part.follower is not core or part.log is None:
                 return
-            log.debug("%s: replication request to %s failed: %r", part, core.leader, exc)
-            self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+            if isinstance(reply, FetchError):
+                self._refused(member, reply)
+                return
+            local = part.epoch_end(reply.leader_epoch)[1]  # unused by the core when the epoch is -1
+            self._carry_out(member, core.epoch_offset(reply.leader_epoch, reply.end_offset, local))
+        except asyncio.CancelledError:
+            raise
+        except _StorageFailed as failed:
+            if part.follower is core:
+                self._storage_failed(part, failed.cause)
+        except Exception as exc:
+            if part.follower is core:
+                log.debug("%s: epoch offset request to %s failed: %r", part, core.leader, exc)
+                self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+        finally:
+            loop.wake.set()
 
     def _storage_failed(self, part: Partition, exc: Exception) -> None:
         """A write or truncation of the follower's log failed: the core may now think the log ends
@@ -552,7 +724,7 @@ class Replicator:
                 part.set_high_watermark(action.hw)
             elif isinstance(action, Sleep):
                 member.sleeping = True
-                member.due = now if member.notified else now + action.seconds
+                member.due = 0.0 if member.notified else now + action.seconds
                 member.notified = False
                 return
             elif isinstance(action, ReportLeader):
@@ -560,17 +732,4 @@ class Replicator:
                 self._spawn(self._report_leader(part, action))
             elif isinstance(action, Fetch | RequestEpochOffset):
                 member.pending = action
-                member.due = now + delay
-
-
-@dataclass(slots=True)
-class _Parked:
-    req: FetchRequest
-    msg: NatsMessage
-    timer: asyncio.TimerHandle
-
-
-class _Refused(Exception):
-    def __init__(self, error: FetchError) -> None:
-        self.error = error
-        super().__init__(f"{error.code.name}: {error.message}")
+                member.due = now + delay if delay else 0.0  # 0: due in the round that looks next

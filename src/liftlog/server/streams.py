@@ -359,7 +359,7 @@ class StreamManager:
     async def _drop_role(self, hosted: _Hosted) -> None:
         if self.replicator is not None:
             self.replicator.unfollow(hosted.part)
-            await self.replicator.stop_leading(hosted.part)
+            self.replicator.stop_leading(hosted.part)
         hosted.role = None
 
     async def _set_role(self, hosted: _Hosted, meta: PartitionMeta) -> None:
@@ -394,7 +394,7 @@ class StreamManager:
                     max_lag_ns=replicator.settings.max_lag_ns,
                     max_lag_messages=replicator.settings.max_lag_messages,
                 )
-                await replicator.lead(part)
+                replicator.lead(part)
                 log.info("%s: leading in leader epoch %d (ISR %s)", part, meta.leader_epoch, ",".join(meta.isr))
             else:
                 # Step down before anything awaits: from here on, messages the subscription still
@@ -402,7 +402,7 @@ class StreamManager:
                 if part.leader is not None:
                     part.become_follower()
                 await part.stop_intake()
-                await replicator.stop_leading(part)
+                replicator.stop_leading(part)
                 if named:
                     # Still named leader while an election runs (or the partition is offline): wait, idle.
                     replicator.unfollow(part)
