@@ -36,10 +36,11 @@ BENCH_FSYNC ?= never,interval,always
 bench: install
 	$(BIN)/liftlog bench --start-server --fsync $(BENCH_FSYNC) $(BENCH_ARGS)
 
-# The seeded Raft simulation over many seeds (CI runs its default count as part of `make test`).
+# The seeded simulations over many seeds: Raft alone, and the whole cluster (metadata, controller,
+# replication, storage). CI runs their default counts (2,000 and 1,000) as part of `make test`.
 SEEDS ?= 100000
 sim: install
-	LIFTLOG_SIM_SEEDS=$(SEEDS) $(BIN)/pytest tests/sim -q --timeout 0
+	LIFTLOG_SIM_SEEDS=$(SEEDS) LIFTLOG_CLUSTER_SIM_SEEDS=$(SEEDS) $(BIN)/pytest tests/sim -q --timeout 0
 
 # Seeded random fault schedules against a 3-server cluster under load, then the checker: SEEDS=5 DURATION=30
 # by default (seconds of faults per seed); SEED=<n> replays one seed; FSYNC=never|interval|always (default

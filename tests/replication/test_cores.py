@@ -79,6 +79,28 @@ def test_a_follower_back_at_the_leo_is_proposed_in_again_in_replica_order() -> N
     assert ld.fetch("c", 7, 2, T0).actions == ()  # a fetch from a stale epoch does not count
 
 
+def test_a_follower_proposed_into_the_isr_holds_the_hw_until_the_change_is_committed() -> None:
+    """KIP-497's maximal ISR. Found by the cluster simulation (seed 241): the leader alone in the ISR kept
+    committing while b's admission was in flight; b then entered the ISR without those messages, was
+    elected when the leader died, and the committed messages were gone."""
+    ld = leader(isr=("a",), leo=4, hw=3)
+    answer = ld.fetch("b", 4, 3, T0)  # b caught up: its admission is proposed
+    assert ProposeIsr(("a", "b"), "b caught up at offset 4") in answer.actions
+    assert ld.appended(8, T0) == [NotifyFollowers(("b",))], (
+        "committing 4..7 would leave b, in sync by then, without them"
+    )
+    assert ld.fetch("b", 6, 3, T0).actions == (HighWatermark(5),)
+    assert ld.isr_committed(("a", "b"), T0) == []
+    assert ld.fetch("b", 8, 3, T0).actions == (HighWatermark(7),)
+
+
+def test_a_proposed_follower_that_then_lags_stops_holding_the_hw_back() -> None:
+    ld = leader(isr=("a",), leo=4, hw=3)
+    ld.fetch("b", 4, 3, T0)
+    ld.appended(8, T0)
+    assert ld.tick(T0 + 11 * S) == [HighWatermark(7)], "b lagged for the whole window: it would be dropped"
+
+
 def test_waiting_followers_are_notified_at_the_next_append() -> None:
     ld = leader(leo=4, hw=3)
     ld.fetch("b", 4, 3, T0)

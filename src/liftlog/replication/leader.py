@@ -16,7 +16,10 @@ Rules (seed 000, seed 003, seed 004):
 - ISR changes are only *proposed* here (``ProposeIsr``); the controller
   commits them through Raft and the shell reports the committed ISR back
   with :meth:`LeaderReplica.isr_committed`. A proposal is repeated at most
-  every ``retry_ns`` until the metadata reflects it.
+  every ``retry_ns`` until the metadata reflects it. A follower whose
+  admission is proposed counts for the HW from then on (KIP-497's maximal
+  ISR), so that it never enters the ISR without every committed message;
+  it stops counting once committed, or once it lagged for ``max_lag_ns``.
 - A caught-up follower gets an empty answer and sleeps; the leader
   remembers it as *waiting* and asks the shell to notify it
   (``NotifyFollowers``) at the next append.
@@ -104,6 +107,8 @@ class LeaderReplica:
     retry_ns: int = 1_000_000_000
     followers: dict[str, FollowerProgress] = field(init=False)
     _proposal: _Proposal | None = field(init=False, default=None)
+    #: Followers whose admission to the ISR is proposed but not yet committed (KIP-497's maximal ISR).
+    _joining: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         if self.replica_id not in self.replicas:
@@ -150,12 +155,16 @@ class LeaderReplica:
         progress.waiting = caught_up
         actions = list(self._advance_hw())
         if caught_up and follower not in self.isr and follower_epoch == self.leader_epoch:
-            actions.extend(self._propose(self._with(follower), f"{follower} caught up at offset {offset}"))
+            proposed = self._propose(self._with(follower), f"{follower} caught up at offset {offset}")
+            if proposed:
+                self._joining.add(follower)
+            actions.extend(proposed)
         return FetchAnswer(offset, self.hw, self.leader_epoch, empty=caught_up, actions=tuple(actions))
 
     def tick(self, now: int) -> list[LeaderAction]:
         """Check followers' lag; propose removing those that fell behind."""
         self.now = now
+        released = self._forget_lagging_joiners(now)
         lagging = []
         for r in self.isr:
             if r == self.replica_id:
@@ -166,9 +175,21 @@ class LeaderReplica:
             elif self.max_lag_messages and self.leo - p.leo > self.max_lag_messages:
                 lagging.append((r, f"{r} is {self.leo - p.leo} messages behind"))
         if not lagging:
-            return self._retry()
+            return released + self._retry()
         isr = tuple(r for r in self.isr if r not in {r for r, _ in lagging})
-        return self._propose(isr, "; ".join(reason for _, reason in lagging))
+        return released + self._propose(isr, "; ".join(reason for _, reason in lagging))
+
+    def _forget_lagging_joiners(self, now: int) -> list[LeaderAction]:
+        """A follower proposed for the ISR that has since lagged for the whole lag window no longer
+        holds the HW back (had its admission been committed, the lag check would remove it now),
+        and its admission is no longer retried."""
+        gone = {r for r in self._joining if now - self.followers[r].caught_up_at > self.max_lag_ns}
+        if not gone:
+            return []
+        self._joining -= gone
+        if self._proposal is not None and gone & set(self._proposal.isr):
+            self._proposal = None
+        return self._advance_hw()
 
     def isr_committed(self, isr: tuple[str, ...], now: int) -> list[LeaderAction]:
         """The controller committed ``isr`` for this partition (it may differ from what was proposed)."""
@@ -179,6 +200,7 @@ class LeaderReplica:
                     # Just admitted: its lag window starts now, not at its last catch-up.
                     self.followers[r].caught_up_at = max(self.followers[r].caught_up_at, now)
         self.isr = isr
+        self._joining -= set(isr)
         if self._proposal is not None and set(self._proposal.isr) == set(isr):
             self._proposal = None
         return self._advance_hw()
@@ -194,7 +216,11 @@ class LeaderReplica:
     # -- helpers ---------------------------------------------------------
 
     def _advance_hw(self) -> list[LeaderAction]:
-        leos = [self.leo if r == self.replica_id else self.followers[r].leo for r in self.isr if r in self.replicas]
+        # The maximal ISR: a follower whose admission is on its way counts as if it were in already.
+        # Otherwise the HW could pass it while the change is in flight, and once committed it would be
+        # an in-sync replica without all committed messages, electable (found by the cluster simulation).
+        members = (*self.isr, *(r for r in self._joining if r not in self.isr)) if self._joining else self.isr
+        leos = [self.leo if r == self.replica_id else self.followers[r].leo for r in members if r in self.replicas]
         if self.replica_id not in self.isr:
             leos.append(self.leo)  # a leader always counts itself
         hw = min(leos) - 1

@@ -1,0 +1,978 @@
+"""Deterministic simulation of a whole liftlog cluster: one seed chooses everything (TigerBeetle's VOPR).
+
+Each simulated server runs the real cores a liftlog server runs, driven the way the
+asyncio shells drive them:
+
+- ``RaftNode`` for the metadata group over an in-memory Raft disk, applying
+  ``Metadata`` operations (the real codec) from committed entries;
+- on the Raft leader, the controller's cores: ``LivenessTracker``,
+  ``plan_create_stream`` and ``FailoverCore`` (elections from liveness and from
+  followers' reports, candidate confirmation, unclean election, preferred-leader
+  rebalance);
+- for every partition replica, a real ``CommitLog`` on disk and the
+  ``LeaderReplica`` / ``FollowerReplica`` core of its role, talking the real
+  replication wire format (fetch, epoch offset, notifications).
+
+The network drops, delays, duplicates and reorders messages, partitions the servers
+and cuts single directions; servers crash (memory lost, Raft disk and log files
+kept, as a process crash leaves them) and restart; some clocks run slow. A client
+creates streams, publishes with each ack policy and reads committed data.
+
+Checked after every step:
+- an acknowledged (ack ALL) message is never lost: whatever any replica holds
+  below its high watermark agrees with one committed history per partition, and
+  at the end the leader holds every acknowledged message at its offset;
+- a consumer never sees an offset served and later replaced (reads go through
+  the same committed-history check);
+- at most one leader per partition and leader epoch;
+- the metadata is identical on all servers at the same applied index.
+
+Streams with unclean leader election may lose acknowledged messages by design:
+for them only the leader-per-epoch and metadata checks apply.
+
+Not simulated (yet): pauses, deletes, readonly streams, Raft membership changes
+and snapshots, power loss (fsync), the multi-partition batching of fetches (each
+request carries one partition; the codec is the same).
+
+Replay: ``LIFTLOG_CLUSTER_SIM_SEED=<seed> .venv/bin/pytest tests/sim/test_cluster_sim.py -q``.
+Soak: ``.venv/bin/python -m tests.sim.cluster --seeds 10000`` (``make sim SEEDS=…`` runs both simulations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import logging
+import random
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from liftlog.metadata import (
+    ChangeIsr,
+    ChangeLeader,
+    Metadata,
+    MetadataError,
+    Operation,
+    PartitionState,
+    RegisterServer,
+    ServerMeta,
+    StreamSettings,
+)
+from liftlog.metadata.codec import decode_operation, encode_operation, encode_snapshot
+from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
+from liftlog.metadata.failover import AskLogEnds, FailoverAction, FailoverCore, Propose
+from liftlog.metadata.protocol import LeaderConfirmation, LeaderReport
+from liftlog.raft import EntryKind, MemoryStorage, Message, NotLeader, ProposalDropped, RaftConfig, RaftNode, Role
+from liftlog.replication.follower import (
+    Append,
+    Fetch,
+    FollowerAction,
+    FollowerReplica,
+    ReportLeader,
+    RequestEpochOffset,
+    SetHighWatermark,
+    Sleep,
+    Truncate,
+)
+from liftlog.replication.leader import HighWatermark, LeaderAction, LeaderReplica, NotifyFollowers, ProposeIsr
+from liftlog.replication.protocol import (
+    EpochOffsetRequest,
+    EpochOffsetResponse,
+    FetchError,
+    FetchErrorCode,
+    FetchRequest,
+    PartitionData,
+    PartitionFetch,
+    PartitionRefusal,
+    decode_epoch_offset_reply,
+    decode_epoch_offset_request,
+    decode_fetch_request,
+    decode_fetch_response,
+    encode_epoch_offset_request,
+    encode_epoch_offset_response,
+    encode_fetch_error,
+    encode_fetch_request,
+    encode_fetch_response,
+)
+from liftlog.storage import CommitLog, LogConfig, NewRecord
+
+TICK_NS = 10_000_000  # one tick is 10 ms of simulated time
+PHASE1_TICKS = 300
+PHASE2_TICKS = 600
+TRACE_EVENTS = 300
+REPLAY = "LIFTLOG_CLUSTER_SIM_SEED={seed} .venv/bin/pytest tests/sim/test_cluster_sim.py -q"
+
+Key = tuple[str, int]
+
+
+class SimFailure(AssertionError):
+    def __init__(self, seed: int, tick: int, what: str) -> None:
+        super().__init__(f"seed {seed} failed at tick {tick}: {what}\nreplay: {REPLAY.format(seed=seed)}")
+        self.seed = seed
+
+
+# --- messages between servers (Raft's own Message, and these) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    server: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToController:
+    """A report, a confirmation or an ISR change, for whoever leads the metadata group."""
+
+    body: LeaderReport | LeaderConfirmation | ChangeIsr
+
+
+@dataclass(frozen=True, slots=True)
+class LogEndAsk:
+    key: Key
+    ask_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogEndAnswer:
+    key: Key
+    ask_id: int
+    replica: str
+    leo: int
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A replication request (encoded fetch or epoch offset request) and the id its answer carries."""
+
+    data: bytes
+    req_id: int
+    epoch_question: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    data: bytes
+    req_id: int
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    keys: tuple[Key, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    src: str
+    dst: str
+    body: object
+
+
+# --- one server ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Following:
+    core: FollowerReplica
+    next: FollowerAction | None = None
+    due: int = 0
+    sleeping: bool = False
+    notified: bool = False
+    in_flight: int = 0
+    sent_at: int = 0
+    #: What the request in flight asked: an epoch question, or a fetch from this offset.
+    epoch_question: bool = False
+    sent_offset: int = 0
+
+
+@dataclass
+class Asking:
+    action: AskLogEnds
+    ask_id: int
+    deadline: int
+    answers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Server:
+    id: str
+    directory: Path
+    raft: RaftNode
+    metadata: Metadata = field(default_factory=Metadata)
+    logs: dict[Key, CommitLog] = field(default_factory=dict)
+    leading: dict[Key, LeaderReplica] = field(default_factory=dict)
+    following: dict[Key, Following] = field(default_factory=dict)
+    confirmed_at: dict[Key, int] = field(default_factory=dict)
+    #: Ack ALL publishes waiting for the HW: (offset, value) per partition.
+    waiters: dict[Key, list[tuple[int, bytes]]] = field(default_factory=dict)
+    # controller state, while this server leads the metadata group
+    failover: FailoverCore | None = None
+    liveness: LivenessTracker | None = None
+    proposals: dict[int, tuple[Propose | None, bytes]] = field(default_factory=dict)
+    asking: dict[Key, Asking] = field(default_factory=dict)
+    led_term: int = -1
+    #: A restarted server leads nothing until a read-index barrier shows its metadata is current.
+    may_lead: bool = False
+    barrier: int | None = None
+    barrier_asked: int = -1000
+
+
+class Simulation:
+    def __init__(self, seed: int, root: Path, *, trace: bool = False) -> None:
+        self.seed = seed
+        self.root = root
+        self.trace: deque[str] | None = deque(maxlen=TRACE_EVENTS) if trace else None
+        self.rng = rng = random.Random(seed)
+        n = rng.choice((3, 3, 3, 5))
+        self.ids = tuple(f"s{i}" for i in range(1, n + 1))
+        self.drop_rate = rng.choice((0.0, 0.01, 0.05, 0.1))
+        self.dup_rate = rng.choice((0.0, 0.02))
+        self.max_delay = rng.choice((0, 1, 2, 4))
+        self.crash_rate = rng.choice((0.0, 0.004, 0.01))
+        self.partition_rate = rng.choice((0.0, 0.005, 0.02))
+        self.cut_rate = rng.choice((0.0, 0.005, 0.02))
+        self.max_down = rng.choice((10, 40, 100))
+        self.skew = rng.choice((0.0, 0.0, 0.2))
+        self.publish_rate = rng.choice((0.2, 0.5, 1.0))
+        self.read_rate = rng.choice((0.0, 0.05))
+        self.unclean = rng.random() < 0.2
+        self.rebalance_ticks = rng.choice((0, 50))
+        rf = rng.choice((2, 3)) if n == 3 else rng.choice((3, 5))
+        self.streams = [("orders", rng.choice((1, 2)), min(rf, n))]
+        if rng.random() < 0.5:
+            self.streams.append(("events", 1, rng.choice((1, n))))
+        # Timing, in ticks (10 ms): Raft elections in 100-200 ms, as the real defaults scaled down.
+        self.liveness_ticks = rng.choice((20, 40))
+        self.heartbeat_ticks = 5
+        self.leader_timeout_ticks = rng.choice((20, 40))
+        self.max_lag_ticks = rng.choice((30, 60))
+        self.fetch_timeout_ticks = 15
+        self.idle_ticks = 20
+        self.confirm_ticks = 20
+        self.now = 0
+        self.seq = 0
+        self.ids_seq = 0
+        self.queue: list[tuple[int, int, Envelope]] = []
+        self.groups: dict[str, int] = {}
+        self.cuts: set[tuple[str, str]] = set()
+        self.heal_at = 0
+        self.cut_heal_at = 0
+        self.disks: dict[str, MemoryStorage] = {}
+        self.servers: dict[str, Server] = {}
+        self.restart_at: dict[str, int] = {}
+        # checker state
+        self.leader_of_epoch: dict[tuple[Key, int], str] = {}
+        self.committed: dict[Key, dict[int, bytes]] = {}
+        self.acked: dict[Key, dict[int, bytes]] = {}
+        self.metadata_digest: dict[int, int] = {}
+        self.stats: Counter[str] = Counter()
+        self.msg = 0
+        for sid in self.ids:
+            self.start(sid)
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def fail(self, what: str) -> SimFailure:
+        if self.trace is not None:
+            what += f"\nlast {len(self.trace)} events:\n" + "\n".join(self.trace)
+        return SimFailure(self.seed, self.now, what)
+
+    def note(self, event: str) -> None:
+        if self.trace is not None:
+            self.trace.append(f"[{self.now}] {event}")
+
+    def ns(self) -> int:
+        return self.now * TICK_NS
+
+    def next_id(self) -> int:
+        self.ids_seq += 1
+        return self.ids_seq
+
+    def send(self, src: str, dst: str, body: object) -> None:
+        rng = self.rng
+        if self.drop_rate and rng.random() < self.drop_rate:
+            return
+        copies = 2 if self.dup_rate and rng.random() < self.dup_rate else 1
+        for _ in range(copies):
+            self.seq += 1
+            delay = rng.randint(0, self.max_delay) if self.max_delay else 0
+            heapq.heappush(self.queue, (self.now + delay, self.seq, Envelope(src, dst, body)))
+
+    def reachable(self, src: str, dst: str) -> bool:
+        return self.groups.get(src, 0) == self.groups.get(dst, 0) and (src, dst) not in self.cuts
+
+    def deliver_due(self) -> None:
+        budget = 50_000
+        while self.queue and self.queue[0][0] <= self.now:
+            _, _, env = heapq.heappop(self.queue)
+            budget -= 1
+            if budget == 0:
+                raise self.fail("the network never went quiet within a tick")
+            server = self.servers.get(env.dst)
+            if server is None or not self.reachable(env.src, env.dst):
+                continue
+            self.receive(server, env.src, env.body)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, sid: str) -> None:
+        self.note(f"start {sid}")
+        disk = self.disks.setdefault(sid, MemoryStorage())
+        cfg = RaftConfig(election_ticks=10, heartbeat_ticks=2, pre_vote=True, check_quorum=True, peers=self.ids)
+        raft = RaftNode(sid, cfg, state=disk.state(), rng=random.Random(self.rng.getrandbits(32)))
+        server = Server(sid, self.root / sid, raft)
+        self.servers[sid] = server
+        self.process_raft(server)
+
+    def crash(self, sid: str) -> None:
+        self.note(f"crash {sid}")
+        server = self.servers.pop(sid)
+        for log in server.logs.values():
+            log.close()  # a process crash: what was written stays in the files
+        self.stats["crashes"] += 1
+        self.restart_at[sid] = self.now + self.rng.randint(1, self.max_down)
+
+    def log_of(self, server: Server, key: Key) -> CommitLog:
+        log = server.logs.get(key)
+        if log is None:
+            log = server.logs[key] = CommitLog.open(server.directory / f"{key[0]}-{key[1]}", LogConfig())
+        return log
+
+    # --- the metadata group -------------------------------------------------------------------
+
+    def process_raft(self, server: Server) -> None:
+        raft = self.disks[server.id]
+        node = server.raft
+        changed = False
+        while node.has_ready():
+            rd = node.ready()
+            if rd.entries:
+                raft.append(rd.entries)
+            if rd.hard_state is not None:
+                raft.hard_state = rd.hard_state
+            for m in rd.messages:
+                self.send(server.id, m.dst, m)
+            for rs in rd.read_states:
+                if rs.context == b"barrier":
+                    server.barrier = rs.index
+            for e in rd.committed:
+                if e.kind is EntryKind.NORMAL and e.data:
+                    self.apply_entry(server, e.index, e.data)
+                    changed = True
+            node.advance(rd)
+        self.controller_role(server)
+        if not server.may_lead and server.barrier is not None and node.applied_index >= server.barrier:
+            server.may_lead = changed = True
+            self.note(f"{server.id} may lead (metadata current at {server.barrier})")
+        if changed:
+            self.reconcile(server)
+
+    def apply_entry(self, server: Server, index: int, data: bytes) -> None:
+        op = decode_operation(data)
+        if self.trace is not None:
+            self.note(f"{server.id} applies {index}: {op}")
+        result: object
+        try:
+            result = server.metadata.apply(op)
+        except MetadataError as exc:
+            result = exc
+        digest = zlib.crc32(encode_snapshot(server.metadata))
+        known = self.metadata_digest.setdefault(index, digest)
+        if known != digest:
+            raise self.fail(f"metadata differs on {server.id} at applied index {index}")
+        pending = server.proposals.pop(index, None)
+        if pending is not None and server.failover is not None:
+            action, sent = pending
+            if action is not None:
+                outcome = result if sent == data else ProposalDropped("another entry took its index")
+                self.carry_out(server, server.failover.proposed(action, outcome))
+
+    def controller_role(self, server: Server) -> None:
+        node = server.raft
+        if node.role is Role.LEADER and server.led_term != node.term:
+            server.led_term = node.term
+            server.failover = FailoverCore(
+                lambda: server.metadata,
+                confirm_timeout_ns=self.confirm_ticks * TICK_NS,
+                report_window_ns=3 * self.leader_timeout_ticks * TICK_NS,
+                unclean_default=False,
+                rebalance_after_ns=self.rebalance_ticks * TICK_NS,
+            )
+            server.liveness = LivenessTracker(self.liveness_ticks * TICK_NS)
+            server.liveness.reset(self.ns())
+            self.stats["controllers"] += 1
+        elif node.role is not Role.LEADER and server.failover is not None:
+            core, server.failover, server.liveness = server.failover, None, None
+            server.led_term = -1
+            pending, server.proposals = server.proposals, {}
+            server.asking = {}
+            for action, _ in pending.values():
+                if action is not None:
+                    core.proposed(action, NotLeader(node.leader_id, server.id))
+
+    def propose(self, server: Server, op: Operation, action: Propose | None = None) -> None:
+        data = encode_operation(op)
+        try:
+            index = server.raft.propose(data)
+        except (NotLeader, ProposalDropped) as exc:
+            if action is not None and server.failover is not None:
+                self.carry_out(server, server.failover.proposed(action, exc))
+            return
+        server.proposals[index] = (action, data)
+        self.process_raft(server)
+
+    def carry_out(self, server: Server, actions: list[FailoverAction]) -> None:
+        for action in actions:
+            if isinstance(action, Propose):
+                self.stats[f"step_{action.step.name.lower()}"] += 1
+                if isinstance(action.op, ChangeLeader) and action.op.isr == (action.op.leader,):
+                    meta = server.metadata.partition(*action.key)
+                    if action.op.leader not in meta.isr:
+                        self.stats["unclean_hand_overs"] += 1
+                self.propose(server, action.op, action)
+            else:
+                ask = Asking(action, self.next_id(), self.now + 10)
+                server.asking[action.key] = ask
+                for replica in action.replicas:
+                    self.send(server.id, replica, LogEndAsk(action.key, ask.ask_id))
+                if not action.replicas:
+                    ask.deadline = self.now
+
+    def controller_tick(self, server: Server) -> None:
+        if server.failover is None or server.liveness is None:
+            return
+        now = self.ns()
+        server.liveness.heard(server.id, now)
+        md = server.metadata
+        for sid in self.ids:
+            if sid not in md.servers and self.now % 10 == 0:
+                self.propose(server, RegisterServer(ServerMeta(sid, "127.0.0.1", 1), now))
+        for op in server.liveness.changes(md, now):
+            self.propose(server, op)
+        for name, partitions, rf in self.streams:
+            if name not in md.streams and len(md.servers) == len(self.ids) and self.now % 10 == 0:
+                settings = StreamSettings(unclean_leader_election=True) if self.unclean and name == "orders" else None
+                req = CreateStreamRequest(name, name, partitions=partitions, replication_factor=rf)
+                if settings is not None:
+                    req = CreateStreamRequest(
+                        name, name, partitions=partitions, replication_factor=rf, settings=settings
+                    )
+                with contextlib.suppress(MetadataError):
+                    self.propose(server, plan_create_stream(md, req, now, namespace="sim"))
+        for key, ask in list(server.asking.items()):
+            if self.now >= ask.deadline and server.failover is not None:
+                del server.asking[key]
+                self.carry_out(server, server.failover.log_ends(key, ask.answers, now))
+        if server.failover is not None:
+            self.carry_out(server, server.failover.tick(now))
+
+    def to_controller(self, server: Server, body: LeaderReport | LeaderConfirmation | ChangeIsr) -> None:
+        leader = server.raft.leader_id
+        if leader is not None:
+            self.send(server.id, leader, ToController(body))
+
+    # --- partitions: roles ------------------------------------------------------------------
+
+    def reconcile(self, server: Server) -> None:
+        """Lead, follow or wait for every replica, as the metadata says (the stream manager's job)."""
+        md = server.metadata
+        now = self.ns()
+        for stream in md.streams.values():
+            for meta in stream.partitions.values():
+                if server.id not in meta.replicas:
+                    continue
+                key = (meta.stream, meta.id)
+                log = self.log_of(server, key)
+                if (
+                    meta.state is PartitionState.CANDIDATE_FOUND
+                    and meta.candidate == server.id
+                    and server.confirmed_at.get(key) != meta.epoch
+                ):
+                    server.confirmed_at[key] = meta.epoch
+                    server.following.pop(key, None)
+                    self.to_controller(server, LeaderConfirmation(meta.stream, meta.id, server.id))
+                if meta.leader == server.id and meta.state is PartitionState.ONLINE:
+                    if not server.may_lead:
+                        continue
+                    core = server.leading.get(key)
+                    if core is None or core.leader_epoch != meta.leader_epoch:
+                        server.following.pop(key, None)
+                        self.become_leader(server, key, meta.replicas, meta.isr, meta.leader_epoch, log)
+                    elif tuple(meta.isr) != core.isr:
+                        self.leader_did(server, key, core.isr_committed(tuple(meta.isr), now))
+                    continue
+                if key in server.leading:
+                    self.step_down(server, key)
+                if meta.leader == server.id or (
+                    meta.state is PartitionState.CANDIDATE_FOUND and meta.candidate == server.id
+                ):
+                    server.following.pop(key, None)  # named leader mid-election, or the confirmed candidate
+                    continue
+                f = server.following.get(key)
+                if f is None or (f.core.leader, f.core.leader_epoch) != (meta.leader, meta.leader_epoch):
+                    self.follow(server, key, meta.leader, meta.leader_epoch, log)
+
+    def become_leader(
+        self, server: Server, key: Key, replicas: list[str], isr: list[str], epoch: int, log: CommitLog
+    ) -> None:
+        other = self.leader_of_epoch.setdefault((key, epoch), server.id)
+        if other != server.id:
+            raise self.fail(f"{other} and {server.id} both lead {key} in leader epoch {epoch}")
+        self.note(f"{server.id} leads {key} epoch {epoch} leo {log.log_end_offset}")
+        self.stats["leaderships"] += 1
+        server.leading[key] = LeaderReplica(
+            server.id,
+            tuple(replicas),
+            tuple(isr),
+            epoch,
+            log.log_end_offset,
+            log.high_watermark,
+            self.ns(),
+            max_lag_ns=self.max_lag_ticks * TICK_NS,
+            retry_ns=20 * TICK_NS,
+        )
+
+    def step_down(self, server: Server, key: Key) -> None:
+        del server.leading[key]
+        server.waiters.pop(key, None)  # those publishes fail: their clients retry, nothing was acked
+
+    def follow(self, server: Server, key: Key, leader: str, epoch: int, log: CommitLog) -> None:
+        core = FollowerReplica(
+            server.id,
+            leader,
+            epoch,
+            log.log_end_offset,
+            log.high_watermark,
+            log.epoch_cache.latest_epoch,
+            self.ns(),
+            idle_wait_s=self.idle_ticks * TICK_NS / 1e9,
+            leader_timeout_ns=self.leader_timeout_ticks * TICK_NS,
+        )
+        f = server.following[key] = Following(core)
+        self.follower_did(server, key, f, core.start())
+
+    # --- partitions: the leader ---------------------------------------------------------------
+
+    def leader_did(self, server: Server, key: Key, actions: list[LeaderAction] | tuple[LeaderAction, ...]) -> None:
+        for action in actions:
+            if isinstance(action, HighWatermark):
+                log = server.logs[key]
+                self.note(f"{server.id} leader HW {key} -> {action.hw}")
+                log.set_high_watermark(action.hw)
+                self.check_committed(server, key, log, action.hw)
+                waiting = server.waiters.get(key, [])
+                done = [w for w in waiting if w[0] <= action.hw]
+                if done:
+                    server.waiters[key] = [w for w in waiting if w[0] > action.hw]
+                    for offset, value in done:
+                        self.acked.setdefault(key, {})[offset] = value
+                        self.stats["acked_all"] += 1
+            elif isinstance(action, ProposeIsr):
+                meta = server.metadata.partition(*key)
+                if meta.leader == server.id:
+                    self.to_controller(server, ChangeIsr(key[0], key[1], action.isr, meta.epoch))
+                    self.stats["isr_proposals"] += 1
+            elif isinstance(action, NotifyFollowers):
+                for follower in action.replicas:
+                    self.send(server.id, follower, Notify((key,)))
+
+    def publish(self, server: Server, key: Key, ack_all: bool) -> None:
+        core = server.leading.get(key)
+        if core is None:
+            return
+        log = server.logs[key]
+        self.msg += 1
+        value = f"m{self.msg}".encode()
+        offset = log.log_end_offset
+        log.append([NewRecord(value)], core.leader_epoch)
+        self.note(f"{server.id} appends {value!r} at {key} {offset} (epoch {core.leader_epoch}, ack all {ack_all})")
+        self.stats["published"] += 1
+        if ack_all:
+            server.waiters.setdefault(key, []).append((offset, value))
+        self.leader_did(server, key, core.appended(log.log_end_offset, self.ns()))
+
+    def serve_request(self, server: Server, src: str, req: Request) -> None:
+        if req.epoch_question:
+            q = decode_epoch_offset_request(req.data)
+            key = (q.stream, q.partition)
+            core = server.leading.get(key)
+            if core is None:
+                reply = encode_fetch_error(FetchError(FetchErrorCode.NOT_LEADER, "not leading", -1, -1))
+            elif core.leader_epoch != q.current_epoch:
+                reply = encode_fetch_error(FetchError(FetchErrorCode.STALE_EPOCH, "epoch", core.leader_epoch, 0))
+            else:
+                log = server.logs[key]
+                epoch, end = log.epoch_cache.end_offset_for(q.leader_epoch, log.log_end_offset)
+                reply = encode_epoch_offset_response(EpochOffsetResponse(epoch, end, log.log_start_offset))
+            self.send(server.id, src, Answer(reply, req.req_id, key))
+            return
+        fetch = decode_fetch_request(req.data)
+        (p,) = fetch.partitions
+        key = (p.stream, p.partition)
+        core = server.leading.get(key)
+        answer: tuple[str, int, int, int, bytes] | PartitionRefusal
+        if core is None:
+            answer = PartitionRefusal(p.stream, p.partition, FetchError(FetchErrorCode.NOT_LEADER, "", -1, -1))
+        elif core.leader_epoch != p.leader_epoch:
+            error = FetchError(FetchErrorCode.STALE_EPOCH, "", core.leader_epoch, 0)
+            answer = PartitionRefusal(p.stream, p.partition, error)
+        else:
+            log = server.logs[key]
+            if p.offset > log.log_end_offset:
+                error = FetchError(FetchErrorCode.OFFSET_OUT_OF_RANGE, "", core.leader_epoch, log.log_start_offset)
+                answer = PartitionRefusal(p.stream, p.partition, error)
+            else:
+                try:
+                    served = core.fetch(fetch.replica_id, p.offset, p.leader_epoch, self.ns())
+                except ValueError as exc:
+                    error = FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), core.leader_epoch, 0)
+                    answer = PartitionRefusal(p.stream, p.partition, error)
+                else:
+                    data = b"" if served.empty else log.read_raw(p.offset, 4096)
+                    self.leader_did(server, key, served.actions)
+                    answer = (p.stream, p.partition, served.leader_epoch, served.hw, data)
+        self.send(server.id, src, Answer(encode_fetch_response([answer]), req.req_id, key))
+
+    # --- partitions: a follower ---------------------------------------------------------------
+
+    def follower_did(self, server: Server, key: Key, f: Following, actions: list[FollowerAction]) -> None:
+        log = server.logs[key]
+        for action in actions:
+            if isinstance(action, Truncate):
+                self.note(f"{server.id} truncates {key} to {action.offset}")
+                self.stats["truncations"] += 1
+                log.truncate_to(action.offset)
+            elif isinstance(action, SetHighWatermark):
+                self.note(f"{server.id} follower HW {key} -> {action.hw}")
+                log.set_high_watermark(action.hw)
+                self.check_committed(server, key, log, action.hw)
+            elif isinstance(action, Sleep):
+                f.sleeping = True
+                f.due = self.now if f.notified else self.now + self.idle_ticks
+                f.notified = False
+            elif isinstance(action, ReportLeader):
+                meta = server.metadata.partition(*key)
+                self.stats["reports"] += 1
+                self.to_controller(
+                    server, LeaderReport(key[0], key[1], server.id, action.leader, meta.epoch, action.leader_epoch)
+                )
+            elif isinstance(action, Fetch | RequestEpochOffset):
+                f.next = action
+                f.due = self.now
+
+    def follower_tick(self, server: Server) -> None:
+        for key, f in list(server.following.items()):
+            if f.in_flight and self.now - f.sent_at > self.fetch_timeout_ticks:
+                f.in_flight = 0
+                self.follower_did(server, key, f, f.core.failed(self.ns()))
+                f.due = self.now + 3
+            if f.sleeping and f.due <= self.now:
+                f.sleeping = False
+                self.follower_did(server, key, f, f.core.wake())
+            if f.in_flight or f.next is None or f.due > self.now:
+                continue
+            action, f.next = f.next, None
+            f.in_flight, f.sent_at, f.notified = self.next_id(), self.now, False
+            core = f.core
+            f.epoch_question = not isinstance(action, Fetch)
+            if isinstance(action, Fetch):
+                f.sent_offset = action.offset
+                fetch = FetchRequest(
+                    server.id, 0, (PartitionFetch(key[0], key[1], action.offset, action.leader_epoch),)
+                )
+                self.send(server.id, core.leader, Request(encode_fetch_request(fetch), f.in_flight, False))
+            else:
+                assert isinstance(action, RequestEpochOffset)
+                q = EpochOffsetRequest(key[0], key[1], action.epoch, core.leader_epoch)
+                self.send(server.id, core.leader, Request(encode_epoch_offset_request(q), f.in_flight, True))
+
+    def on_answer(self, server: Server, answer: Answer) -> None:
+        f = server.following.get(answer.key)
+        if f is None or f.in_flight != answer.req_id:
+            return  # late, duplicated, or for a follower that has moved on
+        f.in_flight = 0
+        key, core, log = answer.key, f.core, server.logs[answer.key]
+        now = self.ns()
+        if f.epoch_question:
+            reply = decode_epoch_offset_reply(answer.data)
+            if isinstance(reply, FetchError):
+                self.follower_did(server, key, f, core.failed(now))
+                f.due = self.now + 3
+                return
+            local = log.epoch_cache.end_offset_for(reply.leader_epoch, log.log_end_offset)[1]
+            self.follower_did(server, key, f, core.epoch_offset(reply.leader_epoch, reply.end_offset, local))
+            return
+        (part,) = decode_fetch_response(answer.data).partitions
+        if isinstance(part, PartitionRefusal):
+            if part.error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
+                self.follow(server, key, core.leader, core.leader_epoch, log)  # truncate by epoch again
+                return
+            self.follower_did(server, key, f, core.failed(now))
+            f.due = self.now + 3
+            return
+        assert isinstance(part, PartitionData)
+        actions = core.fetched(part.leader_epoch, part.hw, f.sent_offset, not part.batches, now)
+        if actions and isinstance(actions[0], Append):
+            self.note(f"{server.id} appends fetched {key} from {f.sent_offset} (leader HW {part.hw})")
+            log.append_raw(bytes(part.batches))
+            actions = actions[1:] + core.appended(log.log_end_offset, now)
+        self.follower_did(server, key, f, actions)
+
+    # --- receiving ---------------------------------------------------------------------------
+
+    def receive(self, server: Server, src: str, body: object) -> None:
+        if isinstance(body, Message):
+            server.raft.step(body)
+            self.process_raft(server)
+        elif isinstance(body, Heartbeat):
+            if server.liveness is not None:
+                server.liveness.heard(body.server, self.ns())
+        elif isinstance(body, Request):
+            self.serve_request(server, src, body)
+        elif isinstance(body, Answer):
+            self.on_answer(server, body)
+        elif isinstance(body, Notify):
+            for key in body.keys:
+                f = server.following.get(key)
+                if f is None:
+                    continue
+                if f.sleeping:
+                    f.due = self.now
+                else:
+                    f.notified = True
+        elif isinstance(body, LogEndAsk):
+            log = server.logs.get(body.key)
+            leo = log.log_end_offset if log is not None else -1
+            self.send(server.id, src, LogEndAnswer(body.key, body.ask_id, server.id, leo))
+        elif isinstance(body, LogEndAnswer):
+            ask = server.asking.get(body.key)
+            if ask is not None and ask.ask_id == body.ask_id:
+                ask.answers[body.replica] = body.leo
+        elif isinstance(body, ToController):
+            self.controller_receive(server, body.body)
+
+    def controller_receive(self, server: Server, body: LeaderReport | LeaderConfirmation | ChangeIsr) -> None:
+        core = server.failover
+        if core is None:
+            return
+        try:
+            if isinstance(body, LeaderReport):
+                actions = core.report(body, self.ns())
+                if actions:
+                    self.stats["elections_from_reports"] += 1
+                self.carry_out(server, actions)
+            elif isinstance(body, LeaderConfirmation):
+                self.carry_out(server, core.confirm(body))
+            else:
+                server.metadata.partition(body.name, body.partition)
+                self.propose(server, body)
+        except MetadataError:
+            pass
+
+    # --- checks ------------------------------------------------------------------------------------
+
+    def clean(self, key: Key) -> bool:
+        return not (self.unclean and key[0] == "orders")
+
+    def check_committed(self, server: Server, key: Key, log: CommitLog, hw: int) -> None:
+        """Everything ``server`` holds up to ``hw`` agrees with the one committed history of ``key``."""
+        if not self.clean(key):
+            return
+        history = self.committed.setdefault(key, {})
+        start = max(log.log_start_offset, 0)
+        for record in log.read(start, max_offset=hw + 1, max_bytes=1 << 30):
+            seen = history.setdefault(record.offset, record.value)
+            if seen != record.value:
+                raise self.fail(
+                    f"{server.id} holds {record.value!r} at committed offset {record.offset} of {key}, "
+                    f"the committed history has {seen!r}"
+                )
+
+    def client(self) -> None:
+        rng = self.rng
+        if not self.servers:
+            return
+        for key in self.partition_keys():
+            if rng.random() >= self.publish_rate:
+                continue
+            server = self.servers[rng.choice(sorted(self.servers))]  # a client that does not know the leader
+            self.publish(server, key, ack_all=rng.random() < 0.7)
+        if self.read_rate and rng.random() < self.read_rate:
+            server = self.servers[rng.choice(sorted(self.servers))]
+            for key, log in server.logs.items():
+                if key in server.leading:
+                    self.check_committed(server, key, log, log.high_watermark)
+                    self.stats["reads"] += 1
+
+    def partition_keys(self) -> list[Key]:
+        return [(name, p) for name, partitions, _ in self.streams for p in range(partitions)]
+
+    # --- faults and time -----------------------------------------------------------------------
+
+    def faults(self) -> None:
+        rng = self.rng
+        for sid, at in list(self.restart_at.items()):
+            if at <= self.now:
+                del self.restart_at[sid]
+                self.start(sid)
+                self.stats["restarts"] += 1
+        if self.crash_rate and len(self.servers) > 1 and rng.random() < self.crash_rate:
+            leaders = [s for s in self.servers.values() if s.leading or s.failover is not None]
+            pool = leaders if leaders and rng.random() < 0.5 else list(self.servers.values())
+            self.crash(rng.choice(sorted(pool, key=lambda s: s.id)).id)
+        if self.groups and self.now >= self.heal_at:
+            self.groups = {}
+        elif not self.groups and self.partition_rate and rng.random() < self.partition_rate:
+            self.groups = {sid: rng.randint(0, 1) for sid in self.ids}
+            self.heal_at = self.now + rng.randint(10, 80)
+            self.stats["partitions"] += 1
+        if self.cuts and self.now >= self.cut_heal_at:
+            self.cuts = set()
+        elif not self.cuts and self.cut_rate and rng.random() < self.cut_rate:
+            a, b = rng.sample(self.ids, 2)
+            self.cuts = {(a, b)}  # one direction only: a's messages to b are lost, b's to a arrive
+            self.cut_heal_at = self.now + rng.randint(10, 80)
+            self.stats["one_way_cuts"] += 1
+
+    def step_time(self) -> None:
+        for sid in sorted(self.servers):
+            server = self.servers.get(sid)
+            if server is None:
+                continue
+            if self.skew and self.rng.random() < self.skew:
+                continue  # this server's clock runs slow
+            server.raft.tick()
+            if not server.may_lead and self.now - server.barrier_asked >= 20:
+                server.barrier_asked = self.now
+                with contextlib.suppress(NotLeader, ProposalDropped):
+                    server.raft.read_index(b"barrier")
+            self.process_raft(server)
+            if self.now % self.heartbeat_ticks == 0 and server.raft.leader_id is not None:
+                self.send(sid, server.raft.leader_id, Heartbeat(sid))
+            self.controller_tick(server)
+            self.follower_tick(server)
+            now = self.ns()
+            for key, core in list(server.leading.items()):
+                self.leader_did(server, key, core.tick(now))
+        self.deliver_due()
+        self.now += 1
+
+    # --- run -------------------------------------------------------------------------------------
+
+    def run(self) -> Counter[str]:
+        try:
+            for _ in range(PHASE1_TICKS):
+                self.faults()
+                self.client()
+                self.step_time()
+            self.heal()
+            self.require_progress()
+            return self.stats
+        finally:
+            for server in self.servers.values():
+                for log in server.logs.values():
+                    log.close()
+
+    def heal(self) -> None:
+        self.groups, self.cuts = {}, set()
+        self.drop_rate = self.dup_rate = 0.0
+        self.max_delay = min(self.max_delay, 1)
+        self.skew = 0.0
+        for sid in sorted(self.restart_at):
+            self.start(sid)
+        self.restart_at = {}
+
+    def require_progress(self) -> None:
+        """Healed, every partition gets a leader, takes an ack ALL publish, and keeps what was acked."""
+        marks: dict[Key, tuple[str, int]] = {}
+        keys = self.partition_keys()
+        for _ in range(PHASE2_TICKS):
+            self.step_time()
+            for key in keys:
+                if key in marks:
+                    continue
+                leaders = [s for s in self.servers.values() if key in s.leading]
+                if len(leaders) != 1:
+                    continue
+                server = leaders[0]
+                meta = server.metadata.partition(*key)
+                if meta.state is not PartitionState.ONLINE or meta.leader != server.id:
+                    continue
+                self.publish(server, key, ack_all=True)
+                marks[key] = (server.id, server.logs[key].log_end_offset - 1)
+            if (
+                len(marks) == len(keys)
+                and all(mark[1] in self.acked.get(key, {}) for key, mark in marks.items())
+                and all(any(key in s.leading for s in self.servers.values()) for key in keys)
+            ):
+                self.final_check()
+                self.stats["liveness_ticks"] += self.now - PHASE1_TICKS
+                return
+            for key, (sid, _offset) in list(marks.items()):
+                server = self.servers.get(sid)
+                if server is None or key not in server.leading:
+                    del marks[key]  # that leader is gone: publish again to the next one
+        state = {k: [(s.id, k in s.leading) for s in self.servers.values()] for k in keys}
+        raise self.fail(f"liveness: not every partition took an ack ALL publish within {PHASE2_TICKS} ticks: {state}")
+
+    def final_check(self) -> None:
+        for key, acked in self.acked.items():
+            if not self.clean(key):
+                continue
+            leader = next(s for s in self.servers.values() if key in s.leading)
+            log = leader.logs[key]
+            held = {r.offset: r.value for r in log.read(log.log_start_offset, max_bytes=1 << 30)}
+            for offset, value in acked.items():
+                if held.get(offset) != value:
+                    raise self.fail(
+                        f"acknowledged {value!r} at {key} offset {offset} lost: the leader has {held.get(offset)!r}"
+                    )
+
+
+def run_seed(seed: int, *, trace: bool = False) -> Counter[str]:
+    """Run one seed in a throw-away directory; with ``trace`` a failure ends with the last events."""
+    root = Path(tempfile.mkdtemp(prefix=f"cluster-sim-{seed}-", dir=_scratch()))
+    try:
+        return Simulation(seed, root, trace=trace).run()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _scratch() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="soak the whole-cluster simulation over many seeds")
+    parser.add_argument("--seeds", type=int, default=1000)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--trace", action="store_true", help="end failure messages with the last events")
+    args = parser.parse_args(argv)
+    logging.getLogger("liftlog").setLevel(logging.CRITICAL)  # the cores log every election
+    total: Counter[str] = Counter()
+    t0 = time.perf_counter()
+    failures = 0
+    for seed in range(args.start, args.start + args.seeds):
+        try:
+            total += run_seed(seed, trace=args.trace)
+        except SimFailure as exc:
+            failures += 1
+            print(exc, file=sys.stderr)
+        except Exception as exc:
+            failures += 1
+            print(f"seed {seed} crashed: {exc!r}; replay: {REPLAY.format(seed=seed)}", file=sys.stderr)
+    elapsed = time.perf_counter() - t0
+    print(f"{args.seeds} seeds, {failures} failures, {elapsed:.1f}s; {dict(sorted(total.items()))}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Runs the whole-cluster simulation over many seeds (see ``cluster`` for what is checked).
+
+``LIFTLOG_CLUSTER_SIM_SEEDS=N`` changes how many seeds run (default 1000); ``LIFTLOG_CLUSTER_SIM_SEED=S``
+replays one seed, with the events leading to a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from .cluster import REPLAY, SimFailure, run_seed
+
+DEFAULT_SEEDS = 1000
+
+
+@dataclass
+class Results:
+    seeds: list[int]
+    stats: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+
+
+def _seeds() -> list[int]:
+    one = os.environ.get("LIFTLOG_CLUSTER_SIM_SEED")
+    if one is not None:
+        return [int(one)]
+    return list(range(int(os.environ.get("LIFTLOG_CLUSTER_SIM_SEEDS", DEFAULT_SEEDS))))
+
+
+@pytest.fixture(scope="module")
+def results() -> Results:
+    res = Results(_seeds())
+    trace = len(res.seeds) == 1
+    for seed in res.seeds:
+        try:
+            res.stats += run_seed(seed, trace=trace)
+        except SimFailure as exc:
+            res.failures.append(str(exc))
+        except Exception:
+            res.failures.append(f"seed {seed} raised:\n{traceback.format_exc()}replay: {REPLAY.format(seed=seed)}")
+    return res
+
+
+def test_no_acknowledged_message_lost_and_no_divergence_over_seeds(results: Results) -> None:
+    if results.failures:
+        pytest.fail(f"{len(results.failures)} of {len(results.seeds)} seeds failed; first:\n{results.failures[0]}")
+
+
+def test_simulation_exercises_every_feature(results: Results) -> None:
+    if len(results.seeds) < 200:
+        pytest.skip("too few seeds to expect every feature")
+    s = results.stats
+    per_seed = len(results.seeds)
+    assert s["acked_all"] >= per_seed, s
+    for feature in (
+        "crashes",
+        "restarts",
+        "partitions",
+        "one_way_cuts",
+        "truncations",
+        "reports",
+        "elections_from_reports",
+        "unclean_hand_overs",
+        "isr_proposals",
+        "step_enter_election",
+        "step_candidate",
+        "step_hand_over",
+        "step_offline",
+        "step_rebalance",
+        "reads",
+    ):
+        assert s[feature] >= per_seed // 100, (feature, s)
+
+
+def test_same_seed_same_run() -> None:
+    assert run_seed(7) == run_seed(7)
