@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck unit run bench bench-log bench-spark sim chaos clean
+.PHONY: install test lint typecheck unit run bench bench-log bench-spark bench-reassign sim chaos clean
 
 # (Re)install when pyproject.toml changes; a missing venv is created first.
 $(STAMP): pyproject.toml
@@ -58,6 +58,11 @@ bench-log: install
 # Starts its own server unless BENCH_ARGS has --addr; one JSON line on stdout.
 bench-spark: install
 	$(BIN)/python bench/spark_bench.py $(BENCH_ARGS)
+
+# Moving a 1 GiB partition to another server of a 3-server cluster while a replicated stream takes
+# ack-ALL publishes: the move's time and the live rate before and during it. One JSON line on stdout.
+bench-reassign: install
+	$(BIN)/python bench/reassign_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis src/*.egg-info

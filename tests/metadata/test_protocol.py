@@ -17,6 +17,7 @@ from liftlog.metadata.protocol import (
     Committed,
     ControlRequest,
     CreateStreamChange,
+    DecommissionChange,
     DeleteStreamChange,
     Heartbeat,
     IsrChange,
@@ -26,9 +27,12 @@ from liftlog.metadata.protocol import (
     LeaderReport,
     LogEnd,
     LogEndQuery,
+    PartitionMove,
     PauseChange,
+    PreferredLeadersChange,
     ProtocolError,
     ReadonlyChange,
+    ReassignChange,
     Refusal,
     RefusalKind,
     ServerRegistration,
@@ -78,6 +82,13 @@ requests: st.SearchStrategy[ControlRequest] = st.one_of(
     ),
     st.builds(LeaderReport, names, ints, names, names, ints, ints, st.text(max_size=10)),
     st.builds(LeaderConfirmation, names, ints, names),
+    st.builds(
+        ReassignChange,
+        st.lists(st.builds(PartitionMove, names, ints, replicas), max_size=3).map(tuple),
+        st.booleans(),
+    ),
+    st.builds(DecommissionChange, names),
+    st.just(PreferredLeadersChange()),
 )
 
 
@@ -142,6 +153,10 @@ def test_the_wire_is_the_json_liftlog_has_always_sent() -> None:
         (b'{"kind": "create_stream", "name": "o", "subject": "o", "settings": {"nope": 1}}', "bad settings"),
         (b'{"kind": "register_server", "server": {"id": "a"}}', "bad server"),
         (b'{"kind": "delete_stream", "name": "o", "timeout": "soon"}', "'timeout' must be a number"),
+        (b'{"kind": "reassign", "moves": {"a": 1}}', "'moves' must be a list"),
+        (b'{"kind": "reassign", "moves": [7]}', "move 0 must be an object"),
+        (b'{"kind": "reassign", "moves": [{"name": "o", "partition": 0}]}', "move 0: field 'replicas' is missing"),
+        (b'{"kind": "decommission"}', "field 'server' is missing"),
     ],
 )
 def test_malformed_requests_are_refused_by_name(data: bytes, wording: str) -> None:

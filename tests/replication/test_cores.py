@@ -94,11 +94,19 @@ def test_a_follower_proposed_into_the_isr_holds_the_hw_until_the_change_is_commi
     assert ld.fetch("b", 8, 3, T0).actions == (HighWatermark(7),)
 
 
-def test_a_proposed_follower_that_then_lags_stops_holding_the_hw_back() -> None:
-    ld = leader(isr=("a",), leo=4, hw=3)
+def test_a_proposed_follower_holds_the_hw_until_a_later_proposal_that_leaves_it_out_commits() -> None:
+    """Found by the cluster simulation (seed 239): a leader cut off from the controller dropped a lagging
+    follower whose admission had in fact committed; that follower was then elected without the messages
+    the leader had acknowledged meanwhile. Lagging alone proves nothing: only a later commit does."""
+    ld = leader(isr=("a", "b"), leo=4, hw=3)
     ld.fetch("b", 4, 3, T0)
+    ld.fetch("c", 4, 3, T0)  # c's admission is proposed ...
     ld.appended(8, T0)
-    assert ld.tick(T0 + 11 * S) == [HighWatermark(7)], "b lagged for the whole window: it would be dropped"
+    ld.fetch("b", 8, 3, T0)
+    assert ld.tick(T0 + 11 * S) == [ProposeIsr(("a",), "b not caught up for 11000 ms")]
+    assert ld.hw == 3, "... and c, silent since, may be in the ISR already: it holds the HW"
+    assert ld.isr_committed(("a", "b"), T0 + 11 * S) == [], "an ISR proposed before c's admission settles nothing"
+    assert ld.isr_committed(("a",), T0 + 11 * S) == [HighWatermark(7)], "proposed after: c's admission is dead"
 
 
 def test_waiting_followers_are_notified_at_the_next_append() -> None:

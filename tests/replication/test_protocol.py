@@ -243,6 +243,7 @@ def test_fetch_error_codes_are_pinned() -> None:
         "UNKNOWN_PARTITION": 2,
         "OFFSET_OUT_OF_RANGE": 3,
         "STALE_EPOCH": 4,
+        "THROTTLED": 5,
     }
 
 
@@ -328,7 +329,7 @@ def test_unknown_format_version_raises(name: str) -> None:
 
 def test_unknown_fetch_error_code_raises() -> None:
     payload = bytearray(payload_of(encode_fetch_error(ERR)))
-    for code in (0, 5, 255):
+    for code in (0, 6, 255):
         payload[1] = code
         data = encode_envelope(MsgType.PARTITION_STATUS_RESPONSE, bytes(payload))
         for decode in (decode_fetch_error, decode_epoch_offset_reply):

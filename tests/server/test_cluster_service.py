@@ -17,7 +17,7 @@ from liftlog.metadata import (
     StreamMeta,
     StreamSettings,
 )
-from liftlog.server.cluster_service import ClusterStatusService
+from liftlog.server.cluster_service import ClusterService
 from liftlog.storage.descriptors import DescriptorBudget
 
 
@@ -45,7 +45,7 @@ async def test_status_counts_replicas_and_lists_partitions_needing_attention() -
     streams: Any = SimpleNamespace(
         partitions={("orders", 0): healthy, ("orders", 1): fenced}, descriptors=DescriptorBudget(300)
     )
-    resp = await ClusterStatusService(cluster, streams).Status(None, None)
+    resp = await ClusterService(cluster, streams).Status(None, None)
     assert (resp.serverId, resp.controller, resp.streamCount, resp.partitionCount) == ("b", "a", 1, 3)
     assert (resp.segmentFilesOpen, resp.segmentFilesBudget) == (0, 300)
     assert [(s.id, s.voter, s.controller, s.partitionCount, s.leaderCount) for s in resp.servers] == [

@@ -6,9 +6,10 @@ asyncio shells drive them:
 - ``RaftNode`` for the metadata group over an in-memory Raft disk, applying
   ``Metadata`` operations (the real codec) from committed entries;
 - on the Raft leader, the controller's cores: ``LivenessTracker``,
-  ``plan_create_stream`` and ``FailoverCore`` (elections from liveness and from
+  ``plan_create_stream``, ``FailoverCore`` (elections from liveness and from
   followers' reports, candidate confirmation, unclean election, preferred-leader
-  rebalance);
+  rebalance) and the reassignment planner and steps (partitions moved to random
+  servers while everything else goes on);
 - for every partition replica, a real ``CommitLog`` on disk and the
   ``LeaderReplica`` / ``FollowerReplica`` core of its role, talking the real
   replication wire format (fetch, epoch offset, notifications).
@@ -69,6 +70,7 @@ from liftlog.metadata.codec import decode_operation, encode_operation, encode_sn
 from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
 from liftlog.metadata.failover import AskLogEnds, FailoverAction, FailoverCore, Propose
 from liftlog.metadata.protocol import LeaderConfirmation, LeaderReport
+from liftlog.metadata.reassignment import plan_move, reassignment_steps
 from liftlog.raft import EntryKind, MemoryStorage, Message, NotLeader, ProposalDropped, RaftConfig, RaftNode, Role
 from liftlog.replication.follower import (
     Append,
@@ -244,6 +246,7 @@ class Simulation:
         self.read_rate = rng.choice((0.0, 0.05))
         self.unclean = rng.random() < 0.2
         self.rebalance_ticks = rng.choice((0, 50))
+        self.reassign_rate = rng.choice((0.0, 0.0, 0.01, 0.03))
         rf = rng.choice((2, 3)) if n == 3 else rng.choice((3, 5))
         self.streams = [("orders", rng.choice((1, 2)), min(rf, n))]
         if rng.random() < 0.5:
@@ -472,6 +475,29 @@ class Simulation:
                 self.carry_out(server, server.failover.log_ends(key, ask.answers, now))
         if server.failover is not None:
             self.carry_out(server, server.failover.tick(now))
+        if self.reassign_rate and self.rng.random() < self.reassign_rate and server.failover is not None:
+            self.start_reassignment(server)
+        for op in reassignment_steps(md):
+            self.stats[f"reassignment_{type(op).__name__}"] += 1
+            self.propose(server, op)
+
+    def start_reassignment(self, server: Server) -> None:
+        """An administrator moves a random partition to random servers (a decommission, a spread)."""
+        md = server.metadata
+        keys = [k for k in self.partition_keys() if k[0] in md.streams]
+        if not keys:
+            return
+        key = self.rng.choice(keys)
+        meta = md.partition(*key)
+        size = self.rng.randint(1, len(self.ids)) if self.rng.random() < 0.3 else len(meta.replicas)
+        target = self.rng.sample(self.ids, size)
+        try:
+            op = plan_move(md, key[0], key[1], target)
+        except MetadataError:
+            return
+        self.note(f"{server.id} moves {key} from {meta.replicas} to {target}")
+        self.stats["reassignments_started"] += 1
+        self.propose(server, op)
 
     def to_controller(self, server: Server, body: LeaderReport | LeaderConfirmation | ChangeIsr) -> None:
         leader = server.raft.leader_id
@@ -484,6 +510,17 @@ class Simulation:
         """Lead, follow or wait for every replica, as the metadata says (the stream manager's job)."""
         md = server.metadata
         now = self.ns()
+        hosted = {
+            (p.stream, p.id) for s in md.streams.values() for p in s.partitions.values() if server.id in p.replicas
+        }
+        for key in [k for k in server.logs if k not in hosted]:  # moved away: close and delete the copy
+            self.note(f"{server.id} drops its replica of {key}")
+            if key in server.leading:
+                self.step_down(server, key)
+            server.following.pop(key, None)
+            server.logs.pop(key).close()
+            shutil.rmtree(server.directory / f"{key[0]}-{key[1]}", ignore_errors=True)
+            self.stats["replicas_dropped"] += 1
         for stream in md.streams.values():
             for meta in stream.partitions.values():
                 if server.id not in meta.replicas:
@@ -505,8 +542,11 @@ class Simulation:
                     if core is None or core.leader_epoch != meta.leader_epoch:
                         server.following.pop(key, None)
                         self.become_leader(server, key, meta.replicas, meta.isr, meta.leader_epoch, log)
-                    elif tuple(meta.isr) != core.isr:
-                        self.leader_did(server, key, core.isr_committed(tuple(meta.isr), now))
+                    else:
+                        if tuple(meta.replicas) != core.replicas:
+                            self.leader_did(server, key, core.replicas_changed(tuple(meta.replicas), now))
+                        if tuple(meta.isr) != core.isr:
+                            self.leader_did(server, key, core.isr_committed(tuple(meta.isr), now))
                     continue
                 if key in server.leading:
                     self.step_down(server, key)

@@ -73,6 +73,10 @@ def test_simulation_exercises_every_feature(results: Results) -> None:
         "step_offline",
         "step_rebalance",
         "reads",
+        "reassignments_started",
+        "reassignment_ChangeLeader",
+        "reassignment_CompleteReassignment",
+        "replicas_dropped",
     ):
         assert s[feature] >= per_seed // 100, (feature, s)
 

@@ -30,6 +30,7 @@ class Reason(enum.StrEnum):
     READONLY = "readonly"  # FAILED_PRECONDITION
     PAUSED = "paused"  # FAILED_PRECONDITION (subscribe without resume)
     INCORRECT_OFFSET = "incorrect_offset"  # FAILED_PRECONDITION
+    REFUSED = "refused"  # FAILED_PRECONDITION: the cluster's state does not allow the change now (liftlog.Cluster)
     TOO_LARGE = "too_large"  # INVALID_ARGUMENT
     INVALID_ARGUMENT = "invalid_argument"  # INVALID_ARGUMENT
     OUT_OF_RANGE = "out_of_range"  # OUT_OF_RANGE: an offset outside the partition's log (liftlog.Batches/Fetch)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -15,9 +17,9 @@ from liftlog.cli.common import addr_option, connect, run
 from liftlog.cli.output import out_console
 
 if TYPE_CHECKING:
-    from liftlog.client import ClusterStatus, ServerStatus
+    from liftlog.client import Client, ClusterStatus, Reassignment, Reassignments, ServerStatus
 
-__all__ = ["cluster", "status_json", "status_summary", "status_table"]
+__all__ = ["cluster", "reassignments_table", "status_json", "status_summary", "status_table"]
 
 _NONE = "—"
 
@@ -25,7 +27,7 @@ _NONE = "—"
 @click.group()
 @addr_option
 def cluster() -> None:
-    """Inspect the cluster (liftlog servers only; Liftbridge has no such API)."""
+    """Inspect and administer the cluster (liftlog servers only; Liftbridge has no such API)."""
 
 
 def _sorted_servers(status: ClusterStatus) -> list[ServerStatus]:
@@ -165,3 +167,203 @@ def status(as_json: bool) -> None:
         console.print(
             Text(f"fenced replicas unknown for {', '.join(result.unreachable)} (did not answer)", style="yellow")
         )
+
+
+def _replicas(value: str) -> list[str]:
+    replicas = [r.strip() for r in value.split(",") if r.strip()]
+    if not replicas:
+        raise click.BadParameter("name at least one server, e.g. --replicas b,c")
+    return replicas
+
+
+def reassignments_table(moving: Sequence[Reassignment]) -> Table:
+    """One row per partition on the move: where to, its leader, and each replica's copy so far."""
+    table = Table(title="Reassignments", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for heading in ("STREAM", "PART.", "REPLICAS", "TARGET", "LEADER", "COPIED"):
+        table.add_column(heading, overflow="fold")
+    for r in moving:
+        if r.progress:
+            total = r.messages_to_copy
+            copied = Text()
+            for replica in r.target:
+                done = r.copied(replica)
+                style = "green" if r.in_sync(replica) else "yellow"
+                copied.append(f"{replica} {done}/{total} ", style=style)
+        else:
+            copied = Text("leader did not answer", style="dim")
+        table.add_row(
+            Text(r.stream),
+            str(r.partition),
+            Text(",".join(r.replicas)),
+            Text(",".join(r.target)),
+            Text(r.leader),
+            copied,
+        )
+    return table
+
+
+async def _follow(client: Client, leaving: str | None, interval: float = 0.5) -> None:
+    """Show each new replica's copy as a progress bar until every reassignment (and the departure) is done."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = out_console()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        tasks: dict[tuple[str, int, str], Any] = {}
+        departure = progress.add_task(f"server {leaving} leaving", total=None) if leaving else None
+        while True:
+            state = await client.reassignments()
+            for r in state.moving:
+                for replica in r.target:
+                    key = (r.stream, r.partition, replica)
+                    if key not in tasks:
+                        tasks[key] = progress.add_task(
+                            f"{r.stream}/{r.partition} → {replica}", total=r.messages_to_copy
+                        )
+                    done = r.messages_to_copy if r.in_sync(replica) else r.copied(replica)
+                    progress.update(tasks[key], total=max(r.messages_to_copy, 1), completed=done)
+            moving = {(r.stream, r.partition) for r in state.moving}
+            for (stream, partition, _), task in tasks.items():
+                if (stream, partition) not in moving:
+                    total = progress.tasks[task].total or 1
+                    progress.update(task, total=total, completed=total)
+            gone = True
+            if leaving is not None:
+                status = await client.cluster_status()
+                gone = status.server(leaving) is None
+                if gone and departure is not None:
+                    progress.update(departure, total=1, completed=1, description=f"server {leaving} left the cluster")
+            if not moving and gone:
+                return
+            await asyncio.sleep(interval)
+
+
+@cluster.command()
+@addr_option
+@click.argument("stream", required=False)
+@click.argument("partition", type=int, required=False)
+@click.option(
+    "--replicas", help="The partition's new replicas, comma-separated; the first becomes its preferred leader."
+)
+@click.option("--spread", is_flag=True, help="Even out replica counts over the live servers (after adding servers).")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Show the copy's progress until it is done.")
+def reassign(stream: str | None, partition: int | None, replicas: str | None, spread: bool, wait: bool) -> None:
+    """Move a partition to other servers, or spread partitions over the live servers.
+
+    The new replicas copy the partition's log from its leader and join its
+    in-sync set; then leadership moves to a new replica (if the old leader is
+    not one) and the old replicas are dropped, so every acknowledged message
+    stays on as many in-sync replicas as before. Set
+    clustering.reassignment.max.rate on the servers to cap the copy's
+    bandwidth.
+
+    \b
+      liftlog cluster reassign orders 0 --replicas b,c
+      liftlog cluster reassign --spread
+    """
+    if stream is None and not spread:
+        raise click.UsageError("name STREAM PARTITION and --replicas, or use --spread")
+    moves: dict[tuple[str, int], list[str]] = {}
+    if stream is not None:
+        if partition is None or replicas is None:
+            raise click.UsageError("moving a partition needs STREAM, PARTITION and --replicas")
+        moves[(stream, partition)] = _replicas(replicas)
+
+    async def go() -> None:
+        client = connect()
+        try:
+            started = await client.reassign(moves, spread=spread)
+            console = out_console()
+            if not started:
+                console.print("nothing to move: the replicas are already spread evenly")
+                return
+            console.print(reassignments_table(started))
+            if wait:
+                await _follow(client, None)
+                console.print("done")
+        finally:
+            await client.close()
+
+    run(go())
+
+
+@cluster.command()
+@addr_option
+@click.argument("server")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Show the progress until the server has left.")
+def decommission(server: str, wait: bool) -> None:
+    """Move every replica off SERVER, then remove it from the cluster.
+
+    Refused, saying why, when it would leave the metadata group without a
+    live quorum, lose the last in-sync replica of a partition, or leave a
+    partition with nowhere to go. Once the server has left, stop its process.
+
+    \b
+      liftlog cluster decommission s3
+    """
+
+    async def go() -> None:
+        client = connect()
+        try:
+            started = await client.decommission(server)
+            console = out_console()
+            if started:
+                console.print(reassignments_table(started))
+            if wait:
+                await _follow(client, server)
+                console.print(f"server {server} has left the cluster; stop its process")
+        finally:
+            await client.close()
+
+    run(go())
+
+
+@cluster.command()
+@addr_option
+def rebalance() -> None:
+    """Give leadership back to each partition's preferred replica where it is alive and in sync.
+
+    The controller also does this on its own after clustering.leader.rebalance.delay.
+    """
+
+    async def go() -> int:
+        client = connect()
+        try:
+            return await client.elect_preferred_leaders()
+        finally:
+            await client.close()
+
+    changed = run(go())
+    out_console().print(f"{changed} leadership{'s' if changed != 1 else ''} handed back to preferred replicas")
+
+
+@cluster.command()
+@addr_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def reassignments(as_json: bool) -> None:
+    """Show the reassignments under way and how far each new replica has copied."""
+
+    async def go() -> Reassignments:
+        client = connect()
+        try:
+            return await client.reassignments()
+        finally:
+            await client.close()
+
+    state = run(go())
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(state), ensure_ascii=False))
+        return
+    console = out_console()
+    if not state.moving:
+        console.print("no reassignment under way")
+    else:
+        console.print(reassignments_table(state.moving))
+    if state.leaving:
+        console.print(Text(f"leaving: {', '.join(state.leaving)}", style="yellow"))

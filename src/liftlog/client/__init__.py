@@ -25,7 +25,14 @@ directly), ``types`` (the values returned) and ``errors``.
 
 from liftlog.client.batches import Columns, Fetched
 from liftlog.client.client import Client
-from liftlog.client.cluster import ClusterStatus, PartitionStatus, ServerStatus
+from liftlog.client.cluster import (
+    ClusterStatus,
+    PartitionStatus,
+    Reassignment,
+    Reassignments,
+    ReplicaProgress,
+    ServerStatus,
+)
 from liftlog.client.errors import (
     AckTimeoutError,
     ClientClosedError,
@@ -106,6 +113,9 @@ __all__ = [
     "PermissionDeniedError",
     "PublishAsyncFailed",
     "ReadonlyError",
+    "Reassignment",
+    "Reassignments",
+    "ReplicaProgress",
     "ServerStatus",
     "StartPosition",
     "StopPosition",

@@ -39,7 +39,7 @@ from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.client.batches import Columns, Fetched, decode_batches
-from liftlog.client.cluster import ClusterStatus, PartitionStatus, not_offered
+from liftlog.client.cluster import ClusterStatus, PartitionStatus, Reassignment, Reassignments, not_offered
 from liftlog.client.errors import (
     AckTimeoutError,
     ConfigurationError,
@@ -652,6 +652,79 @@ class Client(Routing):
             else:
                 fenced.extend(PartitionStatus.from_proto(p) for p in answer.fenced)
         return dataclasses.replace(status, fenced=tuple(fenced), unreachable=tuple(unreachable))
+
+    async def _cluster_call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        """A ``liftlog.Cluster`` call to any server, its UNIMPLEMENTED explained."""
+        self.check_open()
+        try:
+            return await self._call_any(method, request, timeout=timeout)
+        except UnimplementedError as err:
+            replacement = not_offered(err)
+            if replacement is None:
+                raise
+            raise replacement from err
+
+    async def reassign(
+        self, moves: Mapping[tuple[str, int], Sequence[str]] | None = None, *, spread: bool = False
+    ) -> list[Reassignment]:
+        """Start moving partitions: each ``(stream, partition)`` to the replicas named (the first becomes
+        its preferred leader), and with ``spread`` as the controller plans to even out replica counts over
+        the live servers (for servers just added). Returns the reassignments under way once committed;
+        the data moves afterwards (follow it with :meth:`reassignments`).
+
+        Raises :class:`FailedPreconditionError` when the cluster's state refuses a move (a partition
+        already moving, a server not alive), :class:`InvalidArgumentError` for unknown servers or a
+        server named twice, :class:`NoSuchPartitionError` for an unknown partition.
+        """
+        req = cluster_pb2.ReassignRequest(spread=spread)
+        for (stream, partition), replicas in (moves or {}).items():
+            req.partitions.append(cluster_pb2.PartitionReplicas(stream=stream, partition=partition, replicas=replicas))
+        resp: cluster_pb2.ReassignResponse = await self._cluster_call("reassign", req)
+        return [Reassignment.from_proto(r) for r in resp.reassignments]
+
+    async def decommission(self, server: str) -> list[Reassignment]:
+        """Move every replica off ``server``; once it holds none, the controller removes it from the cluster.
+
+        Raises :class:`FailedPreconditionError` saying why when that would lose the metadata quorum, the
+        last in-sync replica of a partition, or leave a partition with nowhere to go.
+        """
+        req = cluster_pb2.DecommissionRequest(server=server)
+        resp: cluster_pb2.DecommissionResponse = await self._cluster_call("decommission", req)
+        return [Reassignment.from_proto(r) for r in resp.reassignments]
+
+    async def elect_preferred_leaders(self) -> int:
+        """Hand leadership back to each partition's preferred replica where it can take it; returns how many."""
+        resp: cluster_pb2.ElectPreferredLeadersResponse = await self._cluster_call(
+            "elect_preferred_leaders", cluster_pb2.ElectPreferredLeadersRequest()
+        )
+        return resp.changed
+
+    async def reassignments(self) -> Reassignments:
+        """The reassignments under way, with each new replica's progress as its partition's leader reports it."""
+        resp: cluster_pb2.ReassignmentsResponse = await self._cluster_call(
+            "reassignments", cluster_pb2.ReassignmentsRequest()
+        )
+        moving = {(r.stream, r.partition): Reassignment.from_proto(r) for r in resp.reassignments}
+        leaders = {r.leader for r in moving.values() if not r.progress and r.leader != resp.serverId}
+        if leaders:
+            status = await self.cluster_status()
+            addresses = {s.id: s.address for s in status.servers}
+            answers = await asyncio.gather(
+                *(
+                    self._stub(addresses[leader]).reassignments(cluster_pb2.ReassignmentsRequest(), timeout=2.0)
+                    for leader in sorted(leaders)
+                    if leader in addresses
+                ),
+                return_exceptions=True,
+            )
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    continue
+                for r in answer.reassignments:
+                    key = (r.stream, r.partition)
+                    if r.replicas and key in moving:
+                        moving[key] = Reassignment.from_proto(r)
+        return Reassignments(tuple(moving.values()), tuple(resp.leaving))
 
     # ------------------------------------------------------------------ plain NATS
 

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from liftlog.api import cluster_pb2
 from liftlog.client.errors import UnimplementedError
 
-__all__ = ["ClusterStatus", "PartitionStatus", "ServerStatus", "not_offered"]
+__all__ = [
+    "ClusterStatus",
+    "PartitionStatus",
+    "Reassignment",
+    "Reassignments",
+    "ReplicaProgress",
+    "ServerStatus",
+    "not_offered",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +153,73 @@ class ClusterStatus:
             resp.segmentFilesOpen,
             resp.segmentFilesBudget,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaProgress:
+    """One replica of a moving partition: its log end as the leader last saw it, and whether it is in sync."""
+
+    id: str
+    log_end: int
+    in_sync: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reassignment:
+    """A partition moving from its ``replicas`` (old and new together while it moves) to ``target``.
+
+    ``progress`` (with the leader's ``leader_log_end`` and ``leader_log_start``) comes from the
+    partition's leader; it is empty when the leader did not answer.
+    """
+
+    stream: str
+    partition: int
+    replicas: tuple[str, ...]
+    target: tuple[str, ...]
+    leader: str
+    leader_log_end: int = 0
+    leader_log_start: int = 0
+    progress: tuple[ReplicaProgress, ...] = ()
+
+    @property
+    def messages_to_copy(self) -> int:
+        """Messages the leader holds, which each new replica copies."""
+        return max(self.leader_log_end - self.leader_log_start, 0)
+
+    def in_sync(self, replica: str) -> bool:
+        return any(p.id == replica and p.in_sync for p in self.progress)
+
+    def copied(self, replica: str) -> int:
+        """Messages ``replica`` holds so far (from the leader's log start)."""
+        for p in self.progress:
+            if p.id == replica:
+                return max(min(p.log_end, self.leader_log_end) - self.leader_log_start, 0)
+        return 0
+
+    @classmethod
+    def from_proto(cls, r: cluster_pb2.Reassignment) -> Reassignment:
+        return cls(
+            r.stream,
+            r.partition,
+            tuple(r.current),
+            tuple(r.target),
+            r.leader,
+            r.leaderLogEnd,
+            r.leaderLogStart,
+            tuple(ReplicaProgress(p.id, p.logEnd, p.inSync) for p in r.replicas),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reassignments:
+    """The reassignments under way, with progress from each partition's leader, and the servers leaving."""
+
+    moving: tuple[Reassignment, ...]
+    leaving: tuple[str, ...]
+
+    @property
+    def done(self) -> bool:
+        return not self.moving and not self.leaving
 
 
 def not_offered(err: UnimplementedError) -> UnimplementedError | None:

@@ -272,6 +272,7 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.READONLY: ReadonlyError,
     Reason.PAUSED: PartitionPausedError,
     Reason.INCORRECT_OFFSET: IncorrectOffsetError,
+    Reason.REFUSED: FailedPreconditionError,
     Reason.TOO_LARGE: MessageTooLargeError,
     Reason.INVALID_ARGUMENT: InvalidArgumentError,
     Reason.OUT_OF_RANGE: OffsetOutOfRangeError,

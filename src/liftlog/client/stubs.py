@@ -40,7 +40,9 @@ class Stub:
         "channel",
         "cluster_status",
         "create_stream",
+        "decommission",
         "delete_stream",
+        "elect_preferred_leaders",
         "fetch_batches",
         "fetch_metadata",
         "fetch_partition_metadata",
@@ -49,6 +51,8 @@ class Stub:
         "publish_async",
         "publish_batch",
         "publish_to_subject",
+        "reassign",
+        "reassignments",
         "set_stream_readonly",
         "subscribe",
     )
@@ -79,6 +83,19 @@ class Stub:
         # liftlog's own service: a Liftbridge server answers it UNIMPLEMENTED.
         self.cluster_status = unary(
             "Status", cluster_pb2.ClusterStatusRequest, cluster_pb2.ClusterStatusResponse, "liftlog.Cluster"
+        )
+        self.reassign = unary("Reassign", cluster_pb2.ReassignRequest, cluster_pb2.ReassignResponse, "liftlog.Cluster")
+        self.decommission = unary(
+            "Decommission", cluster_pb2.DecommissionRequest, cluster_pb2.DecommissionResponse, "liftlog.Cluster"
+        )
+        self.elect_preferred_leaders = unary(
+            "ElectPreferredLeaders",
+            cluster_pb2.ElectPreferredLeadersRequest,
+            cluster_pb2.ElectPreferredLeadersResponse,
+            "liftlog.Cluster",
+        )
+        self.reassignments = unary(
+            "Reassignments", cluster_pb2.ReassignmentsRequest, cluster_pb2.ReassignmentsResponse, "liftlog.Cluster"
         )
         self.fetch_batches = unary("Fetch", batches_pb2.FetchRequest, batches_pb2.FetchResponse, "liftlog.Batches")
         self.publish_batch = unary(

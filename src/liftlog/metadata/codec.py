@@ -15,16 +15,20 @@ from typing import Any
 from .model import (
     ChangeIsr,
     ChangeLeader,
+    CompleteReassignment,
     CreateStream,
     DeleteStream,
     Metadata,
     Operation,
     PartitionState,
+    ReassignPartition,
     RegisterServer,
+    RemoveServer,
     ServerMeta,
     SetPartitionState,
     SetPaused,
     SetReadonly,
+    SetServerLeaving,
     SetServerLiveness,
     StreamMeta,
 )
@@ -73,6 +77,15 @@ def encode_operation(op: Operation) -> bytes:
         case SetPartitionState():
             body = {"op": "set_partition_state", "name": op.name, "partition": op.partition}
             body |= {"state": op.state.value, "candidate": op.candidate, "epoch": op.epoch}
+        case ReassignPartition():
+            body = {"op": "reassign_partition", "name": op.name, "partition": op.partition}
+            body |= {"target": list(op.target), "epoch": op.epoch}
+        case CompleteReassignment():
+            body = {"op": "complete_reassignment", "name": op.name, "partition": op.partition, "epoch": op.epoch}
+        case SetServerLeaving():
+            body = {"op": "set_server_leaving", "id": op.id, "leaving": op.leaving}
+        case RemoveServer():
+            body = {"op": "remove_server", "id": op.id}
         case _:  # pragma: no cover
             raise TypeError(f"unknown metadata operation {op!r}")
     return json.dumps(body, separators=(",", ":")).encode()
@@ -123,6 +136,16 @@ def decode_operation(data: bytes) -> Operation:
                 str(body["candidate"]),
                 int(body["epoch"]),
             )
+        if kind == "reassign_partition":
+            return ReassignPartition(
+                str(body["name"]), int(body["partition"]), _names(body["target"]), int(body["epoch"])
+            )
+        if kind == "complete_reassignment":
+            return CompleteReassignment(str(body["name"]), int(body["partition"]), int(body["epoch"]))
+        if kind == "set_server_leaving":
+            return SetServerLeaving(str(body["id"]), bool(body["leaving"]))
+        if kind == "remove_server":
+            return RemoveServer(str(body["id"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise MetadataCodecError(f"malformed metadata operation: {exc}") from exc
     raise MetadataCodecError(f"unknown metadata operation {kind!r}")

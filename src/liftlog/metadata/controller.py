@@ -66,7 +66,7 @@ def plan_create_stream(
         raise StreamExistsError(req.name)
     check_partition_count(partitions, limits)
     check_settings(req.settings, limits)
-    live = [ServerInfo(s.id, s.rack) for s in metadata.servers.values() if s.alive]
+    live = [ServerInfo(s.id, s.rack) for s in metadata.servers.values() if s.alive and not s.leaving]
     rf = req.replication_factor or 1
     leaders: Counter[str] = Counter()
     replicas: Counter[str] = Counter()

@@ -285,6 +285,7 @@ class FailoverCore:
                 preferred = meta.replicas[0]
                 if (
                     meta.state is not PartitionState.ONLINE
+                    or meta.target  # a reassignment moves the leader itself, last
                     or meta.paused
                     or meta.leader == preferred
                     or preferred not in alive

@@ -77,6 +77,11 @@ class StaleEpochError(MetadataError):
         )
 
 
+class RefusedError(MetadataError):
+    """A valid request the cluster's state does not allow now (it would lose data or the quorum, or the
+    partition is already moving); the message says why and what to do first."""
+
+
 class InvalidStreamError(MetadataError):
     """A stream name, subject or setting that is not allowed."""
 
@@ -150,9 +155,11 @@ class ServerMeta:
     alive: bool = True
     #: When ``alive`` last changed (ns), as the controller saw it.
     liveness_changed: int = 0
+    #: Being decommissioned: its replicas move away, it gets no new ones, then it leaves the cluster.
+    leaving: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "id": self.id,
             "host": self.host,
             "port": self.port,
@@ -160,6 +167,9 @@ class ServerMeta:
             "alive": self.alive,
             "liveness_changed": self.liveness_changed,
         }
+        if self.leaving:
+            d["leaving"] = True
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServerMeta:
@@ -170,6 +180,7 @@ class ServerMeta:
             rack=str(data.get("rack", "")),
             alive=bool(data.get("alive", True)),
             liveness_changed=int(data.get("liveness_changed", 0)),
+            leaving=bool(data.get("leaving", False)),
         )
 
 
@@ -200,8 +211,17 @@ class PartitionMeta:
     state: PartitionState = PartitionState.ONLINE
     #: The replica asked to take over while ``state`` is CANDIDATE_FOUND.
     candidate: str = ""
+    #: The replicas a reassignment moves the partition to (``replicas`` holds old and new meanwhile);
+    #: empty when no reassignment is under way.
+    target: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._fields()
+        if self.target:
+            d["target"] = list(self.target)
+        return d
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "state": self.state.value,
             "candidate": self.candidate,
@@ -235,6 +255,7 @@ class PartitionMeta:
             readonly=bool(data.get("readonly", False)),
             pause_timestamps=EventTimestamps(*data.get("pause_timestamps", (0, 0))),
             readonly_timestamps=EventTimestamps(*data.get("readonly_timestamps", (0, 0))),
+            target=[str(r) for r in data.get("target", ())],
         )
 
 
@@ -354,6 +375,41 @@ class SetPartitionState:
     epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class ReassignPartition:
+    """Start moving the partition to ``target`` (its new replicas in preference order): the new
+    replicas join ``replicas`` and catch up; :class:`CompleteReassignment` drops the old ones."""
+
+    name: str
+    partition: int
+    target: tuple[str, ...]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteReassignment:
+    """Every target replica is in sync and one of them leads: the partition's replicas become the target."""
+
+    name: str
+    partition: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetServerLeaving:
+    """Mark a server as being decommissioned (or no longer): it gets no new replicas."""
+
+    id: str
+    leaving: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveServer:
+    """A decommissioned server that holds no replica any more leaves the cluster's metadata."""
+
+    id: str
+
+
 Operation = (
     RegisterServer
     | SetServerLiveness
@@ -364,6 +420,10 @@ Operation = (
     | ChangeIsr
     | ChangeLeader
     | SetPartitionState
+    | ReassignPartition
+    | CompleteReassignment
+    | SetServerLeaving
+    | RemoveServer
 )
 
 
@@ -393,7 +453,13 @@ class Metadata:
                 old = self.servers.get(server.id)
                 changed_at = op.timestamp if old is None or not old.alive else old.liveness_changed
                 self.servers[server.id] = ServerMeta(
-                    server.id, server.host, server.port, server.rack, alive=True, liveness_changed=changed_at
+                    server.id,
+                    server.host,
+                    server.port,
+                    server.rack,
+                    alive=True,
+                    liveness_changed=changed_at,
+                    leaving=old.leaving if old is not None else False,
                 )
                 return []
             case SetServerLiveness():
@@ -462,6 +528,51 @@ class Metadata:
                 p.candidate = op.candidate
                 p.epoch += 1
                 return [p]
+            case ReassignPartition():
+                p = self._at_epoch(op.name, op.partition, op.epoch)
+                self._check_target(p, op.target)
+                if p.target and p.target != list(op.target):
+                    raise RefusedError(
+                        f"{op.name}/{op.partition} is already moving to {', '.join(p.target)}; "
+                        "wait for that reassignment to finish"
+                    )
+                p.target = list(op.target)
+                p.replicas = [*p.replicas, *(r for r in op.target if r not in p.replicas)]
+                p.epoch += 1
+                return [p]
+            case CompleteReassignment():
+                p = self._at_epoch(op.name, op.partition, op.epoch)
+                if not p.target:
+                    raise RefusedError(f"{op.name}/{op.partition} has no reassignment under way")
+                behind = [r for r in p.target if r not in p.isr]
+                if behind:
+                    raise RefusedError(f"{op.name}/{op.partition}: {', '.join(behind)} not in sync yet")
+                if p.leader not in p.target:
+                    raise RefusedError(f"{op.name}/{op.partition}: its leader {p.leader} is not among the new replicas")
+                p.replicas = list(p.target)
+                p.isr = [r for r in p.target if r in p.isr]
+                p.target = []
+                p.epoch += 1
+                return [p]
+            case SetServerLeaving():
+                known = self.servers.get(op.id)
+                if known is None:
+                    raise MetadataError(f"no such server: {op.id!r}")
+                known.leaving = op.leaving
+                return []
+            case RemoveServer():
+                if op.id not in self.servers:
+                    raise MetadataError(f"no such server: {op.id!r}")
+                holding = [
+                    f"{p.stream}/{p.id}"
+                    for s in self.streams.values()
+                    for p in s.partitions.values()
+                    if op.id in p.replicas
+                ]
+                if holding:
+                    raise RefusedError(f"server {op.id} still holds replicas of {', '.join(holding[:5])}")
+                del self.servers[op.id]
+                return []
         raise TypeError(f"unknown metadata operation {op!r}")  # pragma: no cover
 
     def _at_epoch(self, name: str, partition: int, epoch: int) -> PartitionMeta:
@@ -469,6 +580,15 @@ class Metadata:
         if p.epoch != epoch:
             raise StaleEpochError(name, partition, epoch, p.epoch)
         return p
+
+    def _check_target(self, p: PartitionMeta, target: tuple[str, ...]) -> None:
+        if not target:
+            raise InvalidStreamError(f"a reassignment of {p.stream}/{p.id} needs at least one replica")
+        if len(set(target)) != len(target):
+            raise InvalidStreamError(f"the new replicas of {p.stream}/{p.id} name a server twice: {', '.join(target)}")
+        unknown = [r for r in target if r not in self.servers]
+        if unknown:
+            raise InvalidStreamError(f"no such server: {', '.join(unknown)}")
 
     @staticmethod
     def _check_members(p: PartitionMeta, members: tuple[str, ...]) -> None:

@@ -15,6 +15,9 @@ will wait, so the controller answers within it::
     report_leader     name, partition, reporter, leader, epoch, leader_epoch, fenced?   (a follower, or a
                       fenced leader handing over)
     confirm_leader    name, partition, replica                     (an election's candidate)
+    reassign          moves [{name, partition, replicas [...]}], spread   (an administrator)
+    decommission      server
+    elect_preferred   (no fields)
 
     reply             {"index": n} once committed, or {"error": {"kind", "name"?, "partition"?, "message"?}}
 
@@ -46,6 +49,7 @@ __all__ = [
     "Committed",
     "ControlRequest",
     "CreateStreamChange",
+    "DecommissionChange",
     "DeleteStreamChange",
     "Heartbeat",
     "IsrChange",
@@ -55,9 +59,12 @@ __all__ = [
     "LeaderReport",
     "LogEnd",
     "LogEndQuery",
+    "PartitionMove",
     "PauseChange",
+    "PreferredLeadersChange",
     "ProtocolError",
     "ReadonlyChange",
+    "ReassignChange",
     "Refusal",
     "RefusalKind",
     "ServerRegistration",
@@ -153,6 +160,35 @@ class LeaderConfirmation:
     replica: str
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionMove:
+    """Move one partition to ``replicas`` (the first is its preferred leader)."""
+
+    name: str
+    partition: int
+    replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignChange:
+    """Move partitions: to the replicas named, or (``spread``) as the controller plans over the live servers."""
+
+    moves: tuple[PartitionMove, ...] = ()
+    spread: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DecommissionChange:
+    """Move every replica off ``server``, then remove it from the cluster."""
+
+    server: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredLeadersChange:
+    """Hand leadership back to each partition's preferred replica where it can take it now."""
+
+
 ControlRequest = (
     CreateStreamChange
     | DeleteStreamChange
@@ -162,6 +198,9 @@ ControlRequest = (
     | ServerRegistration
     | LeaderReport
     | LeaderConfirmation
+    | ReassignChange
+    | DecommissionChange
+    | PreferredLeadersChange
 )
 
 
@@ -210,6 +249,13 @@ def _request_body(request: ControlRequest) -> dict[str, Any]:
             return body
         case LeaderConfirmation(name, partition, replica):
             return {"kind": "confirm_leader", "name": name, "partition": partition, "replica": replica}
+        case ReassignChange(moves, spread):
+            listed = [{"name": m.name, "partition": m.partition, "replicas": list(m.replicas)} for m in moves]
+            return {"kind": "reassign", "moves": listed, "spread": spread}
+        case DecommissionChange(server):
+            return {"kind": "decommission", "server": server}
+        case PreferredLeadersChange():
+            return {"kind": "elect_preferred"}
     raise TypeError(f"not a control request: {request!r}")
 
 
@@ -263,6 +309,21 @@ def decode_request(data: bytes) -> tuple[ControlRequest, float | None]:
         )
     elif kind == "confirm_leader":
         request = LeaderConfirmation(f.text("name"), f.integer("partition"), f.text("replica"))
+    elif kind == "reassign":
+        raw = body.get("moves", [])
+        if not isinstance(raw, list):
+            raise ProtocolError(f"{f.what}: field 'moves' must be a list, not {type(raw).__name__}")
+        moves = []
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict):
+                raise ProtocolError(f"{f.what}: move {i} must be an object")
+            m = _Fields(item, f"{f.what} move {i}")
+            moves.append(PartitionMove(m.text("name"), m.integer("partition"), m.texts("replicas")))
+        request = ReassignChange(tuple(moves), f.flag("spread", False))
+    elif kind == "decommission":
+        request = DecommissionChange(f.text("server"))
+    elif kind == "elect_preferred":
+        request = PreferredLeadersChange()
     else:
         raise ProtocolError(f"unknown control request kind {kind!r}")
     return request, timeout
@@ -283,6 +344,7 @@ class RefusalKind(enum.Enum):
     NO_SUCH_STREAM = "no_such_stream"
     NO_SUCH_PARTITION = "no_such_partition"
     INVALID = "invalid"
+    REFUSED = "refused"  # valid, but the cluster's state does not allow it now
     NOT_LEADER = "not_leader"  # the server asked is not the controller: ask the new one
     NO_LEADER = "no_leader"
     OUTCOME_UNKNOWN = "outcome_unknown"

@@ -171,6 +171,16 @@ class FollowerReplica:
             return []
         return self._fetch()
 
+    def throttled(self, now: int) -> list[FollowerAction]:
+        """The leader answered but holds this (new, catching-up) replica back for a while: fetch again
+        later. The leader is not silent, so this never leads to a report."""
+        self.now = now
+        if self.state is not FollowerState.FETCHING:
+            return []
+        self._last_heard = now
+        self._reported_at = None
+        return self._fetch()
+
     def failed(self, now: int) -> list[FollowerAction]:
         """A request timed out or the leader refused it: retry, and report a silent leader."""
         self.now = now

@@ -19,7 +19,8 @@ Rules (seed 000, seed 003, seed 004):
   every ``retry_ns`` until the metadata reflects it. A follower whose
   admission is proposed counts for the HW from then on (KIP-497's maximal
   ISR), so that it never enters the ISR without every committed message;
-  it stops counting once committed, or once it lagged for ``max_lag_ns``.
+  it stops counting once the metadata shows it in the ISR, or shows an ISR
+  proposed later that leaves it out (then no earlier proposal can commit).
 - A caught-up follower gets an empty answer and sleeps; the leader
   remembers it as *waiting* and asks the shell to notify it
   (``NotifyFollowers``) at the next append.
@@ -107,8 +108,12 @@ class LeaderReplica:
     retry_ns: int = 1_000_000_000
     followers: dict[str, FollowerProgress] = field(init=False)
     _proposal: _Proposal | None = field(init=False, default=None)
-    #: Followers whose admission to the ISR is proposed but not yet committed (KIP-497's maximal ISR).
-    _joining: set[str] = field(init=False, default_factory=set)
+    #: Followers whose admission to the ISR is proposed but not settled (KIP-497's maximal ISR), with the
+    #: number of the latest proposal that admits them.
+    _joining: dict[str, int] = field(init=False, default_factory=dict)
+    #: Proposals sent and not yet known to be settled: (number, members).
+    _sent: list[tuple[int, frozenset[str]]] = field(init=False, default_factory=list)
+    _proposals: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if self.replica_id not in self.replicas:
@@ -155,16 +160,12 @@ class LeaderReplica:
         progress.waiting = caught_up
         actions = list(self._advance_hw())
         if caught_up and follower not in self.isr and follower_epoch == self.leader_epoch:
-            proposed = self._propose(self._with(follower), f"{follower} caught up at offset {offset}")
-            if proposed:
-                self._joining.add(follower)
-            actions.extend(proposed)
+            actions.extend(self._propose(self._with(follower), f"{follower} caught up at offset {offset}"))
         return FetchAnswer(offset, self.hw, self.leader_epoch, empty=caught_up, actions=tuple(actions))
 
     def tick(self, now: int) -> list[LeaderAction]:
         """Check followers' lag; propose removing those that fell behind."""
         self.now = now
-        released = self._forget_lagging_joiners(now)
         lagging = []
         for r in self.isr:
             if r == self.replica_id:
@@ -175,21 +176,9 @@ class LeaderReplica:
             elif self.max_lag_messages and self.leo - p.leo > self.max_lag_messages:
                 lagging.append((r, f"{r} is {self.leo - p.leo} messages behind"))
         if not lagging:
-            return released + self._retry()
+            return self._retry()
         isr = tuple(r for r in self.isr if r not in {r for r, _ in lagging})
-        return released + self._propose(isr, "; ".join(reason for _, reason in lagging))
-
-    def _forget_lagging_joiners(self, now: int) -> list[LeaderAction]:
-        """A follower proposed for the ISR that has since lagged for the whole lag window no longer
-        holds the HW back (had its admission been committed, the lag check would remove it now),
-        and its admission is no longer retried."""
-        gone = {r for r in self._joining if now - self.followers[r].caught_up_at > self.max_lag_ns}
-        if not gone:
-            return []
-        self._joining -= gone
-        if self._proposal is not None and gone & set(self._proposal.isr):
-            self._proposal = None
-        return self._advance_hw()
+        return self._propose(isr, "; ".join(reason for _, reason in lagging))
 
     def isr_committed(self, isr: tuple[str, ...], now: int) -> list[LeaderAction]:
         """The controller committed ``isr`` for this partition (it may differ from what was proposed)."""
@@ -200,9 +189,42 @@ class LeaderReplica:
                     # Just admitted: its lag window starts now, not at its last catch-up.
                     self.followers[r].caught_up_at = max(self.followers[r].caught_up_at, now)
         self.isr = isr
-        self._joining -= set(isr)
+        self._settle(isr)
         if self._proposal is not None and set(self._proposal.isr) == set(isr):
             self._proposal = None
+        return self._advance_hw()
+
+    def _settle(self, isr: tuple[str, ...]) -> None:
+        """Which proposed admissions the committed ``isr`` settles.
+
+        A follower in it is admitted. One left out stops counting for the HW only if the committed ISR
+        is a proposal made after the last one that admitted it: every ISR change is epoch-checked, so
+        once a later proposal is committed, no earlier one can be. Until then an earlier admission may
+        still commit (even while this leader cannot hear of it), and the follower must not miss a
+        message the HW covers.
+        """
+        members = frozenset(isr)
+        committed = max((n for n, proposed in self._sent if proposed == members), default=None)
+        for r in [r for r, n in self._joining.items() if r in members or (committed is not None and committed > n)]:
+            del self._joining[r]
+        if committed is not None:
+            self._sent = [(n, proposed) for n, proposed in self._sent if n > committed]
+
+    def replicas_changed(self, replicas: tuple[str, ...], now: int) -> list[LeaderAction]:
+        """The partition's replicas changed (a reassignment added new ones, or dropped the old ones).
+
+        New followers start outside the ISR with nothing; they are admitted once they catch up.
+        """
+        if self.replica_id not in replicas:
+            raise ValueError(f"{self.replica_id} is not a replica of the partition ({', '.join(replicas)})")
+        self.now = now
+        self.replicas = replicas
+        for r in replicas:
+            if r != self.replica_id and r not in self.followers:
+                self.followers[r] = FollowerProgress(leo=0, last_fetch=now, caught_up_at=now)
+        for r in [r for r in self.followers if r not in replicas]:
+            del self.followers[r]
+            self._joining.pop(r, None)
         return self._advance_hw()
 
     # -- queries ---------------------------------------------------------
@@ -238,7 +260,17 @@ class LeaderReplica:
         if p is not None and p.isr == isr and self.now - p.at < self.retry_ns:
             return []
         self._proposal = _Proposal(isr, self.now)
-        return [ProposeIsr(isr, reason)]
+        return [self._sending(isr, reason)]
+
+    def _sending(self, isr: tuple[str, ...], reason: str) -> ProposeIsr:
+        """Record a proposal about to go out (a retry is a new one: it may carry a newer epoch)."""
+        self._proposals += 1
+        self._sent.append((self._proposals, frozenset(isr)))
+        del self._sent[:-64]  # an unbounded history only matters to a leader nobody answers for long
+        for r in isr:
+            if r not in self.isr:
+                self._joining[r] = self._proposals
+        return ProposeIsr(isr, reason)
 
     def _retry(self) -> list[LeaderAction]:
         p = self._proposal
@@ -248,4 +280,4 @@ class LeaderReplica:
             self._proposal = None
             return []
         self._proposal = _Proposal(p.isr, self.now)
-        return [ProposeIsr(p.isr, "retrying an ISR change the metadata does not show yet")]
+        return [self._sending(p.isr, "retrying an ISR change the metadata does not show yet")]

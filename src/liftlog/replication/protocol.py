@@ -172,6 +172,7 @@ class FetchErrorCode(enum.IntEnum):
     UNKNOWN_PARTITION = 2  # the responder has no such stream partition
     OFFSET_OUT_OF_RANGE = 3  # the offset is below log_start_offset or past the log end
     STALE_EPOCH = 4  # the follower's leader epoch is not the leader's: it must refresh (and maybe truncate)
+    THROTTLED = 5  # a reassignment's new replica used its share of clustering.reassignment.max.rate: ask later
 
 
 _ERROR_CODES: Final = {int(c): c for c in FetchErrorCode}

@@ -36,6 +36,7 @@ from liftlog.metadata import (
     NoSuchPartitionError,
     NoSuchStreamError,
     PartitionMeta,
+    RefusedError,
     StreamExistsError,
 )
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
@@ -46,6 +47,7 @@ from liftlog.metadata.model import (
     DeleteStream,
     Operation,
     RegisterServer,
+    RemoveServer,
     ServerMeta,
     SetPaused,
     SetReadonly,
@@ -56,6 +58,7 @@ from liftlog.metadata.protocol import (
     Committed,
     ControlRequest,
     CreateStreamChange,
+    DecommissionChange,
     DeleteStreamChange,
     Heartbeat,
     IsrChange,
@@ -64,9 +67,12 @@ from liftlog.metadata.protocol import (
     LeaderConfirmation,
     LeaderReport,
     LogEnd,
+    PartitionMove,
     PauseChange,
+    PreferredLeadersChange,
     ProtocolError,
     ReadonlyChange,
+    ReassignChange,
     Refusal,
     RefusalKind,
     ServerRegistration,
@@ -86,6 +92,14 @@ from liftlog.metadata.protocol import (
     encode_log_end,
     encode_reply,
     encode_request,
+)
+from liftlog.metadata.reassignment import (
+    departures,
+    plan_decommission,
+    plan_move,
+    plan_spread,
+    preferred_leader_changes,
+    reassignment_steps,
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
 
@@ -171,6 +185,12 @@ def _describe(change: ControlRequest) -> tuple[str, str]:
             return f"registering server {server.id}", "`liftlog cluster status`"
         case LeaderReport(name, partition) | LeaderConfirmation(name, partition):
             return f"an election step of stream {name!r} partition {partition}", f"`liftlog stream describe {name}`"
+        case ReassignChange():
+            return "a reassignment", "`liftlog cluster reassignments`"
+        case DecommissionChange(server):
+            return f"decommissioning server {server}", "`liftlog cluster status`"
+        case PreferredLeadersChange():
+            return "electing preferred leaders", "`liftlog cluster status`"
     return f"{what} {name!r}", f"`liftlog stream describe {name}`"
 
 
@@ -188,6 +208,8 @@ def _refusal_of(exc: MetadataError) -> Refusal:
             return Refusal(RefusalKind.NO_SUCH_PARTITION, name=exc.name, partition=exc.partition)
         case InvalidStreamError():
             return Refusal(RefusalKind.INVALID, message=str(exc))
+        case RefusedError():
+            return Refusal(RefusalKind.REFUSED, message=str(exc))
         case NoMetadataLeaderError():
             return Refusal(RefusalKind.NO_LEADER)
         case ChangeOutcomeUnknownError():
@@ -207,6 +229,8 @@ def _error_of(refusal: Refusal) -> MetadataError:
             return NoSuchPartitionError(refusal.name, refusal.partition)
         case RefusalKind.INVALID:
             return InvalidStreamError(refusal.message)
+        case RefusalKind.REFUSED:
+            return RefusedError(refusal.message)
         case RefusalKind.NO_LEADER:
             return NoMetadataLeaderError()
         case RefusalKind.OUTCOME_UNKNOWN:
@@ -398,6 +422,15 @@ class MetadataService:
     async def set_readonly(self, name: str, partitions: tuple[int, ...], readonly: bool) -> None:
         await self.request(ReadonlyChange(name, partitions, readonly))
 
+    async def reassign(self, moves: tuple[PartitionMove, ...], spread: bool) -> None:
+        await self.request(ReassignChange(moves, spread))
+
+    async def decommission(self, server: str) -> None:
+        await self.request(DecommissionChange(server))
+
+    async def elect_preferred_leaders(self) -> None:
+        await self.request(PreferredLeadersChange())
+
     async def request(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:
         """Have the controller apply ``change``; returns its index once reconciled here.
 
@@ -494,26 +527,34 @@ class MetadataService:
 
     # -- the controller --------------------------------------------------
 
-    def _plan(self, change: ControlRequest) -> Operation:
+    def _plan(self, change: ControlRequest) -> list[Operation]:
+        """The operations that carry out ``change``, in order; raises a MetadataError it refuses with."""
         now = self._clock()
         match change:
             case CreateStreamChange(req):
-                return plan_create_stream(self.metadata, req, now, namespace=self.namespace, limits=self._limits)
+                return [plan_create_stream(self.metadata, req, now, namespace=self.namespace, limits=self._limits)]
             case DeleteStreamChange(name):
                 self.metadata.stream(name)  # fail fast, without a log entry
-                return DeleteStream(name)
+                return [DeleteStream(name)]
             case PauseChange(name, partitions, pause, resume_all):
                 for p in partitions:
                     self.metadata.partition(name, p)
                 if not partitions:
                     self.metadata.stream(name)
-                return SetPaused(name, partitions, pause, now, resume_all)
+                return [SetPaused(name, partitions, pause, now, resume_all)]
             case ReadonlyChange(name, partitions, readonly):
-                return SetReadonly(name, partitions, readonly, now)
+                return [SetReadonly(name, partitions, readonly, now)]
             case IsrChange(name, partition, isr, epoch):
-                return ChangeIsr(name, partition, isr, epoch)
+                return [ChangeIsr(name, partition, isr, epoch)]
             case ServerRegistration(server):
-                return RegisterServer(server, now)
+                return [RegisterServer(server, now)]
+            case ReassignChange(moves, spread):
+                planned: list[Operation] = [plan_move(self.metadata, m.name, m.partition, m.replicas) for m in moves]
+                return planned + list(plan_spread(self.metadata)) if spread else planned
+            case DecommissionChange(server):
+                return plan_decommission(self.metadata, server, self.voters)
+            case PreferredLeadersChange():
+                return list(preferred_leader_changes(self.metadata))
         raise MetadataError(f"{type(change).__name__} is not a metadata change of its own")
 
     async def _lead(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:
@@ -527,8 +568,13 @@ class MetadataService:
         try:
             if isinstance(change, (LeaderReport, LeaderConfirmation)):
                 return await asyncio.wait_for(self._failover_request(change), timeout)
-            op = self._plan(change)
-            index, result = await asyncio.wait_for(self._propose(op), timeout)
+            changed: list[PartitionMeta] = []
+            index = self.raft.node.applied_index if self.raft.node is not None else 0
+            for op in self._plan(change):
+                index, result = await asyncio.wait_for(self._propose(op), max(deadline - loop.time(), 0.1))
+                if isinstance(result, MetadataError):
+                    raise result
+                changed += result if isinstance(result, list) else []
         except TimeoutError:
             what, check = _describe(change)
             raise ChangeOutcomeUnknownError.of(
@@ -537,9 +583,6 @@ class MetadataService:
                 f"{timeout:.3g} s (fewer than a majority of the metadata group answer)",
                 check,
             ) from None
-        if isinstance(result, MetadataError):
-            raise result
-        changed: list[PartitionMeta] = result if isinstance(result, list) else []
         affected = {r for p in changed for r in p.replicas}
         # Committed: from here on the answer is the index, whether or not every server has caught up.
         await self._wait_applied(affected, index, min(APPLY_WAIT_S, deadline - loop.time()))
@@ -626,15 +669,34 @@ class MetadataService:
                         log.info("recording liveness of %s: %s", op.id, exc)
                         break
                 if self._failover is not None:
-                    try:
-                        await self._failover.tick()
-                    except (NotLeader, ProposalDropped, MetadataError) as exc:
-                        log.info("failover round: %s", exc)
+                    await self._failover.tick()
+                try:
+                    await self._reassignment_round()
+                except (NotLeader, ProposalDropped) as exc:
+                    log.info("reassignment round: %s", exc)
         finally:
             if self._join_sub is not None:
                 with contextlib.suppress(Exception):
                     await self._join_sub.unsubscribe()
                 self._join_sub = None
+
+    async def _reassignment_round(self) -> None:
+        """Move reassignments on (leader onto the new replicas, then completion), and let servers that
+        were decommissioned and hold nothing any more leave: first the Raft group, then the metadata."""
+        for op in reassignment_steps(self.metadata):
+            result = await self._propose_result(op)
+            if isinstance(result, MetadataError):
+                log.info("reassignment step %s not applied: %s", type(op).__name__, result)
+            else:
+                log.info("reassignment step applied: %s", op)
+        for server_id in departures(self.metadata):
+            if server_id in self.voters:
+                log.warning("server %s is decommissioned: removing it from the metadata group", server_id)
+                await self.raft.remove_voter(server_id)
+                return  # one membership change at a time; this server may have just removed itself
+            result = await self._propose_result(RemoveServer(server_id))
+            if not isinstance(result, MetadataError):
+                log.warning("server %s is decommissioned and has left the cluster", server_id)
 
     async def _on_join(self, msg: NatsMessage) -> None:
         self._spawn(self._answer_join(msg))

@@ -1,4 +1,9 @@
-"""``liftlog.Cluster``: our admin RPCs (cluster status), answered from this server's committed metadata."""
+"""``liftlog.Cluster``: our admin RPCs: cluster status, reassignment, decommissioning, preferred leaders.
+
+Status and progress come from this server's committed metadata (and, for the
+partitions it leads, from its replication state); changes go to the controller
+like every metadata change.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,19 @@ from collections import Counter
 from typing import Any
 
 from liftlog.api import cluster_pb2
-from liftlog.metadata import PartitionState
+from liftlog.metadata import MetadataError, PartitionState
+from liftlog.metadata.protocol import PartitionMove
+from liftlog.metadata.reassignment import preferred_leader_changes
 
 from .cluster import MetadataService
+from .failures import abort_with, failure_from
 from .rlimits import open_files_limit
 from .streams import StreamManager
 
-__all__ = ["ClusterStatusService"]
+__all__ = ["ClusterService"]
 
 
-class ClusterStatusService:
+class ClusterService:
     def __init__(self, cluster: MetadataService, streams: StreamManager) -> None:
         self._cluster = cluster
         self._streams = streams
@@ -90,4 +98,59 @@ class ClusterStatusService:
                     leaderCount=leaders[server.id],
                 )
             )
+        return out
+
+    async def Reassign(self, request: Any, context: Any) -> cluster_pb2.ReassignResponse:
+        req: cluster_pb2.ReassignRequest = request
+        moves = tuple(PartitionMove(p.stream, p.partition, tuple(p.replicas)) for p in req.partitions)
+        try:
+            await self._cluster.reassign(moves, req.spread)
+        except MetadataError as exc:
+            await abort_with(context, failure_from(exc))
+        return cluster_pb2.ReassignResponse(reassignments=self._reassignments())
+
+    async def Decommission(self, request: Any, context: Any) -> cluster_pb2.DecommissionResponse:
+        req: cluster_pb2.DecommissionRequest = request
+        try:
+            await self._cluster.decommission(req.server)
+        except MetadataError as exc:
+            await abort_with(context, failure_from(exc))
+        return cluster_pb2.DecommissionResponse(reassignments=self._reassignments())
+
+    async def ElectPreferredLeaders(self, request: Any, context: Any) -> cluster_pb2.ElectPreferredLeadersResponse:
+        due = len(preferred_leader_changes(self._cluster.metadata))
+        try:
+            await self._cluster.elect_preferred_leaders()
+        except MetadataError as exc:
+            await abort_with(context, failure_from(exc))
+        return cluster_pb2.ElectPreferredLeadersResponse(changed=due)
+
+    async def Reassignments(self, request: Any, context: Any) -> cluster_pb2.ReassignmentsResponse:
+        metadata = self._cluster.metadata
+        return cluster_pb2.ReassignmentsResponse(
+            serverId=self._cluster.server_id,
+            reassignments=self._reassignments(),
+            leaving=sorted(s.id for s in metadata.servers.values() if s.leaving),
+        )
+
+    def _reassignments(self) -> list[cluster_pb2.Reassignment]:
+        """Every reassignment under way; with the replicas' progress where this server leads."""
+        out = []
+        for stream in sorted(self._cluster.metadata.streams.values(), key=lambda s: s.name):
+            for p in stream.partitions.values():
+                if not p.target:
+                    continue
+                item = cluster_pb2.Reassignment(
+                    stream=p.stream, partition=p.id, current=p.replicas, target=p.target, leader=p.leader
+                )
+                part = self._streams.partitions.get((p.stream, p.id))
+                core = part.leader if part is not None else None
+                if core is not None and part is not None and part.log is not None:
+                    item.leaderLogEnd = part.log.log_end_offset
+                    item.leaderLogStart = part.log.log_start_offset
+                    for r in p.replicas:
+                        follower = core.followers.get(r)
+                        leo = part.log.log_end_offset if r == core.replica_id else follower.leo if follower else 0
+                        item.replicas.append(cluster_pb2.ReplicaProgress(id=r, logEnd=leo, inSync=r in p.isr))
+                out.append(item)
         return out

@@ -257,6 +257,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _s("clustering.min.insync.replicas", _int(1), 1, "ISR size needed to commit"),
     _s("clustering.replication.max.bytes", parse_size, 1 << 20, "most bytes in one replication response"),
+    _s(
+        "clustering.reassignment.max.rate",
+        parse_size,
+        0,
+        "bytes per second a leader sends to the replicas a reassignment adds, all together (0: no limit)",
+    ),
     _s("clustering.rack", _str, "", "rack of this server, for replica placement"),
     _s(
         "clustering.max.partitions.per.server",
@@ -359,6 +365,7 @@ class ClusteringConfig:
     replica_fetch_timeout: int
     min_insync_replicas: int
     replication_max_bytes: int
+    reassignment_max_rate: int
     rack: str
     unclean_leader_election: bool
     leader_rebalance_delay: int

@@ -10,6 +10,7 @@ from liftlog.metadata import (
     MetadataError,
     NoSuchPartitionError,
     NoSuchStreamError,
+    RefusedError,
     StreamExistsError,
 )
 from liftlog.rpc import ServerContext, StatusCode
@@ -68,6 +69,8 @@ def failure_from(exc: MetadataError) -> RpcFailure:
         return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_PARTITION, str(exc))
     if isinstance(exc, NoSuchStreamError):
         return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_STREAM, str(exc))
+    if isinstance(exc, RefusedError):
+        return RpcFailure(Code.FAILED_PRECONDITION, Reason.REFUSED, str(exc))
     return RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc))
 
 

@@ -179,6 +179,10 @@ class MetadataRaft:
         """Propose ``ADD server_id``; returns once committed and applied here."""
         await self._submit(lambda node: node.propose_conf_change(ConfChange(ConfChangeOp.ADD, server_id)))
 
+    async def remove_voter(self, server_id: str) -> None:
+        """Propose ``REMOVE server_id`` (a decommissioned server); returns once committed and applied here."""
+        await self._submit(lambda node: node.propose_conf_change(ConfChange(ConfChangeOp.REMOVE, server_id)))
+
     async def _submit(self, append: Callable[[RaftNode], int]) -> tuple[int, object]:
         """Run ``append`` (a proposal returning its index) in the loop; resolve when that index applies."""
         future: asyncio.Future[tuple[int, object]] = asyncio.get_running_loop().create_future()

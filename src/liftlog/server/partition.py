@@ -372,8 +372,11 @@ class Partition:
             self._leader_did(self.leader.tick(now))
 
     def isr_committed(self, now: int) -> None:
-        """The metadata's ISR changed (``self.meta`` is current)."""
+        """The metadata's ISR or replicas changed (``self.meta`` is current)."""
         if self.leader is not None:
+            replicas = tuple(self.meta.replicas)
+            if replicas != self.leader.replicas:
+                self._leader_did(self.leader.replicas_changed(replicas, now))
             self._leader_did(self.leader.isr_committed(tuple(self.meta.isr), now))
 
     def _leader_did(self, actions: list[LeaderAction]) -> None:

@@ -77,6 +77,7 @@ from liftlog.storage import StorageError
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .partition import Partition
 from .ratelimit import LogLimiter
+from .throttle import ByteRate
 
 __all__ = ["Replicator", "ReplicatorSettings"]
 
@@ -129,6 +130,9 @@ class ReplicatorSettings:
     #: How long the leader holds a caught-up follower's fetch, answering it as soon as there is data
     #: (0: answer at once; the follower then sleeps until notified). Kept under ``fetch_timeout_s``.
     fetch_wait_s: float = 0.5
+    #: Bytes per second this server sends to replicas a reassignment is adding, all of them together
+    #: (0: no limit). Followers in the ISR are never held back.
+    reassignment_rate: int = 0
 
 
 @dataclass(slots=True)
@@ -218,6 +222,7 @@ class Replicator:
         #: take every response's byte budget.
         self._rotation: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._throttle = ByteRate(settings.reassignment_rate, clock=time.monotonic)
 
     async def start(self, nats: NatsClient) -> None:
         self._nats = nats
@@ -380,10 +385,18 @@ class Replicator:
                 leader.leader_epoch,
                 start,
             )
+        moving = bool(part.meta.target) and replica not in leader.isr and self._throttle.limited
+        if moving:
+            # A replica a reassignment is adding, still catching up: it gets what the rate allows.
+            max_bytes = min(max_bytes, self._throttle.available())
+            if max_bytes <= 0:
+                return self._refusal(p, FetchErrorCode.THROTTLED, "reassignment rate", leader.leader_epoch, start)
         try:
             answer, data = part.serve_fetch(replica, p.offset, p.leader_epoch, max_bytes)
         except (ValueError, StorageError) as exc:
             return self._refusal(p, FetchErrorCode.UNKNOWN_PARTITION, str(exc), leader.leader_epoch, start)
+        if moving:
+            self._throttle.spend(len(data))
         return (p.stream, p.partition, answer.leader_epoch, answer.hw, data)
 
     @staticmethod
@@ -639,6 +652,9 @@ class Replicator:
 
     def _refused(self, member: _Following, error: FetchError) -> None:
         part, core = member.part, member.core
+        if error.code is FetchErrorCode.THROTTLED:
+            self._carry_out(member, core.throttled(self._clock()), delay=self.settings.retry_s)
+            return
         if error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
             try:
                 self._out_of_range(part, core, error)

@@ -48,7 +48,7 @@ from .acks import AckRouter
 from .api_service import ApiLimits, ApiService
 from .batches_service import BatchesService
 from .cluster import MetadataService
-from .cluster_service import ClusterStatusService
+from .cluster_service import ClusterService
 from .config import ServerConfig
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
@@ -267,6 +267,7 @@ class Server:
                 fetch_wait_s=c.replica_fetch_wait / 1000,
                 leader_timeout_ns=c.replica_max_leader_timeout * 1_000_000,
                 max_bytes=c.replication_max_bytes,
+                reassignment_rate=c.reassignment_max_rate,
             ),
             propose_isr=self._propose_isr,
             report_leader=self._report_leader,
@@ -464,7 +465,7 @@ class Server:
         server.add_methods(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(service)))
         server.add_methods(
             service_methods(
-                cluster_pb2.DESCRIPTOR.services_by_name["Cluster"], ClusterStatusService(self.cluster, self.streams)
+                cluster_pb2.DESCRIPTOR.services_by_name["Cluster"], ClusterService(self.cluster, self.streams)
             )
         )
 

@@ -300,7 +300,8 @@ class StreamManager:
         self.partitions.pop(key, None)
         name, pid = key
         await self._drop_role(hosted)
-        await hosted.part.close(f"stream {name!r} was deleted")
+        gone = name not in self.metadata.streams
+        await hosted.part.close(f"stream {name!r} was deleted" if gone else f"{name}/{pid} moved to other servers")
         stream_dir = self._dir / name
         await asyncio.to_thread(shutil.rmtree, stream_dir / str(pid), True)
         if not any(k[0] == name for k in self._hosted):
@@ -411,7 +412,11 @@ class StreamManager:
                     replicator.follow(part)
                     log.info("%s: following %s in leader epoch %d", part, meta.leader, meta.leader_epoch)
             hosted.role = role
-        elif leader and part.leader is not None and tuple(meta.isr) != part.leader.isr:
+        elif (
+            leader
+            and part.leader is not None
+            and (tuple(meta.isr) != part.leader.isr or tuple(meta.replicas) != part.leader.replicas)
+        ):
             part.isr_committed(self._clock())
         listen = leader and not meta.readonly
         if listen and not part.accepting:

@@ -6,6 +6,96 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PartitionReplicas(_message.Message):
+    __slots__ = ("stream", "partition", "replicas")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReassignRequest(_message.Message):
+    __slots__ = ("partitions", "spread")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SPREAD_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionReplicas]
+    spread: bool
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionReplicas, _Mapping]]] = ..., spread: _Optional[bool] = ...) -> None: ...
+
+class ReplicaProgress(_message.Message):
+    __slots__ = ("id", "logEnd", "inSync")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOGEND_FIELD_NUMBER: _ClassVar[int]
+    INSYNC_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    logEnd: int
+    inSync: bool
+    def __init__(self, id: _Optional[str] = ..., logEnd: _Optional[int] = ..., inSync: _Optional[bool] = ...) -> None: ...
+
+class Reassignment(_message.Message):
+    __slots__ = ("stream", "partition", "current", "target", "leader", "leaderLogEnd", "replicas", "leaderLogStart")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADERLOGEND_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEADERLOGSTART_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    current: _containers.RepeatedScalarFieldContainer[str]
+    target: _containers.RepeatedScalarFieldContainer[str]
+    leader: str
+    leaderLogEnd: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaProgress]
+    leaderLogStart: int
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., current: _Optional[_Iterable[str]] = ..., target: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., leaderLogEnd: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaProgress, _Mapping]]] = ..., leaderLogStart: _Optional[int] = ...) -> None: ...
+
+class ReassignResponse(_message.Message):
+    __slots__ = ("reassignments",)
+    REASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    reassignments: _containers.RepeatedCompositeFieldContainer[Reassignment]
+    def __init__(self, reassignments: _Optional[_Iterable[_Union[Reassignment, _Mapping]]] = ...) -> None: ...
+
+class DecommissionRequest(_message.Message):
+    __slots__ = ("server",)
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    server: str
+    def __init__(self, server: _Optional[str] = ...) -> None: ...
+
+class DecommissionResponse(_message.Message):
+    __slots__ = ("reassignments",)
+    REASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    reassignments: _containers.RepeatedCompositeFieldContainer[Reassignment]
+    def __init__(self, reassignments: _Optional[_Iterable[_Union[Reassignment, _Mapping]]] = ...) -> None: ...
+
+class ElectPreferredLeadersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ElectPreferredLeadersResponse(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: int
+    def __init__(self, changed: _Optional[int] = ...) -> None: ...
+
+class ReassignmentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReassignmentsResponse(_message.Message):
+    __slots__ = ("serverId", "reassignments", "leaving")
+    SERVERID_FIELD_NUMBER: _ClassVar[int]
+    REASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    serverId: str
+    reassignments: _containers.RepeatedCompositeFieldContainer[Reassignment]
+    leaving: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, serverId: _Optional[str] = ..., reassignments: _Optional[_Iterable[_Union[Reassignment, _Mapping]]] = ..., leaving: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ClusterStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

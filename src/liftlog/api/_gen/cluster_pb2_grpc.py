@@ -39,6 +39,26 @@ class ClusterStub:
                 request_serializer=cluster__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=cluster__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.Reassign = channel.unary_unary(
+                '/liftlog.Cluster/Reassign',
+                request_serializer=cluster__pb2.ReassignRequest.SerializeToString,
+                response_deserializer=cluster__pb2.ReassignResponse.FromString,
+                _registered_method=True)
+        self.Decommission = channel.unary_unary(
+                '/liftlog.Cluster/Decommission',
+                request_serializer=cluster__pb2.DecommissionRequest.SerializeToString,
+                response_deserializer=cluster__pb2.DecommissionResponse.FromString,
+                _registered_method=True)
+        self.ElectPreferredLeaders = channel.unary_unary(
+                '/liftlog.Cluster/ElectPreferredLeaders',
+                request_serializer=cluster__pb2.ElectPreferredLeadersRequest.SerializeToString,
+                response_deserializer=cluster__pb2.ElectPreferredLeadersResponse.FromString,
+                _registered_method=True)
+        self.Reassignments = channel.unary_unary(
+                '/liftlog.Cluster/Reassignments',
+                request_serializer=cluster__pb2.ReassignmentsRequest.SerializeToString,
+                response_deserializer=cluster__pb2.ReassignmentsResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -51,6 +71,38 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reassign(self, request, context):
+        """Start moving partitions to other servers: to the replicas named, and (spread) as the controller
+        plans to even out replica counts over the live servers. Returns once the moves are committed; the
+        data moves afterwards (watch it with Reassignments).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Decommission(self, request, context):
+        """Move every replica off a server; once it holds none, the controller removes it from the cluster.
+        Refused (FAILED_PRECONDITION, saying why) when that would lose the metadata quorum, the last
+        in-sync replica of a partition, or leave a partition nowhere to go.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ElectPreferredLeaders(self, request, context):
+        """Hand leadership back to each partition's preferred replica (the first) where it is alive and in sync.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reassignments(self, request, context):
+        """The reassignments under way; for partitions the answering server leads, how far each replica is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +110,26 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=cluster__pb2.ClusterStatusRequest.FromString,
                     response_serializer=cluster__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'Reassign': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reassign,
+                    request_deserializer=cluster__pb2.ReassignRequest.FromString,
+                    response_serializer=cluster__pb2.ReassignResponse.SerializeToString,
+            ),
+            'Decommission': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decommission,
+                    request_deserializer=cluster__pb2.DecommissionRequest.FromString,
+                    response_serializer=cluster__pb2.DecommissionResponse.SerializeToString,
+            ),
+            'ElectPreferredLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectPreferredLeaders,
+                    request_deserializer=cluster__pb2.ElectPreferredLeadersRequest.FromString,
+                    response_serializer=cluster__pb2.ElectPreferredLeadersResponse.SerializeToString,
+            ),
+            'Reassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reassignments,
+                    request_deserializer=cluster__pb2.ReassignmentsRequest.FromString,
+                    response_serializer=cluster__pb2.ReassignmentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +159,114 @@ class Cluster:
             '/liftlog.Cluster/Status',
             cluster__pb2.ClusterStatusRequest.SerializeToString,
             cluster__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reassign(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/Reassign',
+            cluster__pb2.ReassignRequest.SerializeToString,
+            cluster__pb2.ReassignResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decommission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/Decommission',
+            cluster__pb2.DecommissionRequest.SerializeToString,
+            cluster__pb2.DecommissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectPreferredLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/ElectPreferredLeaders',
+            cluster__pb2.ElectPreferredLeadersRequest.SerializeToString,
+            cluster__pb2.ElectPreferredLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/Reassignments',
+            cluster__pb2.ReassignmentsRequest.SerializeToString,
+            cluster__pb2.ReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
