@@ -29,6 +29,7 @@ from liftlog.metadata.reassignment import (
     departures,
     plan_decommission,
     plan_move,
+    plan_moves,
     plan_spread,
     preferred_leader_changes,
     reassignment_steps,
@@ -192,3 +193,24 @@ def test_preferred_leaders_on_demand() -> None:
     assert preferred_leader_changes(md) == [ChangeLeader("s", 0, "a", ("a", "b"), p.epoch)]
     md.apply(SetServerLiveness("a", False, 5))
     assert preferred_leader_changes(md) == [], "a is not alive"
+
+
+def test_a_request_names_each_partition_once_and_spread_leaves_the_named_ones_alone() -> None:
+    md = cluster("abc", s=[["a"], ["a"], ["a"]])
+    with pytest.raises(MetadataError, match="s/0 is named twice"):
+        plan_moves(md, [("s", 0, ["b"]), ("s", 0, ["c"])], spread=False)
+    ops = plan_moves(md, [("s", 0, ["b"])], spread=True)
+    assert ops[0] == ReassignPartition("s", 0, ("b",), 0)
+    assert all(isinstance(op, ReassignPartition) and op.partition != 0 for op in ops[1:])
+    assert len(ops) == 2, "with s/0 going to b, one more move evens out a, b and c"
+
+
+def test_rebalance_leaves_a_moving_partition_alone() -> None:
+    from liftlog.metadata.failover import FailoverCore
+
+    md = cluster("abc", s=[["a", "b"]])
+    p = md.partition("s", 0)
+    md.apply(ChangeLeader("s", 0, "b", ("a", "b"), p.epoch))
+    md.apply(ReassignPartition("s", 0, ("c", "b"), p.epoch))
+    core = FailoverCore(lambda: md, rebalance_after_ns=1)
+    assert core.tick(0) == [] and core.tick(10) == [], "a is preferred but leaving: no hand-back mid-move"

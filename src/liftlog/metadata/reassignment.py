@@ -27,7 +27,7 @@ No clocks, no I/O: the controller's shell proposes the operations these return.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from .model import (
     ChangeLeader,
@@ -46,6 +46,7 @@ __all__ = [
     "departures",
     "plan_decommission",
     "plan_move",
+    "plan_moves",
     "plan_spread",
     "preferred_leader_changes",
     "reassignment_steps",
@@ -87,20 +88,44 @@ def plan_move(metadata: Metadata, stream: str, partition: int, target: Sequence[
     return ReassignPartition(stream, partition, target, meta.epoch)
 
 
-def plan_spread(metadata: Metadata) -> list[ReassignPartition]:
+def plan_moves(metadata: Metadata, moves: Sequence[tuple[str, int, Sequence[str]]], spread: bool) -> list[Operation]:
+    """An administrator's request: the moves named (each partition once), then, with ``spread``, the
+    controller's plan for the other partitions."""
+    planned: dict[tuple[str, int], tuple[str, ...]] = {}
+    ops: list[Operation] = []
+    for stream, partition, target in moves:
+        if (stream, partition) in planned:
+            raise InvalidStreamError(f"{stream}/{partition} is named twice in one reassignment")
+        op = plan_move(metadata, stream, partition, target)
+        planned[(stream, partition)] = op.target
+        ops.append(op)
+    if spread:
+        ops.extend(plan_spread(metadata, planned=planned))
+    return ops
+
+
+def plan_spread(
+    metadata: Metadata, planned: Mapping[tuple[str, int], Sequence[str]] | None = None
+) -> list[ReassignPartition]:
     """Even out replica counts over the usable servers with as few replica moves as possible.
 
     Moves one replica at a time from the server holding the most to the one holding the fewest
     (that does not hold the partition yet) until no two servers differ by more than one. Partitions
-    already moving are left alone and counted where they are going.
+    already moving, or in ``planned`` (moves about to be proposed with these), are left alone and
+    counted where they are going.
     """
+    planned = planned or {}
     servers = _usable(metadata)
     if not servers:
         return []
-    parts = [p for p in _partitions(metadata) if not p.target and p.state is PartitionState.ONLINE]
+    parts = [
+        p
+        for p in _partitions(metadata)
+        if not p.target and p.state is PartitionState.ONLINE and (p.stream, p.id) not in planned
+    ]
     count: Counter[str] = Counter({s: 0 for s in servers})
     for p in _partitions(metadata):
-        for r in p.target or p.replicas:
+        for r in planned.get((p.stream, p.id)) or p.target or p.replicas:
             if r in count:
                 count[r] += 1
     new: dict[tuple[str, int], list[str]] = {(p.stream, p.id): list(p.replicas) for p in parts}

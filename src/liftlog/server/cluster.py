@@ -96,8 +96,7 @@ from liftlog.metadata.protocol import (
 from liftlog.metadata.reassignment import (
     departures,
     plan_decommission,
-    plan_move,
-    plan_spread,
+    plan_moves,
     preferred_leader_changes,
     reassignment_steps,
 )
@@ -549,8 +548,7 @@ class MetadataService:
             case ServerRegistration(server):
                 return [RegisterServer(server, now)]
             case ReassignChange(moves, spread):
-                planned: list[Operation] = [plan_move(self.metadata, m.name, m.partition, m.replicas) for m in moves]
-                return planned + list(plan_spread(self.metadata)) if spread else planned
+                return plan_moves(self.metadata, [(m.name, m.partition, m.replicas) for m in moves], spread)
             case DecommissionChange(server):
                 return plan_decommission(self.metadata, server, self.voters)
             case PreferredLeadersChange():
