@@ -57,21 +57,21 @@ partitions = st.integers(0, I32)
 offsets = st.integers(0, I64)
 offsets_or_none = st.integers(-1, I64)
 
-partition_fetches = st.builds(PartitionFetch, names, partitions, offsets, offsets)
+partition_fetches = st.builds(PartitionFetch, names, partitions, offsets, offsets, offsets)
 fetch_requests = st.builds(
     FetchRequest, names, st.integers(0, 2**32 - 1), st.lists(partition_fetches, min_size=1, max_size=8).map(tuple)
 )
 fetch_errors = st.builds(FetchError, st.sampled_from(FetchErrorCode), names, offsets_or_none, offsets_or_none)
 data_answers = st.tuples(names, partitions, offsets, offsets_or_none, st.binary(max_size=100))
 refusals = st.builds(PartitionRefusal, names, partitions, fetch_errors)
-epoch_requests = st.builds(EpochOffsetRequest, names, partitions, offsets, offsets)
+epoch_requests = st.builds(EpochOffsetRequest, names, partitions, offsets, offsets, offsets)
 epoch_responses = st.builds(EpochOffsetResponse, offsets_or_none, offsets_or_none, offsets_or_none)
 pair_lists = st.lists(st.tuples(names, partitions), min_size=1, max_size=20)
 
-REQ = FetchRequest("server-ä", 1, (PartitionFetch("orders", 3, 42, 7), PartitionFetch("flüsse", 0, 0, 2)))
+REQ = FetchRequest("server-ä", 1, (PartitionFetch("orders", 3, 42, 7, 1000), PartitionFetch("flüsse", 0, 0, 2, 5)))
 ERR = FetchError(FetchErrorCode.OFFSET_OUT_OF_RANGE, "offset 42 below log start 100", 7, 100)
 RESP = encode_fetch_response([("orders", 3, 7, 41, b"batch-data"), PartitionRefusal("flüsse", 0, ERR)])
-EPOCH_REQ = EpochOffsetRequest("orders", 3, 7, 8)
+EPOCH_REQ = EpochOffsetRequest("orders", 3, 7, 8, 1000)
 EPOCH_RESP = EpochOffsetResponse(6, 41, 0)
 PAIRS = [("orders", 0), ("flüsse", 2), ("", 0)]
 
@@ -218,7 +218,7 @@ def test_an_empty_fetch_response_is_valid() -> None:
 def test_entry_size_is_what_a_data_answer_adds(stream: str, batches: bytes) -> None:
     empty = len(encode_fetch_response([]))
     one = len(encode_fetch_response([(stream, 1, 1, 1, batches)]))
-    assert one - empty == fetch_entry_size(stream) + len(batches)
+    assert one - empty <= fetch_entry_size(stream) + len(batches)
     req = len(encode_fetch_request(FetchRequest("r", 0, (PartitionFetch(stream, 0, 0, 0),))))
     assert req - len(encode_fetch_request(FetchRequest("r", 0, (PartitionFetch("", 0, 0, 0),)))) <= fetch_entry_size(
         stream
@@ -256,11 +256,11 @@ def test_fetch_error_layout() -> None:
 
 
 def test_fetch_layouts() -> None:
-    req = FetchRequest("r", 5, (PartitionFetch("s", 2, 9, 4), PartitionFetch("tt", 0, 1, 4)))
+    req = FetchRequest("r", 5, (PartitionFetch("s", 2, 9, 4, 77), PartitionFetch("tt", 0, 1, 4, 78)))
     assert payload_of(encode_fetch_request(req)) == (
         b"\x02" + struct.pack(">IIH", 5, 2, 1) + b"r"
-        + struct.pack(">qqiH", 9, 4, 2, 1) + b"s"
-        + struct.pack(">qqiH", 1, 4, 0, 2) + b"tt"
+        + struct.pack(">qqqiH", 9, 4, 77, 2, 1) + b"s"
+        + struct.pack(">qqqiH", 1, 4, 78, 0, 2) + b"tt"
     )  # fmt: skip
     resp = encode_fetch_response([("s", 2, 4, -1, b"\x00data"), PartitionRefusal("t", 1, FetchError(3, "m", 4, 0))])  # type: ignore[arg-type]
     assert resp[:HEADER_LEN] == encode_envelope(MsgType.REPLICATION_RESPONSE, b"")
@@ -272,8 +272,8 @@ def test_fetch_layouts() -> None:
 
 
 def test_other_layouts() -> None:
-    assert payload_of(encode_epoch_offset_request(EpochOffsetRequest("s", 2, 4, 5))) == (
-        b"\x02" + struct.pack(">qqiH", 4, 5, 2, 1) + b"s"
+    assert payload_of(encode_epoch_offset_request(EpochOffsetRequest("s", 2, 4, 5, 6))) == (
+        b"\x02" + struct.pack(">qqqiH", 4, 5, 6, 2, 1) + b"s"
     )
     assert payload_of(encode_epoch_offset_response(EpochOffsetResponse(-1, -1, 0))) == (
         b"\x01" + struct.pack(">qqq", -1, -1, 0)
@@ -354,11 +354,11 @@ def test_a_batch_length_past_the_end_is_a_truncation() -> None:
     ("name", "payload", "field"),
     [
         ("fetch request", b"\x02" + struct.pack(">IIH", 0, 1, 1) + b"\xff", "replica_id"),
-        ("fetch request", b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", 0, 0, 0, 2) + b"\xc3\x28",
+        ("fetch request", b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqqiH", 0, 0, 0, 0, 2) + b"\xc3\x28",
          "stream of entry 0"),
         ("fetch response", b"\x02" + struct.pack(">IBiH", 1, 0, 0, 1) + b"\x80", "stream of answer 0"),
         ("fetch error", b"\x01\x01" + struct.pack(">qqH", 0, 0, 1) + b"\x80", "message"),
-        ("epoch offset request", b"\x02" + struct.pack(">qqiH", 0, 0, 0, 1) + b"\xfe", "stream"),
+        ("epoch offset request", b"\x02" + struct.pack(">qqqiH", 0, 0, 0, 0, 1) + b"\xfe", "stream"),
         ("notification", b"\x01" + struct.pack(">IH", 1, 2) + b"\xed\xa0" + b"\x00" * 4, "stream of pair 0"),
     ],
 )  # fmt: skip
@@ -386,13 +386,13 @@ def _answer(code: int, partition: int, tail: bytes) -> bytes:
         (decode_fetch_request, MsgType.REPLICATION_REQUEST, b"\x02" + struct.pack(">IIH", 0, 0, 0),
          "count at offset 5 is 0"),
         (decode_fetch_request, MsgType.REPLICATION_REQUEST,
-         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", -1, 0, 0, 0), "offset of entry 0 -1"),
+         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqqiH", -1, 0, 0, 0, 0), "offset of entry 0 -1"),
         (decode_fetch_request, MsgType.REPLICATION_REQUEST,
-         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", 0, -1, 0, 0), "leader_epoch of entry 0 -1"),
+         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqqiH", 0, -1, 0, 0, 0), "leader_epoch of entry 0 -1"),
         (decode_fetch_request, MsgType.REPLICATION_REQUEST,
-         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqiH", 0, 0, -3, 0), "partition of entry 0 -3"),
+         b"\x02" + struct.pack(">IIH", 0, 1, 0) + struct.pack(">qqqiH", 0, 0, 0, -3, 0), "partition of entry 0 -3"),
         (decode_epoch_offset_request, MsgType.LEADER_EPOCH_OFFSET_REQUEST,
-         b"\x02" + struct.pack(">qqiH", 0, -1, 0, 0), "current_epoch -1 at offset 9"),
+         b"\x02" + struct.pack(">qqqiH", 0, -1, 0, 0, 0), "current_epoch -1 at offset 9"),
         (decode_epoch_offset_response, MsgType.LEADER_EPOCH_OFFSET_RESPONSE,
          b"\x01" + struct.pack(">qqq", 0, -2, 0), "end_offset -2 at offset 9"),
         (decode_notification, MsgType.PARTITION_NOTIFICATION, b"\x01" + struct.pack(">IHi", 1, 0, -1),
@@ -488,6 +488,8 @@ def _req(replica: str = "r", *entries: PartitionFetch, session: int = 0) -> Fetc
         (lambda: encode_fetch_error(FetchError(FetchErrorCode.NOT_LEADER, "", -2, 0)), "leader_epoch -2"),
         (lambda: encode_epoch_offset_request(EpochOffsetRequest("s", -1, 0, 0)), "partition -1"),
         (lambda: encode_epoch_offset_request(EpochOffsetRequest("s", 0, 0, -1)), "current_epoch -1"),
+        (lambda: encode_epoch_offset_request(EpochOffsetRequest("s", 0, 0, 0, -5)), "created -5"),
+        (lambda: encode_fetch_request(_req("r", PartitionFetch("s", 0, 0, 0, -5))), "created -5"),
         (lambda: encode_epoch_offset_response(EpochOffsetResponse(0, 2**63, 0)), "end_offset"),
         (lambda: encode_notification([]), "names no partition"),
         (lambda: encode_notification([("s", -1)]), "partition -1"),

@@ -76,9 +76,13 @@ async def fetch(nc: NATS, *entries: PartitionFetch, session: int = 0, replica: s
     return decode_fetch_response(msg.data)
 
 
-async def epoch_offset(nc: NATS, stream: str, epoch: int, current: int) -> EpochOffsetResponse | FetchError:
+async def epoch_offset(
+    nc: NATS, stream: str, epoch: int, current: int, created: int = 0
+) -> EpochOffsetResponse | FetchError:
     msg = await nc.request(
-        offset_subject(NS, "s1"), encode_epoch_offset_request(EpochOffsetRequest(stream, 0, epoch, current)), 2
+        offset_subject(NS, "s1"),
+        encode_epoch_offset_request(EpochOffsetRequest(stream, 0, epoch, current, created)),
+        2,
     )
     return decode_epoch_offset_reply(msg.data)
 
@@ -115,6 +119,10 @@ async def test_each_partition_of_a_fetch_is_answered_or_refused_on_its_own(tmp_p
         answers = by_stream(await fetch(nc, PartitionFetch("orders", 0, 9, 0), PartitionFetch("events", 0, 0, 3)))
         assert refusal(answers["orders"]) is FetchErrorCode.OFFSET_OUT_OF_RANGE
         assert isinstance(answers["events"], PartitionData) and answers["events"].batches
+        # The same name, another incarnation (the stream was deleted and created again): refused, so
+        # that a server which has not heard of the deletion never feeds the old records to the new stream.
+        answers = by_stream(await fetch(nc, PartitionFetch("orders", 0, 0, 0, created=12345)))
+        assert refusal(answers["orders"]) is FetchErrorCode.UNKNOWN_PARTITION
         # Stepped down: refused, while the partition it still leads is served as before.
         events.become_follower()
         rep.stop_leading(events)
@@ -134,6 +142,8 @@ async def test_an_epoch_offset_request_is_answered_only_for_the_epoch_the_server
         part = leading(tmp_path, 1)
         rep.lead(part)
         assert await epoch_offset(nc, "orders", 1, 1) == EpochOffsetResponse(1, 2, 0)
+        other = await epoch_offset(nc, "orders", 1, 1, created=12345)
+        assert isinstance(other, FetchError) and other.code is FetchErrorCode.NOT_LEADER, "another incarnation"
         # A follower that believes another epoch is current learns nothing from this leader's log
         # (it may be a deposed leader's, diverged), only that it must ask again.
         for current in (0, 2):

@@ -17,7 +17,9 @@ asyncio shells drive them:
 The network drops, delays, duplicates and reorders messages, partitions the servers
 and cuts single directions; servers crash (memory lost, Raft disk and log files
 kept, as a process crash leaves them) and restart; some clocks run slow. A client
-creates streams, publishes with each ack policy and reads committed data.
+creates streams, publishes with each ack policy and reads committed data;
+an administrator deletes streams (they are created again), pauses and
+resumes partitions and moves them.
 
 Checked after every step:
 - an acknowledged (ack ALL) message is never lost: whatever any replica holds
@@ -31,9 +33,9 @@ Checked after every step:
 Streams with unclean leader election may lose acknowledged messages by design:
 for them only the leader-per-epoch and metadata checks apply.
 
-Not simulated (yet): pauses, deletes, readonly streams, Raft membership changes
-and snapshots, power loss (fsync), the multi-partition batching of fetches (each
-request carries one partition; the codec is the same).
+Not simulated (yet): readonly streams, Raft membership changes and snapshots,
+power loss (fsync), the multi-partition batching of fetches (each request
+carries one partition; the codec is the same).
 
 Replay: ``LIFTLOG_CLUSTER_SIM_SEED=<seed> .venv/bin/pytest tests/sim/test_cluster_sim.py -q``.
 Soak: ``.venv/bin/python -m tests.sim.cluster --seeds 10000`` (``make sim SEEDS=…`` runs both simulations).
@@ -58,12 +60,14 @@ from pathlib import Path
 from liftlog.metadata import (
     ChangeIsr,
     ChangeLeader,
+    DeleteStream,
     Metadata,
     MetadataError,
     Operation,
     PartitionState,
     RegisterServer,
     ServerMeta,
+    SetPaused,
     StreamSettings,
 )
 from liftlog.metadata.codec import decode_operation, encode_operation, encode_snapshot
@@ -209,6 +213,8 @@ class Server:
     raft: RaftNode
     metadata: Metadata = field(default_factory=Metadata)
     logs: dict[Key, CommitLog] = field(default_factory=dict)
+    #: The creation timestamp of the stream each log belongs to: a deleted and re-created stream is a new log.
+    incarnation: dict[Key, int] = field(default_factory=dict)
     leading: dict[Key, LeaderReplica] = field(default_factory=dict)
     following: dict[Key, Following] = field(default_factory=dict)
     confirmed_at: dict[Key, int] = field(default_factory=dict)
@@ -247,6 +253,8 @@ class Simulation:
         self.unclean = rng.random() < 0.2
         self.rebalance_ticks = rng.choice((0, 50))
         self.reassign_rate = rng.choice((0.0, 0.0, 0.01, 0.03))
+        self.admin_rate = rng.choice((0.0, 0.0, 0.005, 0.02))
+        self.healed = False
         rf = rng.choice((2, 3)) if n == 3 else rng.choice((3, 5))
         self.streams = [("orders", rng.choice((1, 2)), min(rf, n))]
         if rng.random() < 0.5:
@@ -271,9 +279,9 @@ class Simulation:
         self.servers: dict[str, Server] = {}
         self.restart_at: dict[str, int] = {}
         # checker state
-        self.leader_of_epoch: dict[tuple[Key, int], str] = {}
-        self.committed: dict[Key, dict[int, bytes]] = {}
-        self.acked: dict[Key, dict[int, bytes]] = {}
+        self.leader_of_epoch: dict[tuple[Key, int, int], str] = {}
+        self.committed: dict[tuple[Key, int], dict[int, bytes]] = {}
+        self.acked: dict[tuple[Key, int], dict[int, bytes]] = {}
         self.metadata_digest: dict[int, int] = {}
         self.stats: Counter[str] = Counter()
         self.msg = 0
@@ -342,11 +350,25 @@ class Simulation:
         self.stats["crashes"] += 1
         self.restart_at[sid] = self.now + self.rng.randint(1, self.max_down)
 
-    def log_of(self, server: Server, key: Key) -> CommitLog:
+    def log_of(self, server: Server, key: Key, created: int) -> CommitLog:
+        if key in server.logs and server.incarnation[key] != created:
+            self.drop_replica(server, key)  # the stream was deleted and created again
         log = server.logs.get(key)
         if log is None:
-            log = server.logs[key] = CommitLog.open(server.directory / f"{key[0]}-{key[1]}", LogConfig())
+            directory = server.directory / f"{key[0]}-{key[1]}-{created}"  # as streams/<name>/.created does
+            log = server.logs[key] = CommitLog.open(directory, LogConfig())
+            server.incarnation[key] = created
         return log
+
+    def drop_replica(self, server: Server, key: Key) -> None:
+        self.note(f"{server.id} drops its replica of {key}")
+        if key in server.leading:
+            self.step_down(server, key)
+        server.following.pop(key, None)
+        server.logs.pop(key).close()
+        created = server.incarnation.pop(key)
+        shutil.rmtree(server.directory / f"{key[0]}-{key[1]}-{created}", ignore_errors=True)
+        self.stats["replicas_dropped"] += 1
 
     # --- the metadata group -------------------------------------------------------------------
 
@@ -477,6 +499,23 @@ class Simulation:
             self.carry_out(server, server.failover.tick(now))
         if self.reassign_rate and self.rng.random() < self.reassign_rate and server.failover is not None:
             self.start_reassignment(server)
+        if self.healed:
+            for stream in md.streams.values():
+                paused = tuple(p.id for p in stream.partitions.values() if p.paused)
+                if paused and self.now % 10 == 0:
+                    self.propose(server, SetPaused(stream.name, paused, False, now))
+        elif self.admin_rate and self.rng.random() < self.admin_rate and md.streams:
+            stream = md.streams[self.rng.choice(sorted(md.streams))]
+            choice = self.rng.random()
+            if choice < 0.2:
+                self.note(f"{server.id} deletes stream {stream.name}")
+                self.stats["deletes"] += 1
+                self.propose(server, DeleteStream(stream.name))
+            else:
+                p = self.rng.choice(sorted(stream.partitions))
+                pause = not stream.partitions[p].paused
+                self.stats["pauses" if pause else "resumes"] += 1
+                self.propose(server, SetPaused(stream.name, (p,), pause, now))
         for op in reassignment_steps(md):
             self.stats[f"reassignment_{type(op).__name__}"] += 1
             self.propose(server, op)
@@ -513,20 +552,19 @@ class Simulation:
         hosted = {
             (p.stream, p.id) for s in md.streams.values() for p in s.partitions.values() if server.id in p.replicas
         }
-        for key in [k for k in server.logs if k not in hosted]:  # moved away: close and delete the copy
-            self.note(f"{server.id} drops its replica of {key}")
-            if key in server.leading:
-                self.step_down(server, key)
-            server.following.pop(key, None)
-            server.logs.pop(key).close()
-            shutil.rmtree(server.directory / f"{key[0]}-{key[1]}", ignore_errors=True)
-            self.stats["replicas_dropped"] += 1
+        for key in [k for k in server.logs if k not in hosted]:  # moved away or deleted: close and delete it
+            self.drop_replica(server, key)
         for stream in md.streams.values():
             for meta in stream.partitions.values():
                 if server.id not in meta.replicas:
                     continue
                 key = (meta.stream, meta.id)
-                log = self.log_of(server, key)
+                log = self.log_of(server, key, stream.creation_timestamp)
+                if meta.paused:  # a paused partition has no leader and no fetching: it keeps its log
+                    if key in server.leading:
+                        self.step_down(server, key)
+                    server.following.pop(key, None)
+                    continue
                 if (
                     meta.state is PartitionState.CANDIDATE_FOUND
                     and meta.candidate == server.id
@@ -562,7 +600,7 @@ class Simulation:
     def become_leader(
         self, server: Server, key: Key, replicas: list[str], isr: list[str], epoch: int, log: CommitLog
     ) -> None:
-        other = self.leader_of_epoch.setdefault((key, epoch), server.id)
+        other = self.leader_of_epoch.setdefault((key, server.incarnation[key], epoch), server.id)
         if other != server.id:
             raise self.fail(f"{other} and {server.id} both lead {key} in leader epoch {epoch}")
         self.note(f"{server.id} leads {key} epoch {epoch} leo {log.log_end_offset}")
@@ -612,7 +650,7 @@ class Simulation:
                 if done:
                     server.waiters[key] = [w for w in waiting if w[0] > action.hw]
                     for offset, value in done:
-                        self.acked.setdefault(key, {})[offset] = value
+                        self.acked.setdefault((key, server.incarnation[key]), {})[offset] = value
                         self.stats["acked_all"] += 1
             elif isinstance(action, ProposeIsr):
                 meta = server.metadata.partition(*key)
@@ -643,7 +681,7 @@ class Simulation:
             q = decode_epoch_offset_request(req.data)
             key = (q.stream, q.partition)
             core = server.leading.get(key)
-            if core is None:
+            if core is None or server.incarnation.get(key) != q.created:
                 reply = encode_fetch_error(FetchError(FetchErrorCode.NOT_LEADER, "not leading", -1, -1))
             elif core.leader_epoch != q.current_epoch:
                 reply = encode_fetch_error(FetchError(FetchErrorCode.STALE_EPOCH, "epoch", core.leader_epoch, 0))
@@ -660,6 +698,9 @@ class Simulation:
         answer: tuple[str, int, int, int, bytes] | PartitionRefusal
         if core is None:
             answer = PartitionRefusal(p.stream, p.partition, FetchError(FetchErrorCode.NOT_LEADER, "", -1, -1))
+        elif server.incarnation.get(key) != p.created:
+            error = FetchError(FetchErrorCode.UNKNOWN_PARTITION, "another incarnation", -1, -1)
+            answer = PartitionRefusal(p.stream, p.partition, error)
         elif core.leader_epoch != p.leader_epoch:
             error = FetchError(FetchErrorCode.STALE_EPOCH, "", core.leader_epoch, 0)
             answer = PartitionRefusal(p.stream, p.partition, error)
@@ -724,13 +765,12 @@ class Simulation:
             f.epoch_question = not isinstance(action, Fetch)
             if isinstance(action, Fetch):
                 f.sent_offset = action.offset
-                fetch = FetchRequest(
-                    server.id, 0, (PartitionFetch(key[0], key[1], action.offset, action.leader_epoch),)
-                )
+                entry = PartitionFetch(key[0], key[1], action.offset, action.leader_epoch, server.incarnation[key])
+                fetch = FetchRequest(server.id, 0, (entry,))
                 self.send(server.id, core.leader, Request(encode_fetch_request(fetch), f.in_flight, False))
             else:
                 assert isinstance(action, RequestEpochOffset)
-                q = EpochOffsetRequest(key[0], key[1], action.epoch, core.leader_epoch)
+                q = EpochOffsetRequest(key[0], key[1], action.epoch, core.leader_epoch, server.incarnation[key])
                 self.send(server.id, core.leader, Request(encode_epoch_offset_request(q), f.in_flight, True))
 
     def on_answer(self, server: Server, answer: Answer) -> None:
@@ -825,7 +865,7 @@ class Simulation:
         """Everything ``server`` holds up to ``hw`` agrees with the one committed history of ``key``."""
         if not self.clean(key):
             return
-        history = self.committed.setdefault(key, {})
+        history = self.committed.setdefault((key, server.incarnation[key]), {})
         start = max(log.log_start_offset, 0)
         for record in log.read(start, max_offset=hw + 1, max_bytes=1 << 30):
             seen = history.setdefault(record.offset, record.value)
@@ -921,6 +961,7 @@ class Simulation:
                     log.close()
 
     def heal(self) -> None:
+        self.healed = True  # the controller resumes paused partitions from now on
         self.groups, self.cuts = {}, set()
         self.drop_rate = self.dup_rate = 0.0
         self.max_delay = min(self.max_delay, 1)
@@ -949,7 +990,7 @@ class Simulation:
                 marks[key] = (server.id, server.logs[key].log_end_offset - 1)
             if (
                 len(marks) == len(keys)
-                and all(mark[1] in self.acked.get(key, {}) for key, mark in marks.items())
+                and all(mark[1] in self.acked.get(self.current(key), {}) for key, mark in marks.items())
                 and all(any(key in s.leading for s in self.servers.values()) for key in keys)
             ):
                 self.final_check()
@@ -962,10 +1003,15 @@ class Simulation:
         state = {k: [(s.id, k in s.leading) for s in self.servers.values()] for k in keys}
         raise self.fail(f"liveness: not every partition took an ack ALL publish within {PHASE2_TICKS} ticks: {state}")
 
+    def current(self, key: Key) -> tuple[Key, int]:
+        """``key`` in the incarnation its leader holds now (-1 without a leader)."""
+        leader = next((s for s in self.servers.values() if key in s.leading), None)
+        return key, leader.incarnation[key] if leader is not None else -1
+
     def final_check(self) -> None:
-        for key, acked in self.acked.items():
-            if not self.clean(key):
-                continue
+        for (key, created), acked in self.acked.items():
+            if not self.clean(key) or self.current(key) != (key, created):
+                continue  # a deleted stream's messages went with it
             leader = next(s for s in self.servers.values() if key in s.leading)
             log = leader.logs[key]
             held = {r.offset: r.value for r in log.read(log.log_start_offset, max_bytes=1 << 30)}

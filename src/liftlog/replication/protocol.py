@@ -17,6 +17,7 @@ exchange; this is the byte layout. All integers are big-endian and signed
          count times:
            i64  offset             first offset the follower wants (>= 0)
            i64  leader_epoch       the leader epoch the follower believes current (>= 0)
+           i64  created            the stream's creation timestamp: which incarnation of the name (>= 0)
            i32  partition          (>= 0)
            str  stream
 
@@ -44,8 +45,9 @@ exchange; this is the byte layout. All integers are big-endian and signed
       0  u8   version = 2
       1  i64  leader_epoch         the follower's latest epoch, the one asked about (>= 0)
       9  i64  current_epoch        the leader epoch the follower believes the responder leads in (>= 0)
-     17  i32  partition            (>= 0)
-     21  str  stream
+     17  i64  created              the stream's creation timestamp (>= 0)
+     25  i32  partition            (>= 0)
+     29  str  stream
 
     epoch offset reply   envelope LEADER_EPOCH_OFFSET_RESPONSE (7)
       0  u8   version = 1
@@ -68,7 +70,11 @@ leader holds at most one fetch per (follower, session) and answers an earlier
 one at once when a newer one arrives. The epoch offset request names the epoch
 the follower believes the responder leads in, so that a deposed leader that has
 not yet heard of its successor refuses it instead of answering from a log that
-may have diverged.
+may have diverged. Both requests name the stream's creation timestamp: a
+stream deleted and created again under the same name starts again at leader
+epoch 0, and a server that has not yet heard of the deletion must not serve
+the old stream's records to the new one's replicas (Kafka's topic IDs solve the
+same problem).
 
 A single :class:`PartitionNotification` and a batch share one layout (a batch of
 one), so a follower decodes whatever arrives on its notify subject with
@@ -146,13 +152,13 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _FETCH_REQUEST_HEAD = struct.Struct(">BII")  # version, session, count
-_FETCH_ENTRY = struct.Struct(">qqi")  # offset, leader_epoch, partition
+_FETCH_ENTRY = struct.Struct(">qqqi")  # offset, leader_epoch, created, partition
 _FETCH_RESPONSE_HEAD = struct.Struct(">BI")  # version, count
 _ANSWER_HEAD = struct.Struct(">Bi")  # code, partition
 _DATA_HEAD = struct.Struct(">qqI")  # leader_epoch, hw, length
 _REFUSAL_HEAD = struct.Struct(">qq")  # leader_epoch, log_start_offset
 _FETCH_ERROR_HEAD = struct.Struct(">Bqq")  # code, leader_epoch, log_start_offset
-_EPOCH_REQUEST_HEAD = struct.Struct(">Bqqi")  # version, leader_epoch, current_epoch, partition
+_EPOCH_REQUEST_HEAD = struct.Struct(">Bqqqi")  # version, leader_epoch, current_epoch, created, partition
 _EPOCH_RESPONSE = struct.Struct(">qqq")  # leader_epoch, end_offset, log_start_offset
 _VERSION_BYTE: Final = _U8.pack(FORMAT_VERSION)
 
@@ -169,7 +175,7 @@ class FetchErrorCode(enum.IntEnum):
     """Why a leader cannot serve a partition's fetch. The values are the wire codes: never renumber (0 is data)."""
 
     NOT_LEADER = 1  # the responder does not lead the partition (any more), or is behind the follower's epoch
-    UNKNOWN_PARTITION = 2  # the responder has no such stream partition
+    UNKNOWN_PARTITION = 2  # the responder has no such stream partition (or one of another incarnation of the name)
     OFFSET_OUT_OF_RANGE = 3  # the offset is below log_start_offset or past the log end
     STALE_EPOCH = 4  # the follower's leader epoch is not the leader's: it must refresh (and maybe truncate)
     THROTTLED = 5  # a reassignment's new replica used its share of clustering.reassignment.max.rate: ask later
@@ -193,6 +199,8 @@ class PartitionFetch:
     partition: int
     offset: int
     leader_epoch: int
+    #: The stream's creation timestamp (ns): the incarnation of the stream name the follower replicates.
+    created: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +268,8 @@ class EpochOffsetRequest:
     partition: int
     leader_epoch: int
     current_epoch: int
+    #: The stream's creation timestamp (ns), as in :class:`PartitionFetch`.
+    created: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +335,9 @@ def _str(what: str, field: str, s: str) -> bytes:
 
 def fetch_entry_size(stream: str) -> int:
     """Bytes one partition of ``stream`` adds to a fetch request, or (before its batches) to a response."""
-    return _DATA_HEAD.size + _ANSWER_HEAD.size + _U16.size + len(stream.encode(errors="replace"))
+    return (
+        max(_FETCH_ENTRY.size, _DATA_HEAD.size + _ANSWER_HEAD.size) + _U16.size + len(stream.encode(errors="replace"))
+    )
 
 
 def encode_fetch_request(req: FetchRequest) -> bytes:
@@ -337,8 +349,9 @@ def encode_fetch_request(req: FetchRequest) -> bytes:
     for p in req.partitions:
         _check(what, "offset", p.offset, 0, _I64_MAX)
         _check(what, "leader_epoch", p.leader_epoch, 0, _I64_MAX)
+        _check(what, "created", p.created, 0, _I64_MAX)
         _check(what, "partition", p.partition, 0, _I32_MAX)
-        parts.append(_FETCH_ENTRY.pack(p.offset, p.leader_epoch, p.partition))
+        parts.append(_FETCH_ENTRY.pack(p.offset, p.leader_epoch, p.created, p.partition))
         parts.append(_str(what, "stream", p.stream))
     return encode_envelope(MsgType.REPLICATION_REQUEST, b"".join(parts))
 
@@ -394,8 +407,9 @@ def encode_epoch_offset_request(req: EpochOffsetRequest) -> bytes:
     what = "epoch offset request"
     _check(what, "leader_epoch", req.leader_epoch, 0, _I64_MAX)
     _check(what, "current_epoch", req.current_epoch, 0, _I64_MAX)
+    _check(what, "created", req.created, 0, _I64_MAX)
     _check(what, "partition", req.partition, 0, _I32_MAX)
-    head = _EPOCH_REQUEST_HEAD.pack(FETCH_VERSION, req.leader_epoch, req.current_epoch, req.partition)
+    head = _EPOCH_REQUEST_HEAD.pack(FETCH_VERSION, req.leader_epoch, req.current_epoch, req.created, req.partition)
     return encode_envelope(MsgType.LEADER_EPOCH_OFFSET_REQUEST, head + _str(what, "stream", req.stream))
 
 
@@ -522,13 +536,14 @@ def decode_fetch_request(data: Buffer) -> FetchRequest:
     entries: list[PartitionFetch] = []
     for i in range(count):  # a huge count hits the end of the buffer first: no allocation up front
         pos = r.pos
-        offset, epoch, partition = r.unpack(_FETCH_ENTRY, f"entry {i}")
+        offset, epoch, created, partition = r.unpack(_FETCH_ENTRY, f"entry {i}")
         entries.append(
             PartitionFetch(
                 stream=r.str_(f"stream of entry {i}"),
-                partition=r.int_(f"partition of entry {i}", partition, pos + 16, 0),
+                partition=r.int_(f"partition of entry {i}", partition, pos + 24, 0),
                 offset=r.int_(f"offset of entry {i}", offset, pos, 0),
                 leader_epoch=r.int_(f"leader_epoch of entry {i}", epoch, pos + 8, 0),
+                created=r.int_(f"created of entry {i}", created, pos + 16, 0),
             )
         )
     r.done()
@@ -598,13 +613,14 @@ def decode_fetch_error(data: Buffer) -> FetchError:
 def decode_epoch_offset_request(data: Buffer) -> EpochOffsetRequest:
     what = "epoch offset request"
     r = _Reader(_payload(data, MsgType.LEADER_EPOCH_OFFSET_REQUEST, what), what)
-    version, epoch, current, partition = r.unpack(_EPOCH_REQUEST_HEAD, "header")
+    version, epoch, current, created, partition = r.unpack(_EPOCH_REQUEST_HEAD, "header")
     r.version(version, FETCH_VERSION)
     req = EpochOffsetRequest(
         stream=r.str_("stream"),
-        partition=r.int_("partition", partition, 17, 0),
+        partition=r.int_("partition", partition, 25, 0),
         leader_epoch=r.int_("leader_epoch", epoch, 1, 0),
         current_epoch=r.int_("current_epoch", current, 9, 0),
+        created=r.int_("created", created, 17, 0),
     )
     r.done()
     return req

@@ -80,6 +80,7 @@ class PartitionOptions:
         "auto_pause_ns",
         "batch_max",
         "cleaner_interval_ns",
+        "created",
         "descriptors",
         "file_io",
         "log_config",
@@ -97,6 +98,7 @@ class PartitionOptions:
         auto_pause_disable_if_subscribers: bool = False,
         cleaner_interval_ns: int = 300 * 1_000_000_000,
         min_isr: int = 1,
+        created: int = 0,
         file_io: FileIO = DEFAULT_FILE_IO,
         descriptors: DescriptorBudget | None = None,
     ) -> None:
@@ -106,6 +108,9 @@ class PartitionOptions:
         #: What the log does its file operations through (the fault suite passes a failing one).
         self.file_io = file_io
         self.min_isr = min_isr
+        #: The stream's creation timestamp: which incarnation of the stream name this partition belongs
+        #: to. Replication requests carry it, so a replica of a deleted stream never serves its successor.
+        self.created = created
         self.cleaner_interval_ns = cleaner_interval_ns
         self.occ = occ
         self.batch_max = batch_max

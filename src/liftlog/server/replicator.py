@@ -368,6 +368,10 @@ class Replicator:
         leader = part.leader if part is not None else None
         if part is None or leader is None or part.log is None:
             return self._refusal(p, FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead it", -1, -1)
+        if p.created != part.options.created:
+            # The stream was deleted and created again under its name: one side has not heard yet.
+            why = f"{self.server_id} has the stream created at {part.options.created}, not at {p.created}"
+            return self._refusal(p, FetchErrorCode.UNKNOWN_PARTITION, why, -1, -1)
         start, end = part.log.log_start_offset, part.log.log_end_offset
         if p.leader_epoch != leader.leader_epoch:
             return self._refusal(
@@ -411,9 +415,9 @@ class Replicator:
             return
         part = self._served.get((req.stream, req.partition))
         leader = part.leader if part is not None else None
-        if part is None or leader is None or part.log is None:
-            # Never "no such epoch" from a server that does not lead: that would make the follower
-            # truncate its whole log. A refusal makes it ask again, of whoever leads by then.
+        if part is None or leader is None or part.log is None or part.options.created != req.created:
+            # Never "no such epoch" from a server that does not lead (this incarnation of the stream):
+            # that would make the follower truncate its whole log. A refusal makes it ask again.
             refusal = FetchError(FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead it", -1, -1)
             reply = encode_fetch_error(refusal)
         elif req.current_epoch != leader.leader_epoch:
@@ -596,7 +600,9 @@ class Replicator:
             for m in members:
                 assert m.sent is not None
                 m.request = loop.requests
-                entries.append(PartitionFetch(m.part.stream, m.part.id, m.sent.offset, m.sent.leader_epoch))
+                entries.append(
+                    PartitionFetch(m.part.stream, m.part.id, m.sent.offset, m.sent.leader_epoch, m.part.options.created)
+                )
             fetches.append((members, FetchRequest(self.server_id, session, tuple(entries)), loop.requests))
         return fetches
 
@@ -670,7 +676,13 @@ class Replicator:
             msg = await self._nats.request(
                 offset_subject(self._ns, core.leader),
                 encode_epoch_offset_request(
-                    EpochOffsetRequest(part.stream, part.id, action.epoch, current_epoch=core.leader_epoch)
+                    EpochOffsetRequest(
+                        part.stream,
+                        part.id,
+                        action.epoch,
+                        current_epoch=core.leader_epoch,
+                        created=part.options.created,
+                    )
                 ),
                 timeout=self.settings.fetch_timeout_s,
             )

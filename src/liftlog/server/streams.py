@@ -550,6 +550,7 @@ class StreamManager:
             if s.auto_pause_disable_if_subscribers is not None
             else d.auto_pause_disable_if_subscribers,
             min_isr=s.min_isr if s.min_isr is not None else self.min_isr_default,
+            created=stream.creation_timestamp,
             file_io=self._file_io,
             descriptors=self.descriptors,
         )
