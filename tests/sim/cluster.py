@@ -250,7 +250,7 @@ class Simulation:
         self.skew = rng.choice((0.0, 0.0, 0.2))
         self.publish_rate = rng.choice((0.2, 0.5, 1.0))
         self.read_rate = rng.choice((0.0, 0.05))
-        self.unclean = rng.random() < 0.2
+        self.unclean = rng.random() < 0.35
         self.rebalance_ticks = rng.choice((0, 50))
         self.reassign_rate = rng.choice((0.0, 0.0, 0.01, 0.03))
         self.admin_rate = rng.choice((0.0, 0.0, 0.005, 0.02))

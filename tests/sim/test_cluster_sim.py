@@ -77,8 +77,12 @@ def test_simulation_exercises_every_feature(results: Results) -> None:
         "reassignment_ChangeLeader",
         "reassignment_CompleteReassignment",
         "replicas_dropped",
+        "deletes",
+        "pauses",
+        "resumes",
     ):
-        assert s[feature] >= per_seed // 100, (feature, s)
+        # Unclean elections need every in-sync replica down at once: rarer than the rest.
+        assert s[feature] >= per_seed // (400 if feature == "unclean_hand_overs" else 100), (feature, s)
 
 
 def test_same_seed_same_run() -> None:
