@@ -43,15 +43,12 @@ Soak: ``.venv/bin/python -m tests.sim.cluster --seeds 10000`` (``make sim SEEDS=
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import heapq
 import logging
 import random
 import shutil
-import sys
 import tempfile
-import time
 import zlib
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -108,6 +105,8 @@ from liftlog.replication.protocol import (
     encode_fetch_response,
 )
 from liftlog.storage import CommitLog, LogConfig, NewRecord
+
+from .seeds import soak
 
 TICK_NS = 10_000_000  # one tick is 10 ms of simulated time
 PHASE1_TICKS = 300
@@ -1037,27 +1036,8 @@ def _scratch() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="soak the whole-cluster simulation over many seeds")
-    parser.add_argument("--seeds", type=int, default=1000)
-    parser.add_argument("--start", type=int, default=0)
-    parser.add_argument("--trace", action="store_true", help="end failure messages with the last events")
-    args = parser.parse_args(argv)
     logging.getLogger("liftlog").setLevel(logging.CRITICAL)  # the cores log every election
-    total: Counter[str] = Counter()
-    t0 = time.perf_counter()
-    failures = 0
-    for seed in range(args.start, args.start + args.seeds):
-        try:
-            total += run_seed(seed, trace=args.trace)
-        except SimFailure as exc:
-            failures += 1
-            print(exc, file=sys.stderr)
-        except Exception as exc:
-            failures += 1
-            print(f"seed {seed} crashed: {exc!r}; replay: {REPLAY.format(seed=seed)}", file=sys.stderr)
-    elapsed = time.perf_counter() - t0
-    print(f"{args.seeds} seeds, {failures} failures, {elapsed:.1f}s; {dict(sorted(total.items()))}")
-    return 1 if failures else 0
+    return soak(argv, "whole-cluster simulation", run_seed, SimFailure, REPLAY)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,8 @@ Soak: ``.venv/bin/python -m tests.sim.simulator --seeds 100000``.
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import random
-import sys
-import time
 import zlib
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -48,6 +45,9 @@ from liftlog.raft import (
     Snapshot,
 )
 
+from .seeds import soak
+
+REPLAY = "LIFTLOG_SIM_SEED={seed} .venv/bin/pytest tests/sim -q"
 PHASE1_TICKS = 220
 PHASE2_TICKS = 250
 TRACE_EVENTS = 200
@@ -55,9 +55,7 @@ TRACE_EVENTS = 200
 
 class SimFailure(AssertionError):
     def __init__(self, seed: int, tick: int, what: str) -> None:
-        super().__init__(
-            f"seed {seed} failed at tick {tick}: {what}\nreplay: LIFTLOG_SIM_SEED={seed} .venv/bin/pytest tests/sim -q"
-        )
+        super().__init__(f"seed {seed} failed at tick {tick}: {what}\nreplay: {REPLAY.format(seed=seed)}")
         self.seed = seed
 
 
@@ -433,29 +431,7 @@ def run_seed(seed: int, *, trace: bool = False) -> Counter[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="soak the raft simulation over many seeds")
-    parser.add_argument("--seeds", type=int, default=1000)
-    parser.add_argument("--start", type=int, default=0)
-    parser.add_argument("--trace", action="store_true", help="end failure messages with the last events")
-    args = parser.parse_args(argv)
-    total: Counter[str] = Counter()
-    t0 = time.perf_counter()
-    failures = 0
-    for seed in range(args.start, args.start + args.seeds):
-        try:
-            total += run_seed(seed, trace=args.trace)
-        except SimFailure as exc:
-            failures += 1
-            print(exc, file=sys.stderr)
-        except Exception as exc:
-            failures += 1
-            print(
-                f"seed {seed} crashed: {exc!r}; replay: LIFTLOG_SIM_SEED={seed} .venv/bin/pytest tests/sim -q",
-                file=sys.stderr,
-            )
-    elapsed = time.perf_counter() - t0
-    print(f"{args.seeds} seeds, {failures} failures, {elapsed:.1f}s; {dict(sorted(total.items()))}")
-    return 1 if failures else 0
+    return soak(argv, "raft simulation", run_seed, SimFailure, REPLAY)
 
 
 if __name__ == "__main__":

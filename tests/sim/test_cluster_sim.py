@@ -6,44 +6,22 @@ replays one seed, with the events leading to a failure.
 
 from __future__ import annotations
 
-import os
-import traceback
-from collections import Counter
-from dataclasses import dataclass, field
-
 import pytest
 
 from .cluster import REPLAY, SimFailure, run_seed
+from .seeds import Results, run_seeds, seeds_from_env
 
 DEFAULT_SEEDS = 1000
 
 
-@dataclass
-class Results:
-    seeds: list[int]
-    stats: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-
-
-def _seeds() -> list[int]:
-    one = os.environ.get("LIFTLOG_CLUSTER_SIM_SEED")
-    if one is not None:
-        return [int(one)]
-    return list(range(int(os.environ.get("LIFTLOG_CLUSTER_SIM_SEEDS", DEFAULT_SEEDS))))
-
-
 @pytest.fixture(scope="module")
 def results() -> Results:
-    res = Results(_seeds())
-    trace = len(res.seeds) == 1
-    for seed in res.seeds:
-        try:
-            res.stats += run_seed(seed, trace=trace)
-        except SimFailure as exc:
-            res.failures.append(str(exc))
-        except Exception:
-            res.failures.append(f"seed {seed} raised:\n{traceback.format_exc()}replay: {REPLAY.format(seed=seed)}")
-    return res
+    return run_seeds(
+        seeds_from_env("LIFTLOG_CLUSTER_SIM_SEED", "LIFTLOG_CLUSTER_SIM_SEEDS", DEFAULT_SEEDS),
+        run_seed,
+        SimFailure,
+        REPLAY,
+    )
 
 
 def test_no_acknowledged_message_lost_and_no_divergence_over_seeds(results: Results) -> None:

@@ -6,47 +6,19 @@ replays one seed.
 
 from __future__ import annotations
 
-import os
-import traceback
-from collections import Counter
-from dataclasses import dataclass, field
-
 import pytest
 
-from .simulator import SimFailure, run_seed
+from .seeds import Results, run_seeds, seeds_from_env
+from .simulator import REPLAY, SimFailure, run_seed
 
 DEFAULT_SEEDS = 2000
 
 
-@dataclass
-class Results:
-    seeds: list[int]
-    stats: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-
-
-def _seeds() -> list[int]:
-    one = os.environ.get("LIFTLOG_SIM_SEED")
-    if one is not None:
-        return [int(one)]
-    return list(range(int(os.environ.get("LIFTLOG_SIM_SEEDS", DEFAULT_SEEDS))))
-
-
 @pytest.fixture(scope="module")
 def results() -> Results:
-    res = Results(_seeds())
-    trace = len(res.seeds) == 1  # replaying one seed: show the events leading to a failure
-    for seed in res.seeds:
-        try:
-            res.stats += run_seed(seed, trace=trace)
-        except SimFailure as exc:
-            res.failures.append(str(exc))
-        except Exception:
-            res.failures.append(
-                f"seed {seed} raised:\n{traceback.format_exc()}"
-                f"replay: LIFTLOG_SIM_SEED={seed} .venv/bin/pytest tests/sim -q"
-            )
-    return res
+    return run_seeds(
+        seeds_from_env("LIFTLOG_SIM_SEED", "LIFTLOG_SIM_SEEDS", DEFAULT_SEEDS), run_seed, SimFailure, REPLAY
+    )
 
 
 def test_safety_and_liveness_over_seeds(results: Results) -> None:

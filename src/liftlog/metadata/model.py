@@ -530,7 +530,7 @@ class Metadata:
                 return [p]
             case ReassignPartition():
                 p = self._at_epoch(op.name, op.partition, op.epoch)
-                self._check_target(p, op.target)
+                self.check_target(p, op.target)
                 if p.target and p.target != list(op.target):
                     raise RefusedError(
                         f"{op.name}/{op.partition} is already moving to {', '.join(p.target)}; "
@@ -581,11 +581,12 @@ class Metadata:
             raise StaleEpochError(name, partition, epoch, p.epoch)
         return p
 
-    def _check_target(self, p: PartitionMeta, target: tuple[str, ...]) -> None:
+    def check_target(self, p: PartitionMeta, target: tuple[str, ...]) -> None:
+        """That ``target`` can be ``p``'s new replicas: some, each once, each a known server."""
         if not target:
-            raise InvalidStreamError(f"a reassignment of {p.stream}/{p.id} needs at least one replica")
+            raise InvalidStreamError(f"{p.stream}/{p.id}: name at least one replica to move it to")
         if len(set(target)) != len(target):
-            raise InvalidStreamError(f"the new replicas of {p.stream}/{p.id} name a server twice: {', '.join(target)}")
+            raise InvalidStreamError(f"{p.stream}/{p.id}: the new replicas name a server twice: {', '.join(target)}")
         unknown = [r for r in target if r not in self.servers]
         if unknown:
             raise InvalidStreamError(f"no such server: {', '.join(unknown)}")

@@ -66,13 +66,7 @@ def plan_move(metadata: Metadata, stream: str, partition: int, target: Sequence[
     """Move one partition to ``target`` (in preference order: the first leads once it is done)."""
     meta = metadata.partition(stream, partition)
     target = tuple(target)
-    if not target:
-        raise InvalidStreamError(f"{stream}/{partition}: name at least one replica to move it to")
-    if len(set(target)) != len(target):
-        raise InvalidStreamError(f"{stream}/{partition}: the new replicas name a server twice: {', '.join(target)}")
-    unknown = [r for r in target if r not in metadata.servers]
-    if unknown:
-        raise InvalidStreamError(f"no such server: {', '.join(unknown)}")
+    metadata.check_target(meta, target)
     usable = set(_usable(metadata))
     unusable = [r for r in target if r not in usable and r not in meta.replicas]
     if unusable:
