@@ -116,3 +116,12 @@ def test_rebalance_and_reassignments(admin: tuple[FakeAdmin, str]) -> None:
     assert state["moving"][0]["target"] == ["c", "b"] and state["leaving"] == []
     result = invoke("cluster", "reassignments", "-a", address, env=WIDE)
     assert "no reassignment under way" in result.stdout
+
+
+def test_status_marks_a_leaving_server(admin: tuple[FakeAdmin, str]) -> None:
+    fake, address = admin
+    fake.response.servers[0].leaving = True  # "c"
+    result = invoke("cluster", "status", "-a", address, env=WIDE)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("c "))
+    assert "leaving" in row

@@ -197,6 +197,7 @@ def test_json(fake: tuple[FakeCluster, str]) -> None:
         "controller": False,
         "partition_count": 0,
         "leader_count": 0,
+        "leaving": False,
     }
 
 

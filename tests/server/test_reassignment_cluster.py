@@ -14,6 +14,7 @@ from liftlog.client import (
     Client,
     FailedPreconditionError,
     InvalidArgumentError,
+    NoSuchStreamError,
     StartPosition,
     StopPosition,
 )
@@ -78,6 +79,10 @@ async def test_a_partition_moves_to_new_replicas_under_load_and_the_old_ones_are
             assert [(r.stream, r.partition, r.target) for r in started] == [("orders", 0, tuple(target))]
             with pytest.raises(FailedPreconditionError, match="already moving"):
                 await client.reassign({("orders", 0): [old[0], new_replica]})
+            with pytest.raises(NoSuchStreamError):
+                await client.reassign({("nope", 0): ["a"]})
+            with pytest.raises(InvalidArgumentError, match="no such server: zz"):
+                await client.reassign({("orders", 0): ["zz"]})
             await wait_for(lambda: not controller.metadata.partition("orders", 0).target)
             await asyncio.sleep(0.5)  # more load on the new replicas
             stop.set()

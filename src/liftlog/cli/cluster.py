@@ -34,10 +34,11 @@ def _sorted_servers(status: ClusterStatus) -> list[ServerStatus]:
     return sorted(status.servers, key=lambda s: s.id)
 
 
-def _role(server: ServerStatus) -> str:
-    if server.controller:
-        return "controller"
-    return "voter" if server.voter else _NONE
+def _role(server: ServerStatus) -> Text:
+    role = "controller" if server.controller else "voter" if server.voter else _NONE
+    if server.leaving:
+        return Text(f"{role}, leaving", style="yellow")
+    return Text(role)
 
 
 def _live(server: ServerStatus) -> Text:

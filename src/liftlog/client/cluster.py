@@ -45,6 +45,8 @@ class ServerStatus:
     controller: bool
     partition_count: int
     leader_count: int
+    #: Being decommissioned: its replicas move away, then it leaves the cluster.
+    leaving: bool = False
 
     @property
     def address(self) -> str:
@@ -65,6 +67,7 @@ class ServerStatus:
             s.controller,
             s.partitionCount,
             s.leaderCount,
+            s.leaving,
         )
 
 

@@ -96,6 +96,7 @@ class ClusterService:
                     controller=server.id == controller,
                     partitionCount=replicas[server.id],
                     leaderCount=leaders[server.id],
+                    leaving=server.leaving,
                 )
             )
         return out

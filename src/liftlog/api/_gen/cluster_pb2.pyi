@@ -101,7 +101,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerStatus(_message.Message):
-    __slots__ = ("id", "host", "port", "rack", "alive", "livenessChanged", "voter", "controller", "partitionCount", "leaderCount")
+    __slots__ = ("id", "host", "port", "rack", "alive", "livenessChanged", "voter", "controller", "partitionCount", "leaderCount", "leaving")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class ServerStatus(_message.Message):
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     PARTITIONCOUNT_FIELD_NUMBER: _ClassVar[int]
     LEADERCOUNT_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     id: str
     host: str
     port: int
@@ -122,7 +123,8 @@ class ServerStatus(_message.Message):
     controller: bool
     partitionCount: int
     leaderCount: int
-    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., alive: _Optional[bool] = ..., livenessChanged: _Optional[int] = ..., voter: _Optional[bool] = ..., controller: _Optional[bool] = ..., partitionCount: _Optional[int] = ..., leaderCount: _Optional[int] = ...) -> None: ...
+    leaving: bool
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., alive: _Optional[bool] = ..., livenessChanged: _Optional[int] = ..., voter: _Optional[bool] = ..., controller: _Optional[bool] = ..., partitionCount: _Optional[int] = ..., leaderCount: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
     __slots__ = ("stream", "partition", "state", "leader", "candidate", "replicas", "isr", "server", "reason")
