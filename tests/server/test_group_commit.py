@@ -23,8 +23,14 @@ def incoming(value: bytes, cid: str, policy: int = api_pb2.LEADER) -> Incoming:
 def make(tmp_path: Path, name: str, io: FaultyFileIO, acks: list[api_pb2.Ack], committer: GroupCommitter) -> Partition:
     meta = PartitionMeta(name, 0, name, "s1", ["s1"], ["s1"])
     options = PartitionOptions(LogConfig(fsync=FsyncPolicy.ALWAYS), file_io=io)
-    part = Partition(meta, directory=tmp_path / name, options=options, queue_group="", ack_sink=acks.append)
-    part.group_commit = committer.add
+    part = Partition(
+        meta,
+        directory=tmp_path / name,
+        options=options,
+        queue_group="",
+        ack_sink=acks.append,
+        group_commit=committer.add,
+    )
     part.open_log()
     return part
 
@@ -122,8 +128,14 @@ async def test_followers_are_served_only_what_is_durable(tmp_path: Path) -> None
     committer = GroupCommitter()
     meta = PartitionMeta("rep", 0, "rep", "s1", ["s1", "s2"], ["s1", "s2"])
     options = PartitionOptions(LogConfig(fsync=FsyncPolicy.ALWAYS), file_io=io)
-    part = Partition(meta, directory=tmp_path / "rep", options=options, queue_group="", ack_sink=acks.append)
-    part.group_commit = committer.add
+    part = Partition(
+        meta,
+        directory=tmp_path / "rep",
+        options=options,
+        queue_group="",
+        ack_sink=acks.append,
+        group_commit=committer.add,
+    )
     part.open_log()
     part.become_leader("s1", 0, max_lag_ns=10**10)
     part.append([incoming(b"synced", "0")])

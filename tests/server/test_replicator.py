@@ -48,10 +48,17 @@ async def noop(*args: object) -> None:
     return None
 
 
-def leading(tmp_path: Path, epoch: int, stream: str = "orders", records: int = 2, size: int = 1) -> Partition:
+def leading(
+    tmp_path: Path, epoch: int, stream: str = "orders", records: int = 2, size: int = 1, rep: Replicator | None = None
+) -> Partition:
     meta = PartitionMeta(stream, 0, stream, "s1", ["s1", "s2"], ["s1", "s2"], leader_epoch=epoch)
     part = Partition(
-        meta, directory=tmp_path / stream, options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+        meta,
+        directory=tmp_path / stream,
+        options=PartitionOptions(LogConfig()),
+        queue_group="",
+        ack_sink=list().append,
+        leader_actions=rep.on_leader_actions if rep is not None else None,
     )
     part.open_log()
     assert part.log is not None
@@ -174,7 +181,7 @@ async def test_a_caught_up_fetch_is_held_until_one_of_its_partitions_has_data(tm
         return [len(a.batches) if isinstance(a, PartitionData) else -1 for a in (answers["orders"], answers["events"])]
 
     try:
-        orders, events = leading(tmp_path, 0), leading(tmp_path, 0, "events")
+        orders, events = leading(tmp_path, 0, rep=rep), leading(tmp_path, 0, "events", rep=rep)
         rep.lead(orders)
         rep.lead(events)
         took, resp = await timed(PartitionFetch("orders", 0, 0, 0), PartitionFetch("events", 0, 2, 0))

@@ -128,6 +128,9 @@ class Partition:
         queue_group: str,
         ack_sink: AckSink,
         clock: Callable[[], int] = time.time_ns,
+        on_fenced: FencedSink | None = None,
+        group_commit: SyncSink | None = None,
+        leader_actions: LeaderActionSink | None = None,
     ) -> None:
         self.meta = meta
         self.stream = meta.stream
@@ -150,10 +153,11 @@ class Partition:
         #: Why this replica refuses writes (its log failed to open, or fenced itself after a write it could
         #: not undo); None when healthy.
         self.fenced: str | None = None
-        self.on_fenced: FencedSink | None = None
+        #: Told when this replica fences itself while leading (its server hands the leadership over).
+        self._on_fenced = on_fenced
         #: Group commit (fsync "always"): when set, a leader's appends are fsynced by the committer in one
         #: fsync per turn; their LEADER acks and the commit (HW) wait for ``synced``.
-        self.group_commit: SyncSink | None = None
+        self._group_commit = group_commit
         self._unsynced_acks: list[api_pb2.Ack] = []
         #: Why the last write failed (a full disk, ...); None after a write succeeds.
         self.write_error: str | None = None
@@ -168,7 +172,8 @@ class Partition:
         self.leader: LeaderReplica | None = None
         self.follower: FollowerReplica | None = None
         self._checkpointed_hw: int | None = None
-        self.leader_actions: LeaderActionSink | None = None
+        #: Where the leader core's notifications and ISR proposals go (the replicator).
+        self._leader_actions = leader_actions
         #: Stepped down from leading: intake that still arrives must not be written (see ``append``).
         self._deposed = False
 
@@ -291,7 +296,7 @@ class Partition:
         written: list[tuple[Incoming, int]] = []
         if accepted:
             # Group commit: the fsync waits for the end of this event-loop turn, shared with other batches.
-            log_.defer_fsync = self.group_commit is not None
+            log_.defer_fsync = self._group_commit is not None
             try:
                 written = self._write_runs(log_, accepted, rejected, now)
             finally:
@@ -303,8 +308,8 @@ class Partition:
             self._written(item, last_offset, now)  # a batch is acknowledged with its last offset
         for item, error in rejected:
             self._refused(item, error, now)
-        if log_.unsynced and self.group_commit is not None:
-            self.group_commit(self)
+        if log_.unsynced and self._group_commit is not None:
+            self._group_commit(self)
         elif log_.log_end_offset > base:
             self._log_grew(now)
         if too_few_copies:
@@ -391,8 +396,8 @@ class Partition:
                 self.set_high_watermark(action.hw)
             else:
                 rest.append(action)
-        if rest and self.leader_actions is not None:
-            self.leader_actions(self, rest)
+        if rest and self._leader_actions is not None:
+            self._leader_actions(self, rest)
 
     def become_follower(self) -> None:
         """Stop leading; the replicator sets ``follower`` when it starts fetching."""
@@ -544,8 +549,8 @@ class Partition:
             if self.fenced is None:
                 self.fenced = str(exc)
                 log.error("partition %s/%d is fenced: %s", self.stream, self.id, exc)
-                if self.leader is not None and self.on_fenced is not None:
-                    self.on_fenced(self)
+                if self.leader is not None and self._on_fenced is not None:
+                    self._on_fenced(self)
         else:
             log.error("%s", self.write_error)
 

@@ -262,7 +262,6 @@ class Replicator:
     def lead(self, part: Partition) -> None:
         """Serve followers' fetches of ``part`` (it already has its ``leader`` core) in its leader epoch."""
         assert part.leader is not None
-        part.leader_actions = self._on_leader_actions
         self._served[(part.stream, part.id)] = part
         self._answer_held_of(part)  # fetches held for an earlier epoch get refused now
 
@@ -435,7 +434,8 @@ class Replicator:
             reply = encode_epoch_offset_response(EpochOffsetResponse(epoch, end, part.log.log_start_offset))
         await self._respond(msg, reply)
 
-    def _on_leader_actions(self, part: Partition, actions: Sequence[LeaderAction]) -> None:
+    def on_leader_actions(self, part: Partition, actions: Sequence[LeaderAction]) -> None:
+        """What led partitions' cores ask for: wake followers (answer held fetches, or notify), propose ISRs."""
         key = (part.stream, part.id)
         for action in actions:
             if isinstance(action, NotifyFollowers):

@@ -561,10 +561,10 @@ class StreamManager:
             queue_group=stream.group,
             ack_sink=self._ack_sink,
             clock=self._clock,
+            on_fenced=self._fenced_while_leading,
+            group_commit=self.committer.add if options.log_config.fsync is FsyncPolicy.ALWAYS else None,
+            leader_actions=self.replicator.on_leader_actions if self.replicator is not None else None,
         )
-        part.on_fenced = self._fenced_while_leading
-        if options.log_config.fsync is FsyncPolicy.ALWAYS:
-            part.group_commit = self.committer.add
         return part
 
     def _fenced_while_leading(self, part: Partition) -> None:
