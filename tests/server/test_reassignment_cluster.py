@@ -111,13 +111,22 @@ async def test_decommissioning_moves_every_replica_then_the_server_leaves_the_cl
         controller = servers["a"].cluster
         assert controller is not None
         await controller.create_stream(CreateStreamRequest("orders", "orders", partitions=4, replication_factor=2))
+        await controller.create_stream(CreateStreamRequest("live", "live", replication_factor=3))
+        stop = asyncio.Event()
+        acked: list[bytes] = []
         async with Client([s.address for s in servers.values()]) as client:
             for i in range(40):
                 await client.publish("orders", b"v%d" % i, partition=i % 4, ack_policy=AckPolicy.ALL)
             holding = [p.id for p in controller.metadata.stream("orders").partitions.values() if "d" in p.replicas]
             assert holding, "placement put no replica on d"
+            load = asyncio.ensure_future(publishing(client, "live", acked, stop))
+            await wait_for(lambda: len(acked) >= 100)
             await client.decommission("d")
             await wait_for(lambda: "d" not in controller.metadata.servers)
+            stop.set()
+            await load
+            got = set(await read_all(client, "live"))
+            assert set(acked) <= got, f"{len(set(acked) - got)} acknowledged messages lost during the decommission"
             assert "d" not in controller.voters
             for p in controller.metadata.stream("orders").partitions.values():
                 assert "d" not in p.replicas and len(p.replicas) == 2
