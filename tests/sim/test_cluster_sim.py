@@ -65,3 +65,19 @@ def test_simulation_exercises_every_feature(results: Results) -> None:
 
 def test_same_seed_same_run() -> None:
     assert run_seed(7) == run_seed(7)
+
+
+def test_the_checker_catches_seed_003s_truncation_to_the_high_watermark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulation would notice if followers truncated to their HW instead of by leader epoch (seed 003):
+    some seed loses or replaces committed messages. (With this build the first such seed is 97.)"""
+    from ..replication.test_epoch_scenarios import HwTruncatingFollower
+    from . import cluster
+
+    monkeypatch.setattr(cluster, "FollowerReplica", HwTruncatingFollower)
+    for seed in range(1000):
+        try:
+            run_seed(seed)
+        except SimFailure as exc:
+            assert "committed" in str(exc) or "lost" in str(exc), exc
+            return
+    pytest.fail("no seed of 1,000 noticed followers truncating to their high watermark")
