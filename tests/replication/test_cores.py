@@ -109,6 +109,23 @@ def test_a_proposed_follower_holds_the_hw_until_a_later_proposal_that_leaves_it_
     assert ld.isr_committed(("a",), T0 + 11 * S) == [HighWatermark(7)], "proposed after: c's admission is dead"
 
 
+def test_a_stale_shrink_is_not_retried_as_the_readmission_of_a_lagging_follower() -> None:
+    """Found by the cluster simulation (seed 2100): a shrink proposed against an ISR that then changed was
+    retried as is and re-admitted a follower that had fallen behind the HW; it was later elected."""
+    ld = leader(leo=4, hw=3)
+    ld.fetch("b", 4, 3, T0)
+    ld.fetch("c", 4, 3, T0)
+    assert ld.tick(T0 + 11 * S) == [ProposeIsr(("a",), "b not caught up for 11000 ms; c not caught up for 11000 ms")]
+    ld.fetch("b", 4, 3, T0 + 11 * S)  # b is back ...
+    assert ld.tick(T0 + 12 * S) == [ProposeIsr(("a", "b"), "c not caught up for 12000 ms")]
+    ld.appended(8, T0 + 12 * S)  # ... and behind again
+    assert ld.isr_committed(("a",), T0 + 12 * S) == [HighWatermark(7)]  # the first shrink is what committed
+    later = ld.tick(T0 + 14 * S)
+    assert not any(isinstance(a, ProposeIsr) and "b" in a.isr for a in later), later
+    answer = ld.fetch("b", 8, 3, T0 + 14 * S)  # caught up for real: admitted the proper way
+    assert ProposeIsr(("a", "b"), "b caught up at offset 8") in answer.actions
+
+
 def test_waiting_followers_are_notified_at_the_next_append() -> None:
     ld = leader(leo=4, hw=3)
     ld.fetch("b", 4, 3, T0)

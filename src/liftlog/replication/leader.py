@@ -188,9 +188,13 @@ class LeaderReplica:
                 if r in self.followers:
                     # Just admitted: its lag window starts now, not at its last catch-up.
                     self.followers[r].caught_up_at = max(self.followers[r].caught_up_at, now)
+        changed = set(isr) != set(self.isr)
         self.isr = isr
         self._settle(isr)
-        if self._proposal is not None and set(self._proposal.isr) == set(isr):
+        if self._proposal is not None and (changed or set(self._proposal.isr) == set(isr)):
+            # A proposal made against the ISR that just changed is stale: retried now, a shrink that
+            # kept a follower could re-admit it after it fell behind the HW (found by the cluster
+            # simulation, seed 2100). Lag checks and caught-up fetches propose afresh.
             self._proposal = None
         return self._advance_hw()
 
@@ -278,6 +282,9 @@ class LeaderReplica:
             return []
         if set(p.isr) == set(self.isr):
             self._proposal = None
+            return []
+        if any(r not in self.isr and self.followers[r].leo < self.leo for r in p.isr if r in self.followers):
+            self._proposal = None  # it would admit a follower that is no longer caught up
             return []
         self._proposal = _Proposal(p.isr, self.now)
         return [self._sending(p.isr, "retrying an ISR change the metadata does not show yet")]
