@@ -126,6 +126,21 @@ def test_a_stale_shrink_is_not_retried_as_the_readmission_of_a_lagging_follower(
     assert ProposeIsr(("a", "b"), "b caught up at offset 8") in answer.actions
 
 
+def test_a_joiner_that_dies_is_admitted_and_then_dropped_rather_than_holding_the_hw_for_ever() -> None:
+    ld = leader(isr=("a", "b"), leo=4, hw=3)
+    ld.fetch("b", 4, 3, T0)
+    assert ProposeIsr(("a", "b", "c"), "c caught up at offset 4") in ld.fetch("c", 4, 3, T0).actions
+    ld.appended(6, T0)  # c goes silent; its admission is lost on the way
+    ld.fetch("b", 6, 3, T0 + S)
+    retry = ld.tick(T0 + 2 * S)
+    assert retry == [ProposeIsr(("a", "b", "c"), "retrying an ISR change the metadata does not show yet")]
+    # An ISR change this leader did not propose (a reassignment completing, say) overtakes it: proposed again.
+    again = ld.isr_committed(("a",), T0 + 2 * S)
+    assert ProposeIsr(("a", "c"), "c waiting to be admitted") in again
+    ld.isr_committed(("a", "c"), T0 + 3 * S)  # admitted: now the lag check can take it out
+    assert ld.tick(T0 + 14 * S) == [ProposeIsr(("a",), "c not caught up for 11000 ms")]
+
+
 def test_waiting_followers_are_notified_at_the_next_append() -> None:
     ld = leader(leo=4, hw=3)
     ld.fetch("b", 4, 3, T0)

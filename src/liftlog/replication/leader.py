@@ -196,7 +196,15 @@ class LeaderReplica:
             # kept a follower could re-admit it after it fell behind the HW (found by the cluster
             # simulation, seed 2100). Lag checks and caught-up fetches propose afresh.
             self._proposal = None
-        return self._advance_hw()
+        actions = self._advance_hw()
+        waiting = tuple(r for r in self._joining if r not in self.isr and r in self.followers)
+        if changed and waiting:
+            # Admissions the change overtook (and may have made stale): propose them again against the
+            # new ISR, so that a joiner that died meanwhile gets in and out, rather than hold the HW.
+            members = set(self.isr) | set(waiting)
+            isr = tuple(r for r in self.replicas if r in members)
+            actions.extend(self._propose(isr, f"{', '.join(waiting)} waiting to be admitted"))
+        return actions
 
     def _settle(self, isr: tuple[str, ...]) -> None:
         """Which proposed admissions the committed ``isr`` settles.
@@ -283,8 +291,9 @@ class LeaderReplica:
         if set(p.isr) == set(self.isr):
             self._proposal = None
             return []
-        if any(r not in self.isr and self.followers[r].leo < self.leo for r in p.isr if r in self.followers):
-            self._proposal = None  # it would admit a follower that is no longer caught up
+        if any(r not in self.isr and self.followers[r].leo <= self.hw for r in p.isr if r in self.followers):
+            # It would admit a follower that lacks committed messages (a joiner never does: it holds the HW).
+            self._proposal = None
             return []
         self._proposal = _Proposal(p.isr, self.now)
         return [self._sending(p.isr, "retrying an ISR change the metadata does not show yet")]
