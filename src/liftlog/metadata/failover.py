@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from .election import Candidate, Elections, LeaderReports, NoCandidate, PartitionKey, rank_candidates
 from .model import ChangeLeader, Metadata, MetadataError, Operation, PartitionMeta, PartitionState, SetPartitionState
 from .protocol import LeaderConfirmation, LeaderReport
+from .reassignment import preferred_can_lead
 
 __all__ = ["AskLogEnds", "FailoverAction", "FailoverCore", "Propose", "Step"]
 
@@ -282,16 +283,7 @@ class FailoverCore:
         for stream in metadata.streams.values():
             for meta in stream.partitions.values():
                 key = (meta.stream, meta.id)
-                preferred = meta.replicas[0]
-                if (
-                    meta.state is not PartitionState.ONLINE
-                    or meta.target  # a reassignment moves the leader itself, last
-                    or meta.paused
-                    or meta.leader == preferred
-                    or preferred not in alive
-                    or preferred not in meta.isr
-                    or key in self._busy
-                ):
+                if not preferred_can_lead(meta, alive) or key in self._busy:
                     continue
                 since = eligible[key] = self._eligible_since.get(key, now)
                 if chosen is None and now - since >= self._rebalance_after_ns:

@@ -48,6 +48,7 @@ __all__ = [
     "plan_move",
     "plan_moves",
     "plan_spread",
+    "preferred_can_lead",
     "preferred_leader_changes",
     "reassignment_steps",
 ]
@@ -200,22 +201,29 @@ def plan_decommission(metadata: Metadata, server: str, voters: Collection[str]) 
     return ops
 
 
+def preferred_can_lead(p: PartitionMeta, alive: Collection[str]) -> bool:
+    """Whether leadership can go back to ``p``'s preferred replica now: the partition online, not moving
+    (a reassignment moves the leader itself, last) and not paused; the preferred replica alive, in sync
+    and not leading already."""
+    preferred = p.replicas[0]
+    return (
+        p.state is PartitionState.ONLINE
+        and not p.target
+        and not p.paused
+        and p.leader != preferred
+        and preferred in alive
+        and preferred in p.isr
+    )
+
+
 def preferred_leader_changes(metadata: Metadata) -> list[ChangeLeader]:
-    """Hand leadership to each partition's preferred replica where it is alive, in sync and not leading."""
-    changes = []
-    for p in _partitions(metadata):
-        preferred = p.replicas[0]
-        server = metadata.servers.get(preferred)
-        if (
-            p.state is PartitionState.ONLINE
-            and not p.target
-            and p.leader != preferred
-            and preferred in p.isr
-            and server is not None
-            and server.alive
-        ):
-            changes.append(ChangeLeader(p.stream, p.id, preferred, tuple(p.isr), p.epoch))
-    return changes
+    """Hand leadership to each partition's preferred replica where it can take it now."""
+    alive = {s.id for s in metadata.servers.values() if s.alive}
+    return [
+        ChangeLeader(p.stream, p.id, p.replicas[0], tuple(p.isr), p.epoch)
+        for p in _partitions(metadata)
+        if preferred_can_lead(p, alive)
+    ]
 
 
 def reassignment_steps(metadata: Metadata) -> list[Operation]:
