@@ -12,10 +12,9 @@ from liftlog.api import api_pb2
 from liftlog.api.stored import StoredFields, decode_fields, encode_fields, stored_subject
 from liftlog.client import CorruptDataError, Message
 from liftlog.client.batches import Columns, decode_batches
-from liftlog.server.batches_service import next_offset
 from liftlog.server.messages import record_to_message
 from liftlog.storage import NewRecord
-from liftlog.storage.records import decode_records, encode_batch, encode_empty_batch, parse_batch_header
+from liftlog.storage.records import batches_end, decode_records, encode_batch, encode_empty_batch, parse_batch_header
 
 from ..server.test_messages import _records
 
@@ -86,7 +85,7 @@ def test_columns_hold_what_subscribe_sends(
     assert lean.headers == [] and lean.fields == []
 
 
-def test_next_offset_crosses_compacted_offsets() -> None:
+def test_batches_end_crosses_compacted_offsets() -> None:
     data = (
         encode_batch(0, 0, [NewRecord(b"a")], 1)
         + encode_empty_batch(1, 9, 0)
@@ -94,7 +93,7 @@ def test_next_offset_crosses_compacted_offsets() -> None:
     )
     cols, nxt = decode_batches(data, 0, 100, "s")
     assert (cols.offsets, cols.values, nxt) == ([0, 11], [b"a", b"b"], 12)
-    assert next_offset(data, 0, 100) == 12 and next_offset(data, 0, 5) == 5 and next_offset(b"", 7, 100) == 7
+    assert batches_end(data, 0, 100) == 12 and batches_end(data, 0, 5) == 5 and batches_end(b"", 7, 100) == 7
 
 
 def test_nothing_to_decode() -> None:

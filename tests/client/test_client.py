@@ -25,7 +25,7 @@ import grpc.aio
 import nats
 import pytest
 
-from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.api import api_pb2, api_pb2_grpc, subscribe_batches
 from liftlog.api.envelope import decode_publish_message, encode_ack
 from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
 from liftlog.client import (
@@ -36,6 +36,7 @@ from liftlog.client import (
     Client,
     ClientClosedError,
     ConfigurationError,
+    CorruptDataError,
     FailedPreconditionError,
     IncorrectOffsetError,
     InvalidArgumentError,
@@ -54,6 +55,8 @@ from liftlog.client import (
     StreamExistsError,
     UnavailableError,
 )
+from liftlog.storage import NewRecord
+from liftlog.storage.records import encode_batch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -96,6 +99,8 @@ class FakeAPI(api_pb2_grpc.APIServicer):
         self.subscribe_messages: list[api_pb2.Message] = []
         self.subscribe_end: Failure | None = None  # how Subscribe ends after its messages (None: OK)
         self.subscribe_hold = False  # keep Subscribe open after its messages, like STOP_ON_CANCEL
+        self.subscribe_setup = api_pb2.Message()  # Liftbridge's (a liftlog server agreeing to batches adds a header)
+        self.subscribe_metadata: list[tuple[tuple[str, str], ...]] = []
         # PublishAsync behaviour
         self.reverse = True  # answer held requests newest first
         self.idle = 0.02  # answer once no request came for this long
@@ -209,9 +214,10 @@ class FakeAPI(api_pb2_grpc.APIServicer):
 
     async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self.requests["Subscribe"].append(request)
+        self.subscribe_metadata.append(tuple(context.invocation_metadata() or ()))
         await self._fail("Subscribe", context)
         try:
-            yield api_pb2.Message()  # the subscription is set up
+            yield self.subscribe_setup  # the subscription is set up
             for msg in self.subscribe_messages:
                 yield msg
             if self.subscribe_hold:
@@ -608,6 +614,64 @@ async def test_subscribe_skips_setup_message_and_ends_with_the_call(client: Clie
         api_pb2.STOP_OFFSET,
         2,
     )
+    with pytest.raises(StopAsyncIteration):
+        await sub.__anext__()
+
+
+async def test_subscribe_asks_for_batches_and_reads_one_by_one_when_not_given_them(client: Client, one: Server) -> None:
+    one.api.subscribe_messages = [api_pb2.Message(offset=0, value=b"v", stream="s")]
+    got = [m.value async for m in client.subscribe("s", stop_position=StopPosition.STOP_LATEST)]
+    assert got == [b"v"], "a server that ignores the request (Liftbridge) sends messages, read as such"
+    assert (subscribe_batches.REQUEST_KEY, "1") in one.api.subscribe_metadata[-1]
+    [m async for m in client.subscribe("s", stop_position=StopPosition.STOP_LATEST, batched=False)]
+    assert subscribe_batches.REQUEST_KEY not in dict(one.api.subscribe_metadata[-1])
+
+
+def _batches_message(batches: bytes, start: int, end: int) -> api_pb2.Message:
+    return api_pb2.Message.FromString(subscribe_batches.batches_message("s", 0, "subj", batches, start, end))
+
+
+async def test_batched_subscription_decodes_its_range(client: Client, one: Server) -> None:
+    records = [
+        NewRecord(b"v%d" % i, key=b"k" if i == 3 else None, headers={"h": b"1"} if i == 4 else {}) for i in range(6)
+    ]
+    one.api.subscribe_setup = subscribe_batches.SETUP_BATCHED
+    one.api.subscribe_messages = [
+        _batches_message(encode_batch(0, 0, records, 5), 2, 5),  # starts mid-batch, ends before its last record
+        _batches_message(encode_batch(5, 0, records[:1], 6) + encode_batch(6, 0, records[:2], 7), 5, 8),
+    ]
+    got = [m async for m in client.subscribe("s", stop_position=StopPosition.STOP_LATEST)]
+    assert [(m.offset, m.value) for m in got] == [
+        (2, b"v2"),
+        (3, b"v3"),
+        (4, b"v4"),
+        (5, b"v0"),
+        (6, b"v0"),
+        (7, b"v1"),
+    ]
+    assert got[1].key == b"k" and got[2].headers == {"h": b"1"} and got[0].subject == "subj"
+    assert got[0].timestamp == 5 and got[-1].stream == "s"
+
+
+@pytest.mark.parametrize("damage", ["crc", "no end", "truncated"])
+async def test_batched_subscription_refuses_corrupt_batches(client: Client, one: Server, damage: str) -> None:
+    good = encode_batch(0, 0, [NewRecord(b"v%d" % i) for i in range(3)], 1)
+    bad = _batches_message(good, 0, 3)
+    if damage == "crc":
+        bad.value = good[:-1] + bytes([good[-1] ^ 1])
+    elif damage == "no end":
+        del bad.headers[subscribe_batches.END_HEADER]
+    else:
+        bad.value = good[:-5]
+    one.api.subscribe_setup = subscribe_batches.SETUP_BATCHED
+    one.api.subscribe_hold = True
+    one.api.subscribe_messages = [_batches_message(good, 0, 3), bad]
+    got: list[int] = []
+    sub = client.subscribe("s")
+    with pytest.raises(CorruptDataError, match="stream 's' partition 0"):
+        async for m in sub:
+            got.append(m.offset)
+    assert got == [0, 1, 2], "what came before the corrupt message is delivered"
     with pytest.raises(StopAsyncIteration):
         await sub.__anext__()
 

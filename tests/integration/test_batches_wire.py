@@ -16,8 +16,8 @@ from liftlog.api import api_pb2, api_pb2_grpc, batches_pb2, batches_pb2_grpc
 from liftlog.client import Client, OffsetOutOfRangeError, PartitionPausedError
 from liftlog.client.batches import decode_batches
 
-from .harness import LiftlogProcess
-from .test_api_wire import create, rpc_error
+from .harness import LiftlogProcess, NatsProcess
+from .test_api_wire import create, read_all, rpc_error
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +153,7 @@ async def test_client_reads_match_subscribe(server: LiftlogProcess, name: str) -
             start_offset=5,
             stop_position=StopPosition.STOP_OFFSET,
             stop_offset=3000,
+            batched=False,  # one message per record: the server's other encoder
         )
         async with sub:
             subscribed = [m async for m in sub]
@@ -276,3 +277,98 @@ async def test_publish_many_falls_back_to_publish_async_without_batches(
         await client.publish_many(name, [NewRecord(b"r", b"k", {"h": b"x"})], window=200)
         last = (await client.fetch(name, offset=1500)).columns.messages()[0]
         assert (last.value, last.key, last.headers["h"]) == (b"r", b"k", b"x")
+
+
+# -- batched subscribe -------------------------------------------------------------------
+
+
+async def test_subscribe_sends_batches_only_when_asked(stubs: tuple, name: str) -> None:
+    from liftlog.api import subscribe_batches
+
+    api, _ = stubs
+    await create(api, name)
+    await publish(api, name, [b"v%d" % i for i in range(30)])
+    req = api_pb2.SubscribeRequest(
+        stream=name, startPosition=api_pb2.OFFSET, startOffset=4, stopPosition=api_pb2.STOP_OFFSET, stopOffset=20
+    )
+    plain = [m async for m in api.Subscribe(req)]
+    assert plain[0] == api_pb2.Message(), "Liftbridge's empty set-up message, as before"
+    assert [m.offset for m in plain[1:]] == list(range(4, 21))
+
+    batched = [m async for m in api.Subscribe(req, metadata=((subscribe_batches.REQUEST_KEY, "1"),))]
+    assert subscribe_batches.BATCHES_HEADER in batched[0].headers
+    offsets: list[int] = []
+    for m in batched[1:]:
+        end = subscribe_batches.delivery_end(m)
+        assert m.subject == name and m.offset == (offsets[-1] + 1 if offsets else 4)
+        cols, nxt = decode_batches(m.value, m.offset, end, m.subject)
+        assert nxt == end
+        offsets += cols.offsets
+    assert offsets == list(range(4, 21)), "the stop offset ends the call mid-batch"
+
+    first_30 = await read_all(api, name)
+    await asyncio.sleep(0.01)
+    await publish(api, name, [b"later"])  # newer than all of them: where a stop timestamp ends
+    by_time = api_pb2.SubscribeRequest(
+        stream=name,
+        startPosition=api_pb2.EARLIEST,
+        stopPosition=api_pb2.STOP_TIMESTAMP,
+        stopTimestamp=max(m.timestamp for m in first_30),
+    )
+    timed = [m async for m in api.Subscribe(by_time, metadata=((subscribe_batches.REQUEST_KEY, "1"),))]
+    assert timed[0] == api_pb2.Message(), "a stop timestamp is served one message per record"
+    assert [m.value for m in timed[1:]] == [b"v%d" % i for i in range(30)]
+
+
+async def test_batched_and_per_message_subscriptions_deliver_the_same(
+    server: LiftlogProcess, nats_server: NatsProcess, name: str
+) -> None:
+    """Every field of every message, over a wildcard stream, headers, keys, replies and odd start/stop offsets."""
+    from liftlog.client import AckPolicy, StartPosition, StopPosition
+
+    async with Client(server.address, nats_servers=[nats_server.url]) as client:
+        await client.create_stream(f"{name}.*", name)
+        for i in range(40):
+            await client.nats_publish(f"{name}.s{i % 3}", b"n%d" % i, key=b"k%d" % i, headers={"i": b"%d" % i})
+        await client.publish_many(name, [b"m%05d" % i for i in range(2500)], window=500, ack_policy=AckPolicy.ALL)
+        await client.nats_publish(f"{name}.raw", b"no envelope", envelope=False)
+        await client.nats_publish(f"{name}.acked", b"acked", ack_policy=AckPolicy.ALL)
+
+        async def read(batched: bool, **kw: object) -> list:
+            sub = client.subscribe(name, batched=batched, **kw)  # type: ignore[arg-type]
+            async with sub:
+                got = [m async for m in sub]
+            assert sub.batched is batched, "the server agreed (or was not asked)"
+            return got
+
+        for kw in (
+            {"start_position": StartPosition.EARLIEST, "stop_position": StopPosition.STOP_LATEST},
+            {
+                "start_position": StartPosition.OFFSET,
+                "start_offset": 17,
+                "stop_position": StopPosition.STOP_OFFSET,
+                "stop_offset": 1234,
+            },
+        ):
+            batched, one_by_one = await read(True, **kw), await read(False, **kw)
+            assert batched == one_by_one and batched
+        everything = await read(True, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST)
+        assert len(everything) == 40 + 2500 + 2
+        assert {m.subject for m in everything[:40]} == {f"{name}.s0", f"{name}.s1", f"{name}.s2"}
+        assert everything[5].key == b"k5" and everything[5].headers == {"i": b"5"}
+        assert everything[-1].ack_inbox and everything[-1].ack_policy == AckPolicy.ALL
+        assert everything[-2].value == b"no envelope" and everything[-2].subject == f"{name}.raw"
+
+
+async def test_a_batched_subscription_follows_new_messages(server: LiftlogProcess, name: str) -> None:
+    async with Client(server.address) as client:
+        await client.create_stream(name, name)
+        await client.publish(name, b"old")
+        async with client.subscribe(name) as sub:  # NEW_ONLY
+            assert sub.batched
+            await client.publish(name, b"first")
+            first = await asyncio.wait_for(sub.__anext__(), 5)
+            await client.publish_many(name, [b"x%d" % i for i in range(3000)], window=1000)
+            rest = [await asyncio.wait_for(sub.__anext__(), 5) for _ in range(3000)]
+        assert (first.offset, first.value) == (1, b"first")
+        assert [m.offset for m in rest] == list(range(2, 3002))

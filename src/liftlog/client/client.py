@@ -459,6 +459,7 @@ class Client(Routing):
         read_isr_replica: bool = False,
         resume: bool = False,
         read_uncommitted: bool = False,
+        batched: bool = True,
     ) -> Subscription:
         """Subscribe to a stream partition; see :class:`Subscription`.
 
@@ -471,6 +472,11 @@ class Client(Routing):
         in-sync replicas do not all have yet. This is unsafe: such a message
         can vanish in a leader change, and its offset then holds another one.
         Use it only where lower latency matters more than that.
+
+        With `batched` (the default) a liftlog server sends its stored record
+        batches, which this client decodes into the same messages several
+        times faster; `batched=False` asks for one gRPC message per record,
+        which is what Liftbridge servers always send.
         """
         self.check_open()
         req = api_pb2.SubscribeRequest(
@@ -485,7 +491,7 @@ class Client(Routing):
             readISRReplica=read_isr_replica,
             resume=resume,
         )
-        sub = Subscription(self, req, read_uncommitted=read_uncommitted)
+        sub = Subscription(self, req, read_uncommitted=read_uncommitted, batched=batched)
         self._subscriptions.add(sub)
         return sub
 

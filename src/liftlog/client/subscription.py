@@ -6,6 +6,12 @@ the client's routing and retries), waits for the server's set-up message,
 then yields :class:`~liftlog.client.Message` values until the call ends, and
 maps the ways a running subscription can end onto errors or a normal end.
 
+Against a liftlog server it asks for batches (``liftlog.api.subscribe_batches``):
+the server then sends its stored record batches as they are, and this module
+checks and decodes them in bulk (``liftlog.client.batches``) into the same
+``Message`` values, in the same order, with the same positions and ends.
+Liftbridge servers ignore the request and send one message per record.
+
 A subscription belongs to the event loop of its client. Iterate it from one
 task at a time; :meth:`Subscription.close` (or closing the client) may come
 from any task of that loop and ends the iteration.
@@ -20,7 +26,10 @@ from typing import TYPE_CHECKING, Any, Final
 import grpc  # type: ignore[import-untyped, unused-ignore]
 
 from liftlog.api import api_pb2
+from liftlog.api.subscribe_batches import BATCHES_HEADER, REQUEST_KEY, delivery_end
+from liftlog.client.batches import Columns, decode_batches
 from liftlog.client.errors import (
+    CorruptDataError,
     DeadlineExceededError,
     FailedPreconditionError,
     LiftlogError,
@@ -64,11 +73,27 @@ class Subscription:
     published inside it are seen even with ``StartPosition.NEW_ONLY``.
     """
 
-    def __init__(self, client: Client, request: api_pb2.SubscribeRequest, *, read_uncommitted: bool = False) -> None:
+    def __init__(
+        self,
+        client: Client,
+        request: api_pb2.SubscribeRequest,
+        *,
+        read_uncommitted: bool = False,
+        batched: bool = True,
+    ) -> None:
         self._client = client
         self._request = request
-        # liftlog's own request metadata; Liftbridge servers ignore it and serve committed messages.
-        self._metadata = (("liftlog-read-uncommitted", "true"),) if read_uncommitted else None
+        # liftlog's own request metadata; Liftbridge servers ignore it (committed messages, one by one).
+        metadata: list[tuple[str, str]] = []
+        if read_uncommitted:
+            metadata.append(("liftlog-read-uncommitted", "true"))
+        if batched:
+            metadata.append((REQUEST_KEY, "1"))
+        self._metadata = tuple(metadata) or None
+        #: Whether the server agreed to send batches (its set-up message says so).
+        self._batched = False
+        #: Decoded messages not yet returned, the next one last.
+        self._pending: list[Message] = []
         self._call: Any = None
         self._lock = asyncio.Lock()
         self._done = False  # the call ended, failed or was closed
@@ -83,6 +108,11 @@ class Subscription:
     def partition(self) -> int:
         """The partition subscribed to."""
         return self._request.partition
+
+    @property
+    def batched(self) -> bool:
+        """Whether the server sends stored record batches (a liftlog server asked for them), once started."""
+        return self._batched
 
     async def started(self) -> None:
         """Start the subscription if needed and wait until the server has set it up.
@@ -119,8 +149,8 @@ class Subscription:
         """Start the Subscribe call on the right server and consume its set-up message.
 
         Returns the call, or None when the server completed it before
-        confirming. A first message that is not the empty set-up message
-        (a server that does not send one) is not expected and is skipped.
+        confirming. A first message that is not the set-up message (a server
+        that does not send one) is not expected and is skipped.
         """
         client = self._client
         request = self._request
@@ -140,7 +170,10 @@ class Subscription:
             except BaseException:
                 call.cancel()
                 raise
-            return None if first is EOF else call
+            if first is EOF:
+                return None
+            self._batched = BATCHES_HEADER in first.headers
+            return call
 
         return await client.call_leader(request.stream, request.partition, open_call, isr=request.readISRReplica)
 
@@ -148,6 +181,44 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Message:
+        pending = self._pending
+        if pending:
+            return pending.pop()
+        while True:
+            msg = await self._read()
+            if not self._batched:
+                return _message_from_proto(msg)
+            pending = self._pending = self._decode(msg)
+            if pending:
+                return pending.pop()
+
+    def _decode(self, msg: api_pb2.Message) -> list[Message]:
+        """The records of one batches message, the first last; a corrupt one ends the subscription."""
+        request = self._request
+        try:
+            cols, _ = decode_batches(
+                msg.value,
+                msg.offset,
+                delivery_end(msg),
+                msg.subject,
+                out=Columns(request.stream, request.partition),
+                headers=True,
+                fields=True,
+            )
+        except (CorruptDataError, ValueError) as exc:
+            self._done = True
+            call, self._call = self._call, None
+            if call is not None:
+                call.cancel()
+            raise CorruptDataError(
+                f"subscription to stream {request.stream!r} partition {request.partition}: {exc}"
+            ) from exc
+        messages = cols.messages()
+        messages.reverse()
+        return messages
+
+    async def _read(self) -> api_pb2.Message:
+        """The next message of the call; StopAsyncIteration at its end."""
         call = self._call
         if call is None:
             if self._done:
@@ -175,7 +246,7 @@ class Subscription:
             self._done = True
             self._call = None
             raise StopAsyncIteration
-        return _message_from_proto(msg)
+        return msg  # type: ignore[no-any-return]
 
     @staticmethod
     def _mid_stream_error(exc: Any) -> LiftlogError | None:
@@ -201,6 +272,7 @@ class Subscription:
         """Cancel the subscription; iteration then ends. Idempotent."""
         self._closed = True
         self._done = True
+        self._pending = []
         call, self._call = self._call, None
         if call is not None:
             call.cancel()

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from nats.errors import MaxPayloadError
 
-from liftlog.api import api_pb2
+from liftlog.api import api_pb2, subscribe_batches
 from liftlog.api.envelope import encode_publish_message
 from liftlog.api.errors import NOT_LEADER_MESSAGE, Reason
 from liftlog.api.stored import varint as _varint
@@ -65,6 +65,14 @@ READ_UNCOMMITTED_KEY = "liftlog-read-uncommitted"
 def _wants_uncommitted(context: Any) -> bool:
     metadata = context.invocation_metadata() or ()
     return any(key == READ_UNCOMMITTED_KEY and value == "true" for key, value in metadata)
+
+
+def _wants_batches(context: Any, req: api_pb2.SubscribeRequest) -> bool:
+    """A liftlog client asked for stored batches, and no stop timestamp needs a look at each record."""
+    if req.stopPosition == api_pb2.STOP_TIMESTAMP:
+        return False
+    metadata = context.invocation_metadata() or ()
+    return any(key == subscribe_batches.REQUEST_KEY and value == "1" for key, value in metadata)
 
 
 def _nullable(msg: Any, name: str) -> Any:
@@ -201,14 +209,18 @@ class ApiService:
         self.subscriptions += 1
         self.subscriptions_by_peer[peer] += 1
         part.subscribers += 1
+        batched = _wants_batches(context, req)
         try:
-            yield api_pb2.Message()  # Liftbridge clients wait for this before they return the subscription
+            # Liftbridge clients wait for this before they return the subscription; ours learn from it
+            # whether batches come.
+            yield subscribe_batches.SETUP_BATCHED if batched else api_pb2.Message()
             messages = read_subscription(
                 part,
                 req,
                 uncommitted=_wants_uncommitted(context),
                 fetch_max_messages=self.limits.fetch_max_messages,
                 buffer_max_bytes=self.limits.buffer_max_bytes,
+                batched=batched,
             )
             async for message in messages:
                 yield message

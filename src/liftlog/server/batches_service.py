@@ -17,7 +17,6 @@ and sizes.
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import Any
 
 from liftlog.api import api_pb2, batches_pb2
@@ -25,7 +24,7 @@ from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.errors import Reason
 from liftlog.rpc import StatusCode
 from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
-from liftlog.storage.records import check_records
+from liftlog.storage.records import batches_end, check_records
 
 from .api_service import ApiService, RpcFailure, abort_with
 
@@ -35,20 +34,6 @@ DEFAULT_FETCH_BYTES = 1 << 20
 MAX_FETCH_BYTES = 16 << 20
 #: Longest wait for new data a request may ask for.
 MAX_WAIT_MS = 60_000
-_BATCH_START = struct.Struct(">qi")
-_LAST_DELTA = struct.Struct(">i")
-
-
-def next_offset(batches: bytes, offset: int, end: int) -> int:
-    """The offset after the last one ``batches`` covers, at most ``end`` (``offset`` if there are none)."""
-    pos, size = 0, len(batches)
-    last = offset
-    while pos + 27 <= size:
-        base, length = _BATCH_START.unpack_from(batches, pos)
-        (delta,) = _LAST_DELTA.unpack_from(batches, pos + 23)
-        last = max(last, base + delta + 1)
-        pos += 12 + length
-    return min(last, end)
 
 
 class BatchesService:
@@ -105,7 +90,7 @@ class BatchesService:
                         continue  # retention moved the start meanwhile: the checks above name it
                     except LogClosed as exc:
                         raise self._api.gone(req.stream, req.partition, str(exc)) from exc
-                    return self._response(data, hw, start, next_offset(data, offset, end), part.subject)
+                    return self._response(data, hw, start, batches_end(data, offset, end), part.subject)
                 stop = req.endOffset and offset >= req.endOffset
                 left = deadline - loop.time()
                 if stop or left <= 0 or (part.meta.readonly and not part.accepting):

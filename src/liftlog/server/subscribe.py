@@ -10,6 +10,11 @@ Memory: a subscription holds only what it read last, at most
 it. gRPC's send completes only when its flow-control window has room, so a
 client that stops reading stalls its own subscription, never the server.
 
+A batched subscription (``liftlog.api.subscribe_batches``, liftlog's own
+clients) reads the stored batches as they are, one ``pread`` per read and no
+work per record, and sends each read as one message; its memory bound is the
+same (a read holds one whole batch at least).
+
 Uncommitted reads (seed 002) go up to the log end instead of the high
 watermark. They are opt-in and unsafe: a message read that way may be
 truncated after a leader change and never be committed.
@@ -21,7 +26,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from liftlog.api import api_pb2
+from liftlog.api.subscribe_batches import batches_message
 from liftlog.storage import CommitLog, LogClosed, OffsetOutOfRange, Record
+from liftlog.storage.records import batches_end
 
 from .messages import encode_messages, record_to_message
 from .partition import Partition
@@ -81,6 +88,7 @@ async def read_subscription(
     uncommitted: bool = False,
     fetch_max_messages: int = FETCH_MAX_MESSAGES,
     buffer_max_bytes: int = BUFFER_MAX_BYTES,
+    batched: bool = False,
 ) -> AsyncIterator[list[bytes]]:
     """Encoded ``Message``s, a list per log read, from the start position until the stop position (or forever).
 
@@ -89,7 +97,8 @@ async def read_subscription(
     at the end of a readonly partition that is being followed. Each log read
     takes at most ``fetch_max_messages`` records and keeps at most
     ``buffer_max_bytes`` of them (one at least); the next read waits until
-    the caller has taken them all.
+    the caller has taken them all. ``batched`` sends each read as one message
+    of whole batches (not with a stop timestamp: the caller checks that).
     """
     offset = start_offset(part, req, uncommitted=uncommitted)
     stop_after: int | None = None  # last offset to deliver
@@ -115,7 +124,10 @@ async def read_subscription(
             continue
         limit = hw + 1 if stop_after is None else min(hw, stop_after) + 1
         try:
-            if stop_ts is None:
+            if batched:
+                batch, offset = _read_batches(log, offset, limit, reads)
+                done = False
+            elif stop_ts is None:
                 batch, offset = _read_encoded(log, offset, limit, reads)
                 done = False
             else:
@@ -159,6 +171,15 @@ def _read_encoded(log: CommitLog, offset: int, limit: int, reads: _Reads) -> tup
     else:
         offset = max(offset, limit) if not out else offset  # only compacted-away offsets before the limit
     return out, offset
+
+
+def _read_batches(log: CommitLog, offset: int, limit: int, reads: _Reads) -> tuple[list[bytes], int]:
+    """Whole stored batches from ``offset`` (before ``limit``) as one batches message; and the next offset."""
+    data = log.read_raw(offset, reads.max_bytes, limit)
+    end = batches_end(data, offset, limit)
+    if end <= offset:  # only compacted-away offsets before the limit
+        return [], max(offset, limit)
+    return [batches_message(reads.stream, reads.pid, reads.subject, data, offset, end)], end
 
 
 def _read_until(log: CommitLog, offset: int, limit: int, reads: _Reads, stop_ts: int) -> tuple[list[bytes], int, bool]:

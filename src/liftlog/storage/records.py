@@ -54,6 +54,7 @@ __all__ = [
     "Record",
     "RecordsInfo",
     "batch_crc_ok",
+    "batches_end",
     "check_records",
     "decode_new_records",
     "decode_records",
@@ -446,6 +447,25 @@ def batch_crc_ok(buf: bytes | bytearray | memoryview, header: BatchHeader) -> bo
     if len(buf) < end:
         return False
     return crc32c(memoryview(buf)[start:end]) == header.crc
+
+
+_BATCH_START: Final = struct.Struct(">qi")
+_LAST_DELTA: Final = struct.Struct(">i")
+
+
+def batches_end(batches: bytes | memoryview, offset: int, end: int) -> int:
+    """The offset after the last one whole ``batches`` cover, at most ``end`` (``offset`` when they cover none).
+
+    Where a reader of ``batches`` goes on: past offsets compaction removed too.
+    """
+    pos, size = 0, len(batches)
+    last = offset
+    while pos + 27 <= size:
+        base, length = _BATCH_START.unpack_from(batches, pos)
+        (delta,) = _LAST_DELTA.unpack_from(batches, pos + 23)
+        last = max(last, base + delta + 1)
+        pos += 12 + length
+    return min(last, end)
 
 
 def iter_batch_headers(
