@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from liftlog.client import OutgoingMessage
-from liftlog.client.publish_batches import CHUNK_BYTES, _chunks
-from liftlog.storage.records import NewRecord
+from liftlog.client.publish_batches import CHUNK_BYTES, _chunks, _prepared_chunks
+from liftlog.storage.records import NewRecord, decode_new_records, encode_headers, encode_prepared, encode_records
 
 
 async def chunk_sizes(values: list[object], size: int) -> list[int]:
-    return [len(records) async for _, records in _chunks(values, size, None, None)]  # type: ignore[arg-type]
+    return [count async for _, _, count in _chunks(values, size, None, None)]  # type: ignore[arg-type]
+
+
+async def chunk_records(chunks) -> list[list[NewRecord]]:  # type: ignore[no-untyped-def]
+    return [decode_new_records(data, count) async for _, data, count in chunks]
 
 
 async def test_chunks_hold_at_most_the_window() -> None:
@@ -26,8 +30,9 @@ async def test_a_big_message_starts_a_chunk_of_its_own() -> None:
 
 async def test_each_message_keeps_its_key_and_headers() -> None:
     values = [OutgoingMessage("v", key="k", headers={"h": "x"}), b"plain", "text"]
-    ((raw, records),) = [c async for c in _chunks(values, 10, b"default", {"d": b"1"})]  # type: ignore[arg-type]
+    ((raw, data, count),) = [c async for c in _chunks(values, 10, b"default", {"d": b"1"})]  # type: ignore[arg-type]
     assert raw == values
+    records = decode_new_records(data, count)
     assert [(r.value, r.key, dict(r.headers)) for r in records] == [
         (b"v", b"k", {"h": b"x"}),
         (b"plain", b"default", {"d": b"1"}),
@@ -37,8 +42,8 @@ async def test_each_message_keeps_its_key_and_headers() -> None:
 
 async def test_records_go_out_as_they_are() -> None:
     record = NewRecord(b"v", b"k", {"h": b"x"})
-    ((_, records),) = [c async for c in _chunks([record, b"plain"], 10, b"default", None)]
-    assert records[0] is record  # no conversion: the Spark sink's rows
+    ((records),) = await chunk_records(_chunks([record, b"plain"], 10, b"default", None))
+    assert (records[0].value, records[0].key, dict(records[0].headers)) == (b"v", b"k", {"h": b"x"})
     assert (records[1].value, records[1].key) == (b"plain", b"default")
 
 
@@ -47,8 +52,25 @@ async def test_async_input_is_chunked_too() -> None:
         for i in range(5):
             yield b"%d" % i
 
-    got = [records async for _, records in _chunks(gen(), 2, None, None)]
+    got = await chunk_records(_chunks(gen(), 2, None, None))
     assert [[r.value for r in c] for c in got] == [[b"0", b"1"], [b"2", b"3"], [b"4"]]
+
+
+def test_prepared_records_encode_as_new_records_do() -> None:
+    headers = {"h": b"x", "other": b""}
+    prepared = [(None, b"v", b"", 0), (b"k", b"w", encode_headers(headers), 2), (b"", b"", b"", 0)]
+    made = [NewRecord(b"v", None, {}, 0), NewRecord(b"w", b"k", headers, 0), NewRecord(b"", b"", {}, 0)]
+    assert encode_prepared(prepared) == encode_records(made)
+
+
+async def test_prepared_chunks_hold_at_most_the_window_and_about_chunk_bytes() -> None:
+    small = [(None, b"x", b"", 0)] * 2500
+    assert [n async for _, _, n in _prepared_chunks(small, 1000)] == [1000, 1000, 500]
+    big = (None, b"b" * (CHUNK_BYTES - 100), b"", 0)
+    chunks = [c async for c in _prepared_chunks([(None, b"s" * 1000, b"", 0)] * 2 + [big, big], 1000)]
+    assert [n for _, _, n in chunks] == [2, 1, 1]
+    assert [r.value for r in decode_new_records(chunks[0][1], 2)] == [b"s" * 1000] * 2
+    assert [c async for c in _prepared_chunks([], 10)] == []
 
 
 def test_a_batch_ack_is_an_ordinary_ack() -> None:

@@ -98,19 +98,19 @@ def test_exactly_once_after_a_leader_change_mid_write(
 
     addr = (liftlog_server.address,)
     make_stream(liftlog_server.address, stream_name)
-    real = Client.publish_many
+    real = Client.publish_prepared
     cuts = {"n": 0}
 
-    async def cut_after_ten(self: Client, stream: str, values: Any, **kwargs: Any) -> Any:
+    async def cut_after_ten(self: Client, stream: str, records: Any, **kwargs: Any) -> Any:
         if cuts["n"] == 0:
             cuts["n"] += 1
             assert kwargs["resend_unacked"] is False  # exactly once: no blind resend by the client
-            await real(self, stream, list(values)[:10], **kwargs)
+            await real(self, stream, list(records)[:10], **kwargs)
             raise UnavailableError("the leader went away")
-        return await real(self, stream, values, **kwargs)
+        return await real(self, stream, records, **kwargs)
 
-    monkeypatch.setattr(Client, "publish_many", cut_after_ten)
-    monkeypatch.setattr(writing.time, "sleep", lambda s: None)
+    monkeypatch.setattr(Client, "publish_prepared", cut_after_ten)
+    monkeypatch.setattr(writing, "REWRITE_BACKOFF_S", 0.0)
     rows = [b"r%02d" % i for i in range(30)]
     result = write_batches(addr, iter([batch(rows)]), default_stream=stream_name, txn=Txn("q", 0, 0))
     assert result.total == 30 and cuts["n"] == 1
@@ -172,3 +172,70 @@ def test_the_row_digest_is_the_one_earlier_releases_wrote() -> None:
         ("é", b"", b"x" * 300, {}, 0),
     ):
         assert _digest(*args) == reference(*args)  # type: ignore[arg-type]
+
+
+def _with_headers(values: list[bytes], headers: list[dict[str, bytes]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "value": pa.array(values, pa.binary()),
+            "headers": pa.array(
+                [[{"key": k, "value": v} for k, v in h.items()] for h in headers],
+                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+            ),
+            "partition": pa.array([i % 2 for i in range(len(values))], pa.int32()),
+        }
+    )
+
+
+def test_many_batches_keep_their_order_headers_and_row_ids(liftlog_server: Any, stream_name: str) -> None:
+    """Each batch is published while the next one's rows are made: per partition, rows stay in input order."""
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name, partitions=2)
+    batches = [
+        _with_headers(
+            [b"b%d-%04d" % (b, i) for i in range(1500)], [{"n": b"%d" % i} if i % 2 else {} for i in range(1500)]
+        )
+        for b in range(4)
+    ]
+    result = write_batches(addr, iter(batches), default_stream=stream_name, txn=Txn("q-order", 1, 0))
+    assert result.total == 6000 and result.written == {f"{stream_name}/0": 3000, f"{stream_name}/1": 3000}
+    for p in range(2):
+        got = read_all(liftlog_server.address, stream_name, p)
+        expected = [v for b in batches for i, v in enumerate(b.column("value").to_pylist()) if i % 2 == p]
+        assert [m.value for m in got] == expected
+        for m in got[:4]:
+            user = {k: v for k, v in m.headers.items() if k not in (TXN_HEADER, ROW_HEADER)}
+            assert user == ({"n": m.value.split(b"-")[1].lstrip(b"0")} if p else {})
+            assert m.headers[TXN_HEADER] == b"q-order/1/0" and m.headers[ROW_HEADER]
+
+
+def test_a_bad_row_while_the_previous_batch_is_being_published(liftlog_server: Any, stream_name: str) -> None:
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name)
+    good = batch([b"g%04d" % i for i in range(3000)])
+    bad = pa.RecordBatch.from_pydict({"value": pa.array([b"ok"] * 700 + [None], pa.binary())})
+    with pytest.raises(LiftlogSparkError, match=r"row 3700 .* has a null value"):
+        write_batches(addr, iter([good, bad]), default_stream=stream_name, txn=Txn("q-bad", 0, 0))
+    values = [m.value for m in read_all(liftlog_server.address, stream_name)]
+    assert values == [b"g%04d" % i for i in range(len(values))], "what got in is a prefix of the first batch"
+
+
+def test_a_server_without_batched_publish_gets_messages_one_by_one(
+    liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Liftbridge has no liftlog.Batches: the sink falls back to publish_many (PublishAsync there)."""
+    from liftlog.client import Client, UnimplementedError
+
+    async def unimplemented(self: Client, *args: Any, **kwargs: Any) -> None:
+        raise UnimplementedError("no liftlog.Batches here")
+
+    monkeypatch.setattr(Client, "publish_prepared", unimplemented)
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name)
+    rows = [b"r%d" % i for i in range(20)]
+    keys: list[bytes | None] = [b"k" if i == 3 else None for i in range(20)]
+    result = write_batches(addr, iter([batch(rows, keys)]), default_stream=stream_name, txn=Txn("q-lb", 0, 0))
+    assert result.total == 20
+    got = read_all(liftlog_server.address, stream_name)
+    assert [m.value for m in got] == rows and got[3].key == b"k"
+    assert all(m.headers[TXN_HEADER] == b"q-lb/0/0" for m in got) and len({m.headers[ROW_HEADER] for m in got}) == 20

@@ -52,7 +52,7 @@ from liftlog.client.errors import (
 )
 from liftlog.client.nats_helpers import connect_nats, encode_publish, publish_and_wait_ack, to_bytes, to_headers
 from liftlog.client.publish_async import PublishBatch, publish_async_attempt
-from liftlog.client.publish_batches import BatchesUnsupported, publish_batched
+from liftlog.client.publish_batches import BatchesUnsupported, publish_batched, publish_prepared
 from liftlog.client.routing import Routing
 from liftlog.client.stubs import Stub
 from liftlog.client.subscription import Subscription
@@ -65,6 +65,7 @@ from liftlog.client.types import (
     StartPosition,
     StopPosition,
 )
+from liftlog.storage.records import PreparedRecord
 
 __all__ = ["Client", "Subscription"]
 
@@ -442,6 +443,47 @@ class Client(Routing):
         if len(acks) != len(batch.acks):  # cannot happen: the attempt raises while some are pending
             raise LiftlogError(f"{len(batch.acks) - len(acks)} messages were not acknowledged")
         return acks
+
+    async def publish_prepared(
+        self,
+        stream: str,
+        records: Sequence[PreparedRecord],
+        *,
+        partition: int = 0,
+        ack_policy: AckPolicy = AckPolicy.ALL,
+        window: int = 2000,
+        timeout: float | None = None,
+        resend_unacked: bool = True,
+    ) -> None:
+        """Publish records already in the storage's terms (:data:`~liftlog.storage.records.PreparedRecord`).
+
+        :meth:`publish_many` for writers that make millions of records and
+        encode their headers once (the Spark sink): the same chunks, window,
+        timeout, retries and errors, and no acks returned. Liftbridge servers
+        have no batched publish: this raises :class:`UnimplementedError`
+        before anything is stored; use :meth:`publish_many` there.
+        """
+        self.check_open()
+        if window < 1:
+            raise InvalidArgumentError(f"window must be at least 1, got {window}")
+        if not self._batches_offered:
+            raise UnimplementedError(
+                "the server offers no batched publish (liftlog.Batches/Publish): a Liftbridge server"
+            )
+        try:
+            await publish_prepared(
+                self,
+                stream,
+                records,
+                partition=partition,
+                ack_policy=ack_policy,
+                window=window,
+                timeout=self.timeout if timeout is None else timeout,
+                resend_unacked=resend_unacked,
+            )
+        except UnimplementedError:
+            self._batches_offered = False
+            raise
 
     # ------------------------------------------------------------------ subscribing
 

@@ -17,7 +17,7 @@ once), possibly after chunks that followed it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from liftlog.api import batches_pb2
@@ -25,13 +25,13 @@ from liftlog.client.errors import AckTimeoutError, LiftlogError, UnimplementedEr
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.types import Ack, AckPolicy, OutgoingMessage, PublishValue
 from liftlog.client.types import batch_ack as make_ack
-from liftlog.storage.records import NewRecord, encode_records
+from liftlog.storage.records import NewRecord, PreparedRecord, encode_prepared, encode_records
 
 if TYPE_CHECKING:
     from liftlog.client.routing import Routing
     from liftlog.client.stubs import Stub
 
-__all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "BatchesUnsupported", "publish_batched"]
+__all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "BatchesUnsupported", "publish_batched", "publish_prepared"]
 
 CHUNK_MESSAGES = 1000
 CHUNK_BYTES = 256 << 10  # well under NATS's default max payload of 1 MiB
@@ -66,22 +66,80 @@ async def publish_batched(
     Raises BatchesUnsupported, before anything is stored, when the server does not offer batches.
     """
     chunk_size = max(1, min(window, CHUNK_MESSAGES))
-    room = asyncio.Semaphore(max(1, window // chunk_size))
     default_key = to_bytes(key) if key is not None else None
     default_headers = to_headers(headers) if headers else None
+    chunks = _chunks(values, chunk_size, default_key, default_headers)
+    try:
+        return await _publish_chunks(
+            client, stream, partition, chunks, ack_policy, window, timeout, resend_unacked, return_acks
+        )
+    except _FirstChunkUnimplemented as first:
+        raise BatchesUnsupported(_prepend(first.raw, chunks)) from None  # type: ignore[arg-type]
+
+
+async def publish_prepared(
+    client: Routing,
+    stream: str,
+    records: Sequence[PreparedRecord],
+    *,
+    partition: int,
+    ack_policy: AckPolicy,
+    window: int,
+    timeout: float,
+    resend_unacked: bool,
+) -> None:
+    """Publish prepared records in chunks (liftlog servers only: UnimplementedError from others)."""
+    chunk_size = max(1, min(window, CHUNK_MESSAGES))
+    chunks = _prepared_chunks(records, chunk_size)
+    try:
+        await _publish_chunks(client, stream, partition, chunks, ack_policy, window, timeout, resend_unacked, False)
+    except _FirstChunkUnimplemented as first:
+        raise first.error from None
+
+
+class _FirstChunkUnimplemented(Exception):
+    """The first chunk found no ``liftlog.Batches``: nothing was stored."""
+
+    def __init__(self, raw: object, error: UnimplementedError) -> None:
+        super().__init__(error.message)
+        self.raw = raw
+        self.error = error
+
+
+async def _publish_chunks(
+    client: Routing,
+    stream: str,
+    partition: int,
+    chunks: AsyncIterator[tuple[object, bytes, int]],
+    ack_policy: AckPolicy,
+    window: int,
+    timeout: float,
+    resend_unacked: bool,
+    return_acks: bool,
+) -> list[Ack]:
+    """Send (input, records, count) chunks with ``window`` messages in flight; the acks in input order."""
+    chunk_size = max(1, min(window, CHUNK_MESSAGES))
+    room = asyncio.Semaphore(max(1, window // chunk_size))
     want_acks = ack_policy != AckPolicy.NONE
     sending: list[asyncio.Task[list[Ack]]] = []
-    chunks = _chunks(values, chunk_size, default_key, default_headers)
     first = True
     try:
-        async for raw, records in chunks:
+        async for raw, data, count in chunks:
             await room.acquire()
             if any(t.done() and not t.cancelled() and t.exception() is not None for t in sending):
                 room.release()
                 break
             task = asyncio.ensure_future(
                 _send(
-                    client, stream, partition, records, ack_policy, timeout, want_acks and resend_unacked, return_acks
+                    client,
+                    stream,
+                    partition,
+                    data,
+                    count,
+                    ack_policy,
+                    timeout,
+                    want_acks and resend_unacked,
+                    return_acks,
                 )
             )
             task.add_done_callback(lambda _: room.release())
@@ -91,8 +149,8 @@ async def publish_batched(
                 try:
                     await asyncio.wait([task])
                     task.result()
-                except UnimplementedError:
-                    raise BatchesUnsupported(_prepend(raw, chunks)) from None
+                except UnimplementedError as exc:
+                    raise _FirstChunkUnimplemented(raw, exc) from None
                 except LiftlogError:
                     break
         if sending:
@@ -115,14 +173,15 @@ async def _send(
     client: Routing,
     stream: str,
     partition: int,
-    records: list[NewRecord],
+    records: bytes,
+    count: int,
     ack_policy: AckPolicy,
     timeout: float,
     retry: bool,
     return_acks: bool,
 ) -> list[Ack]:
     req = batches_pb2.PublishRequest(
-        stream=stream, partition=partition, records=encode_records(records), count=len(records), ackPolicy=ack_policy
+        stream=stream, partition=partition, records=records, count=count, ackPolicy=ack_policy
     )
 
     async def call(stub: Stub) -> batches_pb2.PublishResponse:
@@ -142,13 +201,27 @@ async def _send(
     ]
 
 
+async def _prepared_chunks(records: Sequence[PreparedRecord], size: int) -> AsyncIterator[tuple[object, bytes, int]]:
+    """(nothing, encoded records, count) per chunk of at most ``size`` records and about CHUNK_BYTES."""
+    start = used = 0
+    for i, (key, value, headers, _) in enumerate(records):
+        cost = len(value) + len(headers) + 26 + (len(key) if key else 0)
+        if i > start and (used + cost > CHUNK_BYTES or i - start >= size):
+            yield None, encode_prepared(records[start:i]), i - start
+            start, used = i, 0
+        used += cost
+    if start < len(records):
+        yield None, encode_prepared(records[start:]), len(records) - start
+
+
 async def _chunks(
     values: Iterable[Value] | AsyncIterable[Value],
     size: int,
     key: bytes | None,
     headers: dict[str, bytes] | None,
-) -> AsyncIterator[tuple[list[Value], list[NewRecord]]]:
-    """(the input values, their records) per chunk of at most ``size`` messages and about CHUNK_BYTES."""
+) -> AsyncIterator[tuple[object, bytes, int]]:
+    """(the input values, their records encoded, their count) per chunk of at most ``size`` messages and about
+    CHUNK_BYTES."""
     raw: list[Value] = []
     records: list[NewRecord] = []
     used = 0
@@ -168,16 +241,16 @@ async def _chunks(
             record = NewRecord(value.encode() if isinstance(value, str) else value, key, plain_headers)
         cost = len(record.value) + 26 + (len(record.key) if record.key else 0)
         if records and used + cost > CHUNK_BYTES:  # a big message starts a chunk of its own
-            yield raw, records
+            yield raw, encode_records(records), len(records)
             raw, records, used = [], [], 0
         raw.append(value)
         records.append(record)
         used += cost
         if len(records) >= size:
-            yield raw, records
+            yield raw, encode_records(records), len(records)
             raw, records, used = [], [], 0
     if records:
-        yield raw, records
+        yield raw, encode_records(records), len(records)
 
 
 def _as_headers(headers: Mapping[str, bytes | str]) -> Mapping[str, bytes]:
@@ -193,12 +266,10 @@ async def _aiter(values: Iterable[Value]) -> AsyncIterator[Value]:
         yield value
 
 
-async def _prepend(
-    first: list[Value], rest: AsyncIterator[tuple[list[Value], list[NewRecord]]]
-) -> AsyncIterator[Value]:
+async def _prepend(first: list[Value], rest: AsyncIterator[tuple[object, bytes, int]]) -> AsyncIterator[Value]:
     """The input again, for the PublishAsync path: the chunk already taken, then whatever is left."""
     for value in first:
         yield value
-    async for raw, _ in rest:
-        for value in raw:
+    async for raw, _, _ in rest:
+        for value in raw:  # type: ignore[attr-defined]
             yield value

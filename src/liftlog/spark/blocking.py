@@ -43,6 +43,10 @@ def _process_loop() -> asyncio.AbstractEventLoop:
     return _loop
 
 
+async def _one_turn() -> None:
+    await asyncio.sleep(0)
+
+
 class LiftlogSparkError(RuntimeError):
     """A liftlog read or write in Spark failed; the message names the stream, partition and offsets involved."""
 
@@ -65,6 +69,20 @@ class BlockingClient:
     def run(self, work: Callable[[Client], Awaitable[T]]) -> T:
         """Run ``work(client)`` to completion, turning the client's errors into clear ones."""
         return self._loop.run_until_complete(self._guard(work))
+
+    def start(self, work: Callable[[Client], Awaitable[T]]) -> asyncio.Task[T]:
+        """Start ``work(client)`` without waiting: it advances in :meth:`pump`, :meth:`run` and :meth:`wait`."""
+        task = self._loop.create_task(self._guard(work))
+        self.pump()
+        return task
+
+    def pump(self) -> None:
+        """Let started work advance for one turn of the loop (what the sockets have, what is ready to send)."""
+        self._loop.run_until_complete(_one_turn())
+
+    def wait(self, task: asyncio.Task[T]) -> T:
+        """The result of started work, once it is done."""
+        return self._loop.run_until_complete(task)
 
     def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on this client's loop (for iterating subscriptions step by step)."""

@@ -30,12 +30,12 @@ away mid-write: the task reads what got in and sends only the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import itertools
 import logging
 import struct
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,9 +51,10 @@ from liftlog.client import (
     StartPosition,
     StopPosition,
     UnavailableError,
+    UnimplementedError,
 )
 from liftlog.client.routing import partition_for_key
-from liftlog.storage.records import NewRecord
+from liftlog.storage.records import PreparedRecord, decode_new_records, encode_headers, encode_prepared
 
 from .blocking import BlockingClient, LiftlogSparkError
 
@@ -67,14 +68,16 @@ __all__ = ["ROW_HEADER", "TXN_HEADER", "Txn", "WriteResult", "existing_rows", "w
 TXN_HEADER = "liftlog-spark-txn"
 ROW_HEADER = "liftlog-spark-row"
 _COLUMNS = ("value", "key", "headers", "partition", "stream")
-#: Unacknowledged messages per partition in flight.
-WINDOW = 1024
+#: Unacknowledged messages per partition in flight (two chunks of 1000 against a liftlog server).
+WINDOW = 2000
 #: First backward read of the exactly-once scan; each next one is 4x longer.
 SCAN_WINDOW = 1024
 #: Longest wait for a partition's committed messages to reach its log end before an exactly-once scan.
 SETTLE_S = 10.0
 #: Exactly once: how often a partition's writes are checked and resumed after its leader went away.
 REWRITES = 5
+#: The first pause before such a check; it doubles, up to 2 s.
+REWRITE_BACKOFF_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +293,9 @@ def write_batches(
 ) -> WriteResult:
     """Publish every row of ``batches`` with ack ALL; raises LiftlogSparkError on the first failure."""
     result = WriteResult()
-    with BlockingClient(servers, timeout=30.0) as bc:
+    bc = BlockingClient(servers, timeout=30.0)
+    inflight: asyncio.Task[object] | None = None  # the publish of the previous batch
+    try:
         router = _Router(bc, start=task)
         seen: dict[tuple[str, int], set[bytes]] = {}  # exactly once: row ids already in each partition
         occurrences: dict[bytes, int] = {}
@@ -298,6 +303,7 @@ def write_batches(
         row_number = 0
         tag = txn.tag if txn is not None else b""
         encoded: dict[tuple[str, int | None], tuple[bytes, bytes]] = {}  # digest parts by (stream, partition)
+        txn_header = encode_headers({TXN_HEADER: tag})
         for batch in batches:
             if row_number == 0:
                 check_columns(batch.schema.names, default_stream)
@@ -309,12 +315,16 @@ def write_batches(
             partitions = batch.column("partition").to_pylist() if "partition" in names else None
             # The 'stream' option wins over a 'stream' column (a DataFrame read from liftlog has one).
             streams = batch.column("stream").to_pylist() if default_stream is None else None
-            groups: dict[Place, list[NewRecord]] = {}
+            groups: dict[Place, _Group] = {}
             stream = default_stream
             key: bytes | None = None
             partition: int | None = None
             headers: dict[str, bytes] = {}
+            user_headers = b""  # the row's own headers, encoded
+            n_headers = 0
             for i, value in enumerate(values):
+                if inflight is not None and not i & 511:
+                    bc.pump()  # the previous batch's publish goes on while this one's rows are made
                 row = row_number + i
                 if streams is not None:
                     stream = streams[i]
@@ -328,8 +338,8 @@ def write_batches(
                     key = _as_bytes(keys[i], "key", row)
                 if header_cells is not None:
                     headers = _headers(header_cells[i], row)
-                elif txn is not None:
-                    headers = {}
+                    user_headers = encode_headers(headers) if headers else b""
+                    n_headers = len(headers)
                 if partitions is not None:
                     partition = partitions[i]
                 digest = None
@@ -341,43 +351,65 @@ def write_batches(
                     occurrence = occurrences.get(digest, 0) + 1  # a dict: a Counter's += is several times slower
                     occurrences[digest] = occurrence
                 target = router.route(stream, partition, key, digest, row)
+                group = groups.get((stream, target))
+                if group is None:
+                    group = groups[stream, target] = _Group()
                 if digest is not None and txn is not None:
                     row_id = b"%s.%d" % (digest.hex().encode(), occurrence)
-                    place = (stream, target)
-                    have = seen.get(place)
+                    have = seen.get((stream, target))
                     if have is None:
-                        have = seen[place] = bc.run(
+                        have = seen[stream, target] = bc.run(
                             functools.partial(existing_rows, stream=stream, partition=target, txn=txn)
                         )
                     if row_id in have:
                         result.skipped += 1
                         continue
-                    headers[TXN_HEADER] = tag
-                    headers[ROW_HEADER] = row_id
-                record = NewRecord(value, key, headers) if headers or key is not None else NewRecord(value)
-                group = groups.get((stream, target))
-                if group is None:
-                    groups[stream, target] = [record]
+                    group.records.append(
+                        (key, value, user_headers + txn_header + _ROW_NAME + _I32(len(row_id)) + row_id, n_headers + 2)
+                    )
+                    group.row_ids.append(row_id)
                 else:
-                    group.append(record)
+                    group.records.append((key, value, user_headers, n_headers))
             row_number += batch.num_rows
+            groups = {place: group for place, group in groups.items() if group.records}
+            if inflight is not None:  # one batch at a time: each partition gets the task's rows in order
+                bc.wait(inflight)
+                inflight = None
             if groups:
                 if txn is None:
-                    bc.run(functools.partial(_publish, groups=groups, resend_unacked=True))
+                    inflight = bc.start(functools.partial(_publish, groups=groups, resend_unacked=True))
                 else:
-                    _publish_exactly_once(bc, groups, seen, txn)
-                for (stream, partition), msgs in groups.items():
+                    inflight = bc.start(functools.partial(_publish_exactly_once, groups=groups, seen=seen, txn=txn))
+                for (stream, partition), group in groups.items():
                     name = f"{stream}/{partition}"
-                    result.written[name] = result.written.get(name, 0) + len(msgs)
+                    result.written[name] = result.written.get(name, 0) + len(group.records)
+        if inflight is not None:
+            bc.wait(inflight)
+            inflight = None
+    finally:
+        if inflight is not None:  # the rows failed: the publish under way is abandoned with the task
+            inflight.cancel()
+            with contextlib.suppress(BaseException):
+                bc.wait(inflight)
+        bc.close()
     return result
 
 
 Place = tuple[str, int]
+_I32 = struct.Struct(">i").pack
+#: The row id header's encoded name (its value follows: int32 length, bytes).
+_ROW_NAME = encode_headers({ROW_HEADER: b""})[:-4]
 
 
-async def _publish(
-    client: Client, *, groups: dict[Place, list[NewRecord]], resend_unacked: bool
-) -> dict[Place, LiftlogError]:
+@dataclass(slots=True)
+class _Group:
+    """One target partition's rows of an Arrow batch, ready to encode; exactly once: their row ids alongside."""
+
+    records: list[PreparedRecord] = field(default_factory=list)
+    row_ids: list[bytes] = field(default_factory=list)
+
+
+async def _publish(client: Client, *, groups: dict[Place, _Group], resend_unacked: bool) -> dict[Place, LiftlogError]:
     """Publish each group to its partition, concurrently; returns the leader changes left to the caller.
 
     With ``resend_unacked`` the client resends what a leader change left
@@ -387,52 +419,67 @@ async def _publish(
     """
     moved: dict[Place, LiftlogError] = {}
 
-    async def one(stream: str, partition: int, msgs: list[NewRecord]) -> None:
+    async def one(stream: str, partition: int, records: list[PreparedRecord]) -> None:
         try:
-            await client.publish_many(
-                stream,
-                msgs,
-                partition=partition,
-                ack_policy=AckPolicy.ALL,
-                window=WINDOW,
-                resend_unacked=resend_unacked,
-                return_acks=False,
-            )
+            try:
+                await client.publish_prepared(
+                    stream,
+                    records,
+                    partition=partition,
+                    ack_policy=AckPolicy.ALL,
+                    window=WINDOW,
+                    resend_unacked=resend_unacked,
+                )
+            except UnimplementedError:  # a Liftbridge server: PublishAsync, a message per record
+                await client.publish_many(
+                    stream,
+                    decode_new_records(encode_prepared(records), len(records)),
+                    partition=partition,
+                    ack_policy=AckPolicy.ALL,
+                    window=WINDOW,
+                    resend_unacked=resend_unacked,
+                    return_acks=False,
+                )
         except (NotLeaderError, UnavailableError, AckTimeoutError) as exc:
             if resend_unacked or isinstance(exc, PublishAsyncFailed):
-                raise _failed(stream, partition, msgs, exc) from exc
+                raise _failed(stream, partition, len(records), exc) from exc
             moved[stream, partition] = exc
         except LiftlogError as exc:
-            raise _failed(stream, partition, msgs, exc) from exc
+            raise _failed(stream, partition, len(records), exc) from exc
 
-    await asyncio.gather(*(one(s, p, m) for (s, p), m in groups.items()))
+    await asyncio.gather(*(one(s, p, g.records) for (s, p), g in groups.items()))
     return moved
 
 
-def _failed(stream: str, partition: int, msgs: list[NewRecord], exc: LiftlogError) -> LiftlogSparkError:
+def _failed(stream: str, partition: int, count: int, exc: LiftlogError) -> LiftlogSparkError:
     return LiftlogSparkError(
-        f"writing {len(msgs)} messages to stream {stream!r} partition {partition} failed: {exc.message}"
+        f"writing {count} messages to stream {stream!r} partition {partition} failed: {exc.message}"
     )
 
 
-def _publish_exactly_once(
-    bc: BlockingClient, groups: dict[Place, list[NewRecord]], seen: dict[Place, set[bytes]], txn: Txn
+async def _publish_exactly_once(
+    client: Client, *, groups: dict[Place, _Group], seen: dict[Place, set[bytes]], txn: Txn
 ) -> None:
     """Publish without blind resends: after a leader change, read what got in and send only the rest."""
     pending = groups
     for attempt in range(REWRITES + 1):
-        moved = bc.run(functools.partial(_publish, groups=pending, resend_unacked=False))
+        moved = await _publish(client, groups=pending, resend_unacked=False)
         if not moved:
             return
         if attempt == REWRITES:
             (stream, partition), exc = next(iter(moved.items()))
-            raise _failed(stream, partition, pending[stream, partition], exc)
-        time.sleep(min(2.0, 0.1 * 2**attempt))
+            raise _failed(stream, partition, len(pending[stream, partition].records), exc)
+        await asyncio.sleep(min(2.0, REWRITE_BACKOFF_S * 2**attempt))
         pending = {}
         for (stream, partition), exc in moved.items():
             log.warning("stream %r partition %d: %s; checking what was written", stream, partition, exc.message)
-            have = bc.run(functools.partial(existing_rows, stream=stream, partition=partition, txn=txn))
+            have = await existing_rows(client, stream, partition, txn)
             seen[stream, partition] = have
-            rest = [m for m in groups[stream, partition] if (m.headers or {}).get(ROW_HEADER) not in have]
-            if rest:
+            group = groups[stream, partition]
+            rest = _Group()
+            for record, row_id in zip(group.records, group.row_ids, strict=True):
+                if row_id not in have:
+                    rest.records.append(record)
+                    rest.row_ids.append(row_id)
+            if rest.records:
                 pending[stream, partition] = rest

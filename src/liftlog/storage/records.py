@@ -51,6 +51,7 @@ __all__ = [
     "RECORD_OVERHEAD",
     "BatchHeader",
     "NewRecord",
+    "PreparedRecord",
     "Record",
     "RecordsInfo",
     "batch_crc_ok",
@@ -60,6 +61,8 @@ __all__ = [
     "decode_records",
     "encode_batch",
     "encode_empty_batch",
+    "encode_headers",
+    "encode_prepared",
     "encode_records",
     "iter_batch_headers",
     "parse_batch_header",
@@ -180,7 +183,7 @@ def _encode_records(
         body = len(value) + (0 if key is None else key_len)
         if headers:
             if headers is not last_headers:  # records often share one headers mapping (a batch's stored fields)
-                encoded = _encode_headers(headers)
+                encoded = encode_headers(headers)
                 last_headers = headers
             if 22 + body + len(encoded) > limit:
                 raise RecordTooLarge(26 + body + len(encoded), max_record_bytes)
@@ -197,6 +200,28 @@ def _encode_records(
                 append(key)
             append(value)
     return b"".join(parts), first_ts, max_ts
+
+
+#: A record ready to encode, for writers that make millions (the Spark sink): its key (None for none),
+#: value, headers already encoded (:func:`encode_headers`, possibly several concatenated) and their number.
+PreparedRecord = tuple[bytes | None, bytes, bytes, int]
+
+
+def encode_prepared(records: Sequence[PreparedRecord]) -> bytes:
+    """The records part of a batch, as :func:`encode_records` makes it, from prepared records (timestamps 0)."""
+    parts: list[bytes] = []
+    append = parts.append
+    pack = RECORD_HEADER.pack
+    for delta, (key, value, headers, n_headers) in enumerate(records):
+        if key is None:
+            append(pack(22 + len(value) + len(headers), delta, 0, -1, len(value), n_headers))
+        else:
+            append(pack(22 + len(key) + len(value) + len(headers), delta, 0, len(key), len(value), n_headers))
+            append(key)
+        append(value)
+        if n_headers:
+            append(headers)
+    return b"".join(parts)
 
 
 def decode_new_records(data: bytes, count: int) -> list[NewRecord]:
@@ -299,7 +324,7 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
     unpack_name = _HEADER_NAME.unpack_from
     unpack_value = _HEADER_VALUE.unpack_from
     # The allowed header as encoded: a record whose only header it is is checked with one comparison.
-    allowed = _encode_headers({allowed_header[0].decode(): allowed_header[1]}) if allowed_header else b"\xff"
+    allowed = encode_headers({allowed_header[0].decode(): allowed_header[1]}) if allowed_header else b"\xff"
     i = 0
     try:
         for i in range(count):
@@ -380,7 +405,8 @@ def encode_empty_batch(base_offset: int, last_offset_delta: int, leader_epoch: i
     return _seal(base_offset, leader_epoch, last_offset_delta, -1, -1, 0, b"")
 
 
-def _encode_headers(headers: Mapping[str, bytes]) -> bytes:
+def encode_headers(headers: Mapping[str, bytes]) -> bytes:
+    """Headers as a record stores them (per header: uint16 name length, name, int32 value length, value)."""
     parts: list[bytes] = []
     names = _ENCODED_NAMES
     pack_value = _HEADER_VALUE.pack
