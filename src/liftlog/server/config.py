@@ -158,7 +158,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("data.dir", _str, "./data", "where streams and metadata are stored"),
     _s("batch.max.messages", _int(1), 1024, "most messages written to a partition in one batch"),
     _s("batch.max.time", parse_duration_ms, 0, "how long to wait to fill a batch"),
-    _s("subscribe.fetch.max.messages", _int(1), 128, "most messages a subscription reads from the log at a time"),
+    _s(
+        "subscribe.fetch.max.messages",
+        _int(1),
+        128,
+        "most messages a subscription reads from the log at a time (batched subscriptions of liftlog clients are "
+        "bounded by subscribe.buffer.max.bytes only)",
+    ),
     _s(
         "subscribe.buffer.max.bytes",
         parse_size,
