@@ -154,9 +154,10 @@ def message(
     """A :class:`Message`, made fast (the read paths make one per record).
 
     A frozen dataclass's ``__init__`` goes through ``object.__setattr__`` for
-    every field: 2 µs a message here, half of a batched read's cost. This
-    stores the fields into an object of the same slots without the frozen
-    ``__setattr__`` and then makes it a ``Message``: 0.9 µs.
+    every field (2.1 µs a message here), and setting the slots through their
+    descriptors still costs 1.15 µs. This stores the fields into an object
+    of the same slots without the frozen ``__setattr__`` and then makes it a
+    ``Message``: 0.84 µs (best of interleaved loops of 1,000).
     """
     m = _UnfrozenMessage(
         offset,
