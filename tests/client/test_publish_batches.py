@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from liftlog.client import OutgoingMessage
 from liftlog.client.publish_batches import CHUNK_BYTES, _chunks, _prepared_chunks
 from liftlog.storage.records import NewRecord, decode_new_records, encode_headers, encode_prepared, encode_records
@@ -80,3 +82,19 @@ def test_a_batch_ack_is_an_ordinary_ack() -> None:
     made = batch_ack("s", "subj", 7, AckPolicy.ALL, 1, 2)
     assert made == Ack("s", "subj", "subj", 7, "", "", AckPolicy.ALL, 1, 2)
     assert hash(made) == hash(Ack("s", "subj", "subj", 7, "", "", AckPolicy.ALL, 1, 2))
+
+
+def test_a_fast_made_message_is_an_ordinary_frozen_message() -> None:
+    import dataclasses
+    import pickle
+
+    from liftlog.client import AckPolicy, Message
+    from liftlog.client.types import message
+
+    made = message(3, b"k", b"v", 9, "s", 1, "subj", "r", {"h": b"1"}, "in", "c", 1)
+    plain = Message(3, b"k", b"v", 9, "s", 1, "subj", "r", {"h": b"1"}, "in", "c", AckPolicy.ALL)
+    assert type(made) is Message and made == plain and hash(made) == hash(plain) and repr(made) == repr(plain)
+    assert pickle.loads(pickle.dumps(made)) == plain and dataclasses.replace(made, offset=4).offset == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.offset = 5  # type: ignore[misc]
+    assert message(0, None, b"", 0, "s", 0, "", "", {}, "", "", 99).ack_policy == AckPolicy.LEADER  # unknown number
