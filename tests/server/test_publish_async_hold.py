@@ -1,0 +1,158 @@
+"""PublishAsync's hold (sans NATS): with two of a call's batches unacknowledged, new requests wait, briefly.
+
+A fake API records what the handler publishes and lets the test decide when acks come, so the order of
+events is the test's, not the scheduler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from liftlog.api import api_pb2
+from liftlog.api.batch_envelope import decode_record_batch
+from liftlog.server import publish_async
+from liftlog.server.api_service import ApiLimits
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Requests:
+    """The server's request queue as the handler sees it: ``items`` and ``next_batch``."""
+
+    def __init__(self) -> None:
+        self.items: deque[api_pb2.PublishRequest] = deque()
+        self.ended = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def push(self, *requests: api_pb2.PublishRequest) -> None:
+        self.items.extend(requests)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def next_batch(self, limit: int) -> list[api_pb2.PublishRequest]:
+        while not self.items:
+            if self.ended:
+                return []
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return [self.items.popleft() for _ in range(min(limit, len(self.items)))]
+
+
+class Api:
+    """What serve_publish_async calls; every publish's size and ack future are kept."""
+
+    limits = ApiLimits()
+    max_message_bytes = 1 << 20
+
+    def __init__(self) -> None:
+        self.published: list[int] = []  # messages per NATS publish
+        self.acks: list[asyncio.Future[api_pb2.Ack]] = []
+
+    def nats_max_payload(self) -> int:
+        return 1 << 20
+
+    async def publishable(self, stream: str, partition: int, policy: int) -> tuple[Any, bool]:
+        return SimpleNamespace(subject=stream), False
+
+    def _future(self) -> asyncio.Future[api_pb2.Ack]:
+        future: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
+        self.acks.append(future)
+        return future
+
+    async def send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack]:
+        self.published.append(1)
+        return self._future()
+
+    def expect_ack(self, inbox: str, cid: str) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
+        return "inbox", "cid", self._future()
+
+    async def publish_payload(self, subject: str, payload: bytes, inbox: str = "", cid: str = "") -> None:
+        envelope = decode_record_batch(payload)
+        assert envelope is not None
+        self.published.append(envelope.count)
+
+    async def await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
+        return await future
+
+    def answer(self, future: asyncio.Future[api_pb2.Ack], cid: str) -> bytes:
+        return cid.encode()
+
+    def ack_result(self, future: asyncio.Future[api_pb2.Ack]) -> api_pb2.Ack:
+        return future.result()
+
+
+class Context:
+    def __init__(self) -> None:
+        self.answers: list[bytes] = []
+
+    async def write(self, answers: list[bytes]) -> None:
+        self.answers += answers
+
+
+def request(i: int) -> api_pb2.PublishRequest:
+    return api_pb2.PublishRequest(stream="s", value=b"v%d" % i, correlationId=f"c{i}")
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_requests_read_while_two_batches_are_unacked_wait_and_go_as_one() -> None:
+    api, requests, context = Api(), Requests(), Context()
+    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    try:
+        requests.push(request(0))
+        await settle()
+        requests.push(request(1))
+        await settle()
+        assert api.published == [1, 1], "nothing waits while fewer than two are unacknowledged"
+        requests.push(request(2))
+        await settle()
+        requests.push(*(request(i) for i in range(3, 8)))  # they arrive during the hold
+        await settle()
+        assert api.published == [1, 1], "held while the oldest batch is unacknowledged"
+        api.acks[0].set_result(api_pb2.Ack(offset=0))
+        await settle()
+        assert api.published == [1, 1, 6], "what arrived during the hold joined the held request"
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+async def test_the_hold_is_brief_when_no_ack_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publish_async, "HOLD_S", 0.05)
+    api, requests, context = Api(), Requests(), Context()
+    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    try:
+        for i in range(2):
+            requests.push(request(i))
+            await settle()
+        requests.push(request(2))
+        started = asyncio.get_running_loop().time()
+        while len(api.published) < 3:
+            assert asyncio.get_running_loop().time() - started < 2, "a lost ack must not stall the call"
+            await asyncio.sleep(0.01)
+        assert api.published == [1, 1, 1]
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+async def test_without_coalescing_nothing_is_held() -> None:
+    api, requests, context = Api(), Requests(), Context()
+    api.limits = ApiLimits(coalesce_publishes=False)  # type: ignore[misc]
+    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    try:
+        for i in range(4):
+            requests.push(request(i))
+            await settle()
+        assert api.published == [1, 1, 1, 1]
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
