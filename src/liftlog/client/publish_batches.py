@@ -65,10 +65,9 @@ async def publish_batched(
 
     Raises BatchesUnsupported, before anything is stored, when the server does not offer batches.
     """
-    chunk_size = max(1, min(window, CHUNK_MESSAGES))
     default_key = to_bytes(key) if key is not None else None
     default_headers = to_headers(headers) if headers else None
-    chunks = _chunks(values, chunk_size, default_key, default_headers)
+    chunks = _chunks(values, _chunk_size(window), default_key, default_headers)
     try:
         return await _publish_chunks(
             client, stream, partition, chunks, ack_policy, window, timeout, resend_unacked, return_acks
@@ -89,12 +88,16 @@ async def publish_prepared(
     resend_unacked: bool,
 ) -> None:
     """Publish prepared records in chunks (liftlog servers only: UnimplementedError from others)."""
-    chunk_size = max(1, min(window, CHUNK_MESSAGES))
-    chunks = _prepared_chunks(records, chunk_size)
+    chunks = _prepared_chunks(records, _chunk_size(window))
     try:
         await _publish_chunks(client, stream, partition, chunks, ack_policy, window, timeout, resend_unacked, False)
     except _FirstChunkUnimplemented as first:
         raise first.error from None
+
+
+def _chunk_size(window: int) -> int:
+    """Messages per chunk: the window, up to CHUNK_MESSAGES (so a window of 2000 keeps two chunks in flight)."""
+    return max(1, min(window, CHUNK_MESSAGES))
 
 
 class _FirstChunkUnimplemented(Exception):
@@ -118,8 +121,7 @@ async def _publish_chunks(
     return_acks: bool,
 ) -> list[Ack]:
     """Send (input, records, count) chunks with ``window`` messages in flight; the acks in input order."""
-    chunk_size = max(1, min(window, CHUNK_MESSAGES))
-    room = asyncio.Semaphore(max(1, window // chunk_size))
+    room = asyncio.Semaphore(max(1, window // _chunk_size(window)))
     want_acks = ack_policy != AckPolicy.NONE
     sending: list[asyncio.Task[list[Ack]]] = []
     first = True
