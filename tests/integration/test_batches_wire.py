@@ -295,6 +295,9 @@ async def test_subscribe_sends_batches_only_when_asked(stubs: tuple, name: str) 
     assert plain[0] == api_pb2.Message(), "Liftbridge's empty set-up message, as before"
     assert [m.offset for m in plain[1:]] == list(range(4, 21))
 
+    odd = [m async for m in api.Subscribe(req, metadata=((subscribe_batches.REQUEST_KEY, "yes"),))]
+    assert odd == plain, "only the value 1 asks for batches"
+
     batched = [m async for m in api.Subscribe(req, metadata=((subscribe_batches.REQUEST_KEY, "1"),))]
     assert subscribe_batches.BATCHES_HEADER in batched[0].headers
     offsets: list[int] = []
