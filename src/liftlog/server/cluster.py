@@ -764,7 +764,10 @@ class MetadataService:
                 log.info("joining the cluster: %s", answer.error)
             except (NoRespondersError, NatsTimeoutError, ProtocolError):
                 if attempts % 10 == 0:
-                    log.info("waiting for a metadata leader to join (start one server with --raft-bootstrap-seed)")
+                    log.info(
+                        "waiting for a metadata leader to join (start one server with --raft-bootstrap-seed; "
+                        "a cluster with a secret answers only servers with the same clustering.auth.key.file)"
+                    )
             attempts += 1
             await asyncio.sleep(1.0)
         log.info("server %s is a member of the metadata group", self.server_id)

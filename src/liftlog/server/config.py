@@ -283,6 +283,26 @@ SETTINGS: tuple[Setting, ...] = (
         10_000,
         "give leadership back to a preferred replica in sync this long (0: never)",
     ),
+    _s(
+        "clustering.auth.key.file",
+        _str,
+        "",
+        "file holding the cluster secret (16+ bytes, e.g. from `liftlog keygen`): server-to-server messages are "
+        "signed with it and unsigned ones dropped; without it anyone who can publish on NATS controls the cluster",
+    ),
+    _s(
+        "clustering.auth.key.generate",
+        _bool,
+        False,
+        "create clustering.auth.key.file with a new random secret if it does not exist (make run sets it)",
+    ),
+    _s(
+        "clustering.auth.max.age",
+        parse_duration_ms,
+        30_000,
+        "signed server-to-server messages older or further ahead than this are dropped as replays; it must exceed "
+        "the clock difference between servers",
+    ),
     _s("activity.stream.enabled", _bool, False, "publish cluster events to the activity stream"),
     _s("activity.stream.publish.timeout", parse_duration_ms, 5_000, "timeout of an activity publish"),
     _s("activity.stream.publish.ack.policy", _choice("leader", "all", "none"), "all", "ack policy of activity"),
@@ -376,6 +396,9 @@ class ClusteringConfig:
     unclean_leader_election: bool
     leader_rebalance_delay: int
     max_partitions_per_server: int
+    auth_key_file: str
+    auth_key_generate: bool
+    auth_max_age: int
 
 
 @dataclass(frozen=True)
@@ -504,6 +527,10 @@ def load_config(
         raise ConfigError(
             "clustering.raft.election.timeout", "must be at least twice clustering.raft.heartbeat.interval"
         )
+    if values["clustering.auth.key.generate"] and not values["clustering.auth.key.file"]:
+        raise ConfigError("clustering.auth.key.generate", "needs clustering.auth.key.file: where to write the secret")
+    if values["clustering.auth.max.age"] <= 0:
+        raise ConfigError("clustering.auth.max.age", "must be positive")
 
     return ServerConfig(
         host=values["host"],

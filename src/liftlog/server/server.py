@@ -40,12 +40,14 @@ from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
 from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_methods
+from liftlog.security.cluster_auth import ClusterAuth, KeyFileError, generate_key_file, load_key
 from liftlog.storage import FileIO, StorageError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from . import ratelimit
 from .acks import AckRouter
 from .api_service import ApiLimits, ApiService
+from .authenticated_nats import AuthenticatedNats, internal_subjects
 from .batches_service import BatchesService
 from .cluster import MetadataService
 from .cluster_service import ClusterService
@@ -53,6 +55,7 @@ from .config import ServerConfig
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
 from .metadata_raft import RaftSettings
+from .nats_types import NatsClient
 from .partition import Partition
 from .ratelimit import LogLimiter
 from .replicator import Replicator, ReplicatorSettings
@@ -85,6 +88,8 @@ class Server:
         self._lock_file: IO[str] | None = None
         self._embedded: EmbeddedNats | None = None
         self._nc: nats.aio.client.Client | None = None
+        #: What the server-to-server parts publish and subscribe through: signed when a secret is set.
+        self._internal_nats: NatsClient
         self._acks: AckRouter | None = None
         self.streams: StreamManager | None = None
         self.cluster: MetadataService | None = None
@@ -112,9 +117,11 @@ class Server:
         ratelimit.configure(self.config.values["logging.warnings.interval"] / 1000)
         try:
             self._open_data_dir()
+            auth = self._cluster_auth()
             await self._start_nats()
+            self._internal_nats = self._connected_nats if auth is None else self._authenticated(auth)
             self._acks = AckRouter(self.server_id)
-            await self._acks.start(self._connected_nats)
+            await self._acks.start(self._internal_nats)
             self.replicator = self._make_replicator()
             self.streams = StreamManager(
                 server_id=self.server_id,
@@ -134,7 +141,7 @@ class Server:
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(self._connected_nats)  # hosts nothing until the metadata service starts, below
-            await self.replicator.start(self._connected_nats)
+            await self.replicator.start(self._internal_nats)
             self._create_metadata()
             self._bind_grpc()  # the port the metadata advertises
             await self._start_metadata()
@@ -190,6 +197,28 @@ class Server:
         if not kept:
             path.write_text(server_id + "\n")
         return server_id
+
+    def _cluster_auth(self) -> ClusterAuth | None:
+        """The signer of server-to-server messages, from the configured secret; None (and a warning) without."""
+        c = self.config.clustering
+        if not c.auth_key_file:
+            log.warning(
+                "no cluster secret (clustering.auth.key.file): anyone who can publish on this NATS can act as a "
+                "server of this cluster, change its metadata and its data; see docs/security.md"
+            )
+            return None
+        path = Path(c.auth_key_file)
+        try:
+            if c.auth_key_generate and generate_key_file(path):
+                log.warning("wrote a new cluster secret to %s; servers that join this cluster need a copy of it", path)
+            key = load_key(path)
+        except (KeyFileError, OSError) as exc:
+            raise ServerStartError(f"clustering.auth.key.file: {exc}") from exc
+        boot = secrets.token_bytes(8)
+        return ClusterAuth(key, boot=boot, started=time.time_ns(), max_age=c.auth_max_age * 1_000_000)
+
+    def _authenticated(self, auth: ClusterAuth) -> AuthenticatedNats:
+        return AuthenticatedNats(self._connected_nats, auth, internal_subjects(self.config.clustering.namespace))
 
     async def _start_nats(self) -> None:
         cfg = self.config.nats
@@ -353,7 +382,7 @@ class Server:
         c = self.config.clustering
         self.cluster.advertise = ServerMeta(self.server_id, self.config.host, self.port, c.rack)
         try:
-            await self.cluster.start(self._connected_nats)
+            await self.cluster.start(self._internal_nats)
         except (RaftStorageError, StorageError, OSError, ValueError) as exc:
             raise ServerStartError(f"cannot open the metadata log in {self.config.data_dir / 'raft'}: {exc}") from exc
 

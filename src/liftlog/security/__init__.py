@@ -1,0 +1,1 @@
+"""Security: authenticated server-to-server messages (``cluster_auth``)."""

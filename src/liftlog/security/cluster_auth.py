@@ -1,0 +1,205 @@
+"""Authenticated server-to-server messages: a MAC keyed by the cluster secret, with replay protection.
+
+Anyone who can publish on the cluster's NATS can otherwise speak as a server:
+forge Raft messages, proposals, joins, replication fetches, acks. With a
+cluster secret configured, every internal message carries a trailer:
+
+    payload | sender boot id (8) | sequence (8, BE) | timestamp ns (8, BE) | tag (16) | b"LLA1"
+
+``tag`` is HMAC-SHA256 (truncated to 128 bits) over the three fields, the
+subject the message was published on and the payload, so a message is bound
+to its subject and cannot be moved to another. HMAC-SHA256 because servers
+have SHA extensions: it runs at about 1.5 GB/s here against 0.6 for keyed
+BLAKE2b, and replication answers are large.
+
+Replay protection: a message is accepted only if its timestamp lies within
+``max_age`` of the receiver's clock and not before the receiver started, and
+if its (boot id, sequence) was not seen before on that subscription (a
+sliding window of :data:`REPLAY_WINDOW` sequences per sender, as IPsec does).
+The boot id is random per process, so a restarted sender starts a new
+sequence. What remains: with clocks ``d`` apart, a message captured up to
+``d`` before a receiver restarted can be replayed to it once; keep clocks in
+sync (NTP) and ``max_age`` short.
+
+Sans-IO: callers pass the time and the boot id; nothing here touches NATS,
+clocks or files except :func:`load_key` and :func:`generate_key_file`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import struct
+from pathlib import Path
+
+__all__ = [
+    "MIN_KEY_BYTES",
+    "REPLAY_WINDOW",
+    "TRAILER_SIZE",
+    "AuthError",
+    "ClusterAuth",
+    "KeyFileError",
+    "ReplayGuard",
+    "generate_key_file",
+    "load_key",
+]
+
+MAGIC = b"LLA1"
+_FIELDS = struct.Struct(">8sQq")
+TAG_SIZE = 16
+TRAILER_SIZE = _FIELDS.size + TAG_SIZE + len(MAGIC)
+#: Sequences remembered per sender and subscription; older ones are refused as possibly replayed.
+REPLAY_WINDOW = 4096
+#: Key material shorter than this is refused: a guessable secret protects nothing.
+MIN_KEY_BYTES = 16
+_SUBJECT_LEN = struct.Struct(">H")
+
+
+class AuthError(Exception):
+    """A message that fails authentication. ``reason`` is one word, for counting: unsigned, forged,
+    stale, early, future, replayed."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        super().__init__(detail)
+
+
+class KeyFileError(ValueError):
+    """The cluster secret's file cannot be used; the message names the file and the problem."""
+
+
+class ReplayGuard:
+    """The sequences already accepted, per sender boot id: a sliding window of REPLAY_WINDOW bits."""
+
+    __slots__ = ("_senders", "_window")
+
+    def __init__(self, window: int = REPLAY_WINDOW) -> None:
+        self._window = window
+        # boot id -> [highest sequence, bit i set = highest - i accepted, newest timestamp seen]
+        self._senders: dict[bytes, list[int]] = {}
+
+    def accept(self, boot: bytes, seq: int, timestamp: int) -> bool:
+        """True, and remembered, if (boot, seq) is new; False for a repeat or one too old to tell."""
+        state = self._senders.get(boot)
+        if state is None:
+            self._senders[boot] = [seq, 1, timestamp]
+            return True
+        highest, bits, newest = state
+        if seq > highest:
+            shift = seq - highest
+            state[0] = seq
+            state[1] = ((bits << shift) | 1) & ((1 << self._window) - 1) if shift < self._window else 1
+            state[2] = max(newest, timestamp)
+            return True
+        back = highest - seq
+        if back >= self._window or bits >> back & 1:
+            return False
+        state[1] = bits | 1 << back
+        return True
+
+    def forget_before(self, timestamp: int) -> None:
+        """Drop senders whose newest message is older than ``timestamp``: their messages are refused as
+        stale anyway, so their windows are no longer needed."""
+        for boot in [b for b, state in self._senders.items() if state[2] < timestamp]:
+            del self._senders[boot]
+
+    def __len__(self) -> int:
+        return len(self._senders)
+
+
+class ClusterAuth:
+    """Seals and opens internal messages with the cluster secret.
+
+    ``boot``: 8 random bytes for this process (a restarted server is a new
+    sender); ``started``: when this process started, in ns (messages stamped
+    earlier are refused); ``max_age``: how far, in ns, a timestamp may be from
+    the receiver's clock either way.
+    """
+
+    def __init__(self, key: bytes, *, boot: bytes, started: int, max_age: int) -> None:
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(f"the cluster secret needs at least {MIN_KEY_BYTES} bytes, got {len(key)}")
+        if len(boot) != 8:
+            raise ValueError(f"a boot id has 8 bytes, got {len(boot)}")
+        if max_age <= 0:
+            raise ValueError(f"max_age must be positive, got {max_age}")
+        # Derived, so the same secret could key other uses without one tag standing for another.
+        mac_key = hmac.digest(key, b"liftlog cluster messages v1", "sha256")
+        self._mac = hmac.new(mac_key, digestmod=hashlib.sha256)
+        self._boot = boot
+        self._seq = 0
+        self.started = started
+        self.max_age = max_age
+
+    def _tag(self, fields: bytes | memoryview, subject: str, payload: bytes | memoryview) -> bytes:
+        mac = self._mac.copy()
+        name = subject.encode()
+        mac.update(fields)
+        mac.update(_SUBJECT_LEN.pack(len(name)))
+        mac.update(name)
+        mac.update(payload)
+        return mac.digest()[:TAG_SIZE]
+
+    def seal(self, subject: str, payload: bytes, now: int) -> bytes:
+        """``payload`` with its trailer, for publishing on ``subject`` at time ``now`` (ns)."""
+        self._seq += 1
+        fields = _FIELDS.pack(self._boot, self._seq, now)
+        return b"".join((payload, fields, self._tag(fields, subject, payload), MAGIC))
+
+    def open(self, subject: str, data: bytes, now: int, guard: ReplayGuard) -> bytes:
+        """The payload of ``data`` received on ``subject`` at ``now``; AuthError if it is not an authentic,
+        fresh message from a holder of the secret that ``guard`` has not seen."""
+        size = len(data)
+        if size < TRAILER_SIZE or data[size - len(MAGIC) :] != MAGIC:
+            raise AuthError(
+                "unsigned", "the message carries no cluster signature (a server without the secret, or a forgery)"
+            )
+        at = size - TRAILER_SIZE
+        view = memoryview(data)
+        fields = view[at : at + _FIELDS.size]
+        tag = view[at + _FIELDS.size : size - len(MAGIC)]
+        if not hmac.compare_digest(self._tag(fields, subject, view[:at]), tag):
+            raise AuthError("forged", "the message's signature does not match (another secret, or altered)")
+        boot, seq, stamp = _FIELDS.unpack(fields)
+        if stamp > now + self.max_age:
+            raise AuthError("future", f"the message is stamped {(stamp - now) / 1e9:.1f} s ahead of this clock")
+        if stamp < now - self.max_age:
+            raise AuthError("stale", f"the message is {(now - stamp) / 1e9:.1f} s old")
+        if stamp < self.started:
+            raise AuthError("early", "the message is stamped before this server started")
+        if not guard.accept(bytes(boot), seq, stamp):
+            raise AuthError("replayed", "the message was received before (or is too far behind to tell)")
+        return data[:at]
+
+
+def load_key(path: Path) -> bytes:
+    """The secret in ``path``: its bytes without surrounding whitespace; KeyFileError if unusable."""
+    try:
+        key = path.read_bytes().strip()
+    except FileNotFoundError:
+        raise KeyFileError(f"cluster secret file {path} does not exist") from None
+    except OSError as exc:
+        raise KeyFileError(f"cannot read cluster secret file {path}: {exc.strerror or exc}") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise KeyFileError(
+            f"cluster secret file {path} holds {len(key)} bytes; it needs at least {MIN_KEY_BYTES} "
+            "(e.g. `liftlog keygen FILE` writes 64 random hex digits)"
+        )
+    return key
+
+
+def generate_key_file(path: Path) -> bool:
+    """Write a new random secret (64 hex digits) to ``path``, readable by its owner only, unless the file
+    exists. True if it wrote one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    return True

@@ -1,0 +1,132 @@
+"""The signing NATS wrapper on a real nats-server: what it seals, what it passes through, what it drops."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from liftlog.security.cluster_auth import TRAILER_SIZE, ClusterAuth, ReplayGuard
+from liftlog.server.authenticated_nats import AuthenticatedNats, internal_subjects
+from liftlog.server.nats_types import NatsMessage
+
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+def signer(nc: nats.NATS, key: bytes = KEY) -> AuthenticatedNats:
+    auth = ClusterAuth(key, boot=os.urandom(8), started=time.time_ns() - 10**9, max_age=30 * 10**9)
+    return AuthenticatedNats(nc, auth, internal_subjects("ns"))
+
+
+@pytest.fixture
+async def second(nats_url: str) -> AsyncIterator[nats.NATS]:
+    conn = await nats.connect(nats_url)
+    yield conn
+    await conn.close()
+
+
+async def received(nc: nats.NATS, subject: str) -> asyncio.Queue[bytes]:
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def put(msg: nats.aio.msg.Msg) -> None:
+        await queue.put(msg.data)
+
+    await nc.subscribe(subject, cb=put)
+    await nc.flush()
+    return queue
+
+
+async def test_internal_subjects_are_sealed_and_others_pass_unchanged(nc: nats.NATS, second: nats.NATS) -> None:
+    wrapped = signer(nc)
+    internal = await received(second, "ns.raft.metadata.a")
+    inbox = await received(second, "_INBOX.liftlog.a.123")
+    stream = await received(second, "orders")
+    client_inbox = await received(second, "_INBOX.client.1")
+    await wrapped.publish("ns.raft.metadata.a", b"raft")
+    await wrapped.publish("_INBOX.liftlog.a.123", b"ack")
+    await wrapped.publish("orders", b"data")
+    await wrapped.publish("_INBOX.client.1", b"client ack")
+    sealed = await asyncio.wait_for(internal.get(), 5)
+    assert len(sealed) == 4 + TRAILER_SIZE
+    assert signer(nc).auth.open("ns.raft.metadata.a", sealed, time.time_ns(), ReplayGuard()) == b"raft"
+    assert len(await asyncio.wait_for(inbox.get(), 5)) == 3 + TRAILER_SIZE
+    assert await asyncio.wait_for(stream.get(), 5) == b"data"
+    assert await asyncio.wait_for(client_inbox.get(), 5) == b"client ack"
+
+
+async def test_requests_and_replies_are_sealed_both_ways(nc: nats.NATS, second: nats.NATS) -> None:
+    server, client = signer(nc), signer(second)
+    seen: list[bytes] = []
+
+    async def answer(msg: NatsMessage) -> None:
+        seen.append(msg.data)
+        await msg.respond(b"pong:" + msg.data)
+
+    await server.subscribe("ns.x.propose", cb=answer)
+    await nc.flush()
+    reply = await client.request("ns.x.propose", b"ping", timeout=5)
+    assert reply.data == b"pong:ping"
+    assert seen == [b"ping"]
+
+
+async def test_an_unsigned_reply_counts_as_no_reply(nc: nats.NATS, second: nats.NATS) -> None:
+    async def plain(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(b"forged answer")
+
+    await nc.subscribe("ns.x.propose", cb=plain)
+    await nc.flush()
+    client = signer(second)
+    with pytest.raises(NatsTimeoutError):
+        await client.request("ns.x.propose", b"ping", timeout=5)
+    assert client.dropped["unsigned"] == 1
+
+
+async def test_unsigned_and_foreign_messages_never_reach_the_handler(nc: nats.NATS, second: nats.NATS) -> None:
+    wrapped = signer(nc)
+    got: list[bytes] = []
+
+    async def handler(msg: NatsMessage) -> None:
+        got.append(msg.data)
+
+    await wrapped.subscribe("ns.heartbeat", cb=handler)
+    await nc.flush()
+    await second.publish("ns.heartbeat", b"plain")
+    await signer(second, key=b"another secret of 32 bytes......").publish("ns.heartbeat", b"other key")
+    await signer(second).publish("ns.heartbeat", b"good")
+    await second.flush()
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)
+    assert got == [b"good"]
+    assert wrapped.dropped == {"unsigned": 1, "forged": 1}
+
+
+async def test_the_payload_limit_leaves_room_for_the_trailer(nc: nats.NATS) -> None:
+    assert signer(nc).max_payload == nc.max_payload - TRAILER_SIZE
+
+
+async def test_a_reply_to_a_message_without_reply_subject_is_refused(nc: nats.NATS, second: nats.NATS) -> None:
+    wrapped = signer(nc)
+    errors: list[BaseException] = []
+
+    async def handler(msg: NatsMessage) -> None:
+        try:
+            await msg.respond(b"x")
+        except ValueError as exc:
+            errors.append(exc)
+
+    await wrapped.subscribe("ns.notify", cb=handler)
+    await nc.flush()
+    await signer(second).publish("ns.notify", b"n")
+    for _ in range(100):
+        if errors:
+            break
+        await asyncio.sleep(0.02)
+    assert "asked for no reply" in str(errors[0])
