@@ -28,8 +28,10 @@ unit: install
 test: lint typecheck unit
 
 # A standalone server: embedded nats-server on 127.0.0.1:4222, gRPC API on 127.0.0.1:9292, data in ./data.
+# Its server-to-server messages are signed with ./data/cluster.key, made on first run (docs/security.md).
 run: install
-	$(BIN)/liftlog server --embedded-nats --data-dir ./data $(RUN_ARGS)
+	$(BIN)/liftlog server --embedded-nats --data-dir ./data --set clustering.auth.key.file=./data/cluster.key \
+		--set clustering.auth.key.generate=true $(RUN_ARGS)
 
 # Starts its own server (temporary data, free ports), once per fsync policy in BENCH_FSYNC, and compares them.
 BENCH_FSYNC ?= never,interval,always

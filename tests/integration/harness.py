@@ -60,8 +60,9 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 class NatsProcess:
     """A plain nats-server, as a deployment liftlog connects to would run it."""
 
-    def __init__(self, log_path: Path, config: str = "") -> None:
-        """``config``: nats-server configuration text (e.g. ``max_payload: 8KB``), written beside the log."""
+    def __init__(self, log_path: Path, config: str = "", env: dict[str, str] | None = None) -> None:
+        """``config``: nats-server configuration text (e.g. ``max_payload: 8KB``), written beside the log;
+        ``env``: variables added to its environment (a config's ``$VAR`` reads them)."""
         self.port = free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self._log = open(log_path, "wb")  # noqa: SIM115
@@ -74,8 +75,13 @@ class NatsProcess:
             [str(find_nats_server_binary()), *args, "-a", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
-        wait_for_port(self.port)
+        try:
+            wait_for_port(self.port)
+        except TimeoutError:
+            self.proc.kill()
+            raise RuntimeError(f"nats-server did not start: {log_path.read_text(errors='replace')}") from None
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -93,6 +99,7 @@ class LiftlogProcess:
         nats_url: str | None = None,
         server_id: str | None = "s1",
         bootstrap: str | None = "seed",
+        env: dict[str, str] | None = None,
     ) -> None:
         """``bootstrap``: "seed" founds a cluster of one when on external NATS; None joins; else peer ids."""
         self.data_dir = data_dir
@@ -102,6 +109,8 @@ class LiftlogProcess:
         self.args = list(args)
         self.nats_url = nats_url
         self.bootstrap = bootstrap
+        #: Added to the environment after every inherited LIFTLOG_* variable is removed.
+        self.env = env or {}
         self.log_path = data_dir.parent / f"{data_dir.name}-{server_id or 'anon'}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         #: Answered once: its address is known to the cluster and to clients from now on.
@@ -136,7 +145,7 @@ class LiftlogProcess:
     def _start(self, timeout: float) -> LiftlogProcess:
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")} | self.env
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         deadline = time.monotonic() + timeout

@@ -158,6 +158,31 @@ def server(
     raise click.exceptions.Exit(run_server(config))
 
 
+@main.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+def keygen(path: str) -> None:
+    """Write a new cluster secret to PATH (readable by you only) for clustering.auth.key.file.
+
+    Give every server of the cluster a copy; servers sign their messages to each
+    other with it and drop what is not signed. An existing file is left alone.
+
+    \b
+      liftlog keygen /etc/liftlog/cluster.key
+      liftlog server --set clustering.auth.key.file=/etc/liftlog/cluster.key ...
+    """
+    from pathlib import Path
+
+    from liftlog.security.cluster_auth import generate_key_file
+
+    try:
+        written = generate_key_file(Path(path))
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
+    if not written:
+        fail(f"{path} exists; remove it first to replace the secret (every server needs the new one)")
+    click.echo(f"wrote a new cluster secret to {path}")
+
+
 main.add_command(stream)
 main.add_command(publish)
 main.add_command(subscribe)

@@ -196,6 +196,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("nats.user", _str, "", "NATS user"),
     _s("nats.password", _str, "", "NATS password"),
     _s("nats.token", _str, "", "NATS token"),
+    _s("nats.nkey.seed", _str, "", "file holding this server's NATS nkey seed (nkey authentication)"),
+    _s("nats.credentials", _str, "", "NATS credentials file (JWT and nkey seed, for NATS accounts)"),
     _s("nats.tls.cert", _str, "", "client certificate for NATS"),
     _s("nats.tls.key", _str, "", "client key for NATS"),
     _s("nats.tls.ca", _str, "", "CA for the NATS servers"),
@@ -324,6 +326,8 @@ class NatsConfig:
     user: str
     password: str
     token: str
+    nkey_seed: str
+    credentials: str
     tls_cert: str
     tls_key: str
     tls_ca: str

@@ -259,6 +259,10 @@ class Server:
             options["password"] = cfg.password
         if cfg.token:
             options["token"] = cfg.token
+        if cfg.nkey_seed:
+            options["nkeys_seed"] = cfg.nkey_seed
+        if cfg.credentials:
+            options["user_credentials"] = cfg.credentials
         if cfg.tls_ca or cfg.tls_cert:
             context = ssl.create_default_context(cafile=cfg.tls_ca or None)
             if cfg.tls_cert:

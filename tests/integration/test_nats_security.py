@@ -1,0 +1,188 @@
+"""The example nats-server configurations of docs/security.md, run: liftlog serves through each, and the
+users.conf permissions keep an application off the cluster's internal subjects."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+import nats
+import nkeys
+import pytest
+import trustme
+
+from liftlog.client import Client
+
+from .harness import LiftlogProcess, NatsProcess
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = Path(__file__).parents[2] / "docs" / "examples" / "nats"
+NAMESPACE = "liftbridge-default"  # the examples deny the default namespace
+
+
+def example(name: str) -> str:
+    return (EXAMPLES / name).read_text()
+
+
+async def stores_what_apps_publish(address: str, nats_url: str, name: str, **app: object) -> None:
+    """Create a stream, publish to its subject as an application on NATS and read the message back."""
+    async with Client(address) as client:
+        await client.create_stream(name, name)
+        await asyncio.sleep(0.3)  # the partition subscribes to its subject
+        app_conn = await nats.connect(nats_url, **app)  # type: ignore[arg-type]
+        await app_conn.publish(name, b"from an app")
+        await app_conn.flush()
+        await app_conn.close()
+        for _ in range(100):
+            values = [bytes(v) for cols in [c async for c in client.read_range(name)] for v in cols.values]
+            if values:
+                assert values == [b"from an app"]
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the application's message was not stored")
+
+
+def started(tmp_path: Path, nats_url: str, *settings: str, env: dict[str, str] | None = None) -> LiftlogProcess:
+    args = [arg for setting in settings for arg in ("--set", setting)]
+    return LiftlogProcess(tmp_path / "data", *args, nats_url=nats_url, env=env).start()
+
+
+def fails_to_start(tmp_path: Path, nats_url: str, *settings: str) -> str:
+    with pytest.raises(RuntimeError) as info:
+        started(tmp_path, nats_url, *settings)
+    return str(info.value)
+
+
+async def test_users_keep_applications_off_internal_subjects(tmp_path: Path) -> None:
+    passwords = {"LIFTLOG_NATS_PASSWORD": secrets.token_hex(8), "APP_NATS_PASSWORD": secrets.token_hex(8)}
+    nats_server = NatsProcess(tmp_path / "nats.log", example("users.conf"), env=passwords)
+    server = started(tmp_path, nats_server.url, "nats.user=liftlog", f"nats.password={passwords['LIFTLOG_NATS_PASSWORD']}")
+    try:
+        app = {"user": "app", "password": passwords["APP_NATS_PASSWORD"]}
+        await stores_what_apps_publish(server.address, nats_server.url, "orders", **app)
+
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        conn = await nats.connect(nats_server.url, error_cb=on_error, **app)  # type: ignore[arg-type]
+        await conn.subscribe(f"{NAMESPACE}.>")
+        await conn.publish(f"{NAMESPACE}.raft.metadata.join", b'{"id": null}')
+        await conn.publish("_INBOX.liftlog.x.y", b"forged ack")
+        await conn.flush()
+        for _ in range(50):
+            if len(errors) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        await conn.close()
+        text = " ".join(errors).lower()
+        assert "permissions violation for subscription" in text
+        assert text.count("permissions violation for publish") == 2
+    finally:
+        server.kill()
+        nats_server.stop()
+
+
+async def test_a_wrong_nats_password_fails_the_start_clearly(tmp_path: Path) -> None:
+    passwords = {"LIFTLOG_NATS_PASSWORD": "right-password", "APP_NATS_PASSWORD": "other"}
+    nats_server = NatsProcess(tmp_path / "nats.log", example("users.conf"), env=passwords)
+    try:
+        output = fails_to_start(tmp_path, nats_server.url, "nats.user=liftlog", "nats.password=wrong")
+        assert "cannot connect to NATS" in output and "authorization" in output.lower()
+    finally:
+        nats_server.stop()
+
+
+async def test_token(tmp_path: Path) -> None:
+    token = secrets.token_hex(16)
+    nats_server = NatsProcess(tmp_path / "nats.log", example("token.conf"), env={"NATS_TOKEN": token})
+    server = started(tmp_path, nats_server.url, env={"LIFTLOG_NATS_TOKEN": token})
+    try:
+        await stores_what_apps_publish(server.address, nats_server.url, "orders", token=token)
+    finally:
+        server.kill()
+        nats_server.stop()
+
+
+async def test_nkeys(tmp_path: Path) -> None:
+    seeds = {who: nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER) for who in ("liftlog", "app")}
+    public = {who: nkeys.from_seed(bytearray(seed)).public_key.decode() for who, seed in seeds.items()}
+    files = {}
+    for who, seed in seeds.items():
+        files[who] = tmp_path / f"{who}.nk"
+        files[who].write_bytes(seed)
+    env = {"LIFTLOG_NKEY": public["liftlog"], "APP_NKEY": public["app"]}
+    nats_server = NatsProcess(tmp_path / "nats.log", example("nkeys.conf"), env=env)
+    server = started(tmp_path, nats_server.url, f"nats.nkey.seed={files['liftlog']}")
+    try:
+        await stores_what_apps_publish(server.address, nats_server.url, "orders", nkeys_seed=str(files["app"]))
+    finally:
+        server.kill()
+        nats_server.stop()
+
+
+async def test_tls_to_nats_with_client_certificates(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    paths = {}
+    for who in ("nats", "liftlog", "app"):
+        cert = ca.issue_cert("127.0.0.1", "localhost") if who == "nats" else ca.issue_cert(f"{who}.example")
+        paths[who] = (tmp_path / f"{who}.pem", tmp_path / f"{who}.key")
+        cert.cert_chain_pems[0].write_to_path(str(paths[who][0]))
+        cert.private_key_pem.write_to_path(str(paths[who][1]))
+    env = {"NATS_TLS_CERT": str(paths["nats"][0]), "NATS_TLS_KEY": str(paths["nats"][1]), "NATS_TLS_CA": str(ca_file)}
+    nats_server = NatsProcess(tmp_path / "nats.log", example("tls.conf"), env=env)
+    try:
+        output = fails_to_start(tmp_path, nats_server.url, f"nats.tls.ca={ca_file}")
+        assert "cannot connect to NATS" in output
+        server = started(
+            tmp_path,
+            nats_server.url,
+            f"nats.tls.ca={ca_file}",
+            f"nats.tls.cert={paths['liftlog'][0]}",
+            f"nats.tls.key={paths['liftlog'][1]}",
+        )
+        try:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(ca_file))
+            context.load_cert_chain(str(paths["app"][0]), str(paths["app"][1]))
+            await stores_what_apps_publish(server.address, nats_server.url, "orders", tls=context)
+        finally:
+            server.kill()
+    finally:
+        nats_server.stop()
+
+
+async def test_embedded_nats_with_the_users_example(tmp_path: Path) -> None:
+    # One environment for both: nats-server reads $LIFTLOG_NATS_PASSWORD in users.conf, liftlog reads the same
+    # variable as nats.password.
+    env = {
+        "LIFTLOG_NATS_USER": "liftlog",
+        "LIFTLOG_NATS_PASSWORD": secrets.token_hex(8),
+        "APP_NATS_PASSWORD": secrets.token_hex(8),
+    }
+    from .harness import free_port
+
+    port = free_port()
+    server = LiftlogProcess(
+        tmp_path / "data",
+        "--embedded-nats",
+        "--embedded-nats-port",
+        str(port),
+        "--set",
+        f"nats.embedded.config={EXAMPLES / 'users.conf'}",
+        env=env,
+    ).start()
+    try:
+        app = {"user": "app", "password": env["APP_NATS_PASSWORD"]}
+        await stores_what_apps_publish(server.address, f"nats://127.0.0.1:{port}", "orders", **app)
+        with pytest.raises(Exception, match="(?i)authorization"):
+            await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=0, allow_reconnect=False)
+    finally:
+        server.kill()
