@@ -421,3 +421,18 @@ def test_percentiles() -> None:
     latencies = [i * 1000 for i in range(1, 1001)]  # 1..1000 µs
     assert percentiles(latencies) == {"p50": 500.0, "p99": 990.0, "p99.9": 999.0}
     assert percentiles([7000]) == {"p50": 7.0, "p99": 7.0, "p99.9": 7.0}
+
+
+# -- keygen --------------------------------------------------------------------
+
+
+def test_keygen_writes_a_private_secret_once(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "cluster.key"
+    result = invoke("keygen", str(path))
+    assert result.exit_code == 0, result.output
+    assert f"wrote a new cluster secret to {path}" in result.output
+    secret = path.read_text()
+    assert len(secret.strip()) == 64 and int(secret, 16) > 0
+    assert path.stat().st_mode & 0o777 == 0o600
+    line = assert_one_error_line(invoke("keygen", str(path)), 1)
+    assert "exists" in line and path.read_text() == secret

@@ -57,11 +57,13 @@ from liftlog.client.errors import (
     ReadonlyError,
     StreamDeletedError,
     StreamExistsError,
+    TlsError,
     UnavailableError,
     UnimplementedError,
     error_from_rpc,
 )
 from liftlog.client.subscription import Subscription
+from liftlog.client.tls import TlsConfig
 from liftlog.client.types import (
     Ack,
     AckError,
@@ -123,6 +125,8 @@ __all__ = [
     "StreamExistsError",
     "StreamInfo",
     "Subscription",
+    "TlsConfig",
+    "TlsError",
     "UnavailableError",
     "UnimplementedError",
     "error_from_rpc",

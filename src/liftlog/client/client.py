@@ -56,6 +56,7 @@ from liftlog.client.publish_batches import BatchesUnsupported, publish_batched, 
 from liftlog.client.routing import Routing
 from liftlog.client.stubs import Stub
 from liftlog.client.subscription import Subscription
+from liftlog.client.tls import TlsOption
 from liftlog.client.types import (
     Ack,
     AckPolicy,
@@ -114,7 +115,10 @@ class Client(Routing):
     and :class:`NotLeaderError`, waiting `backoff` seconds, doubling up to
     `max_backoff` (with a little jitter). Partition leaders are cached for
     `metadata_max_age` seconds. `nats_servers` are NATS URLs for
-    :meth:`nats_publish`.
+    :meth:`nats_publish`. `tls`: a :class:`TlsConfig` (CA, client
+    certificate for mTLS, server name), an ``ssl.SSLContext``, or True for
+    TLS with the system's CAs; a server whose certificate fails the checks
+    raises :class:`TlsError` at once, without retries.
 
     Use it as ``async with Client("127.0.0.1:9292") as client: ...``; calling
     :meth:`connect` is optional (it checks a server answers), :meth:`close` is
@@ -131,6 +135,7 @@ class Client(Routing):
         max_backoff: float = 2.0,
         metadata_max_age: float = 30.0,
         nats_servers: Sequence[str] = (),
+        tls: TlsOption = None,
     ) -> None:
         super().__init__(
             addresses,
@@ -139,6 +144,7 @@ class Client(Routing):
             backoff=backoff,
             max_backoff=max_backoff,
             metadata_max_age=metadata_max_age,
+            tls=tls,
         )
         self.nats_servers: tuple[str, ...] = tuple(nats_servers)
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()

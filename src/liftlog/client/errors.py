@@ -46,7 +46,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 
 from liftlog.api import api_pb2
 from liftlog.api.errors import ERROR_KEY, NOT_LEADER_MESSAGE, Reason
-from liftlog.rpc import RpcError
+from liftlog.rpc import RpcError, TlsFailure
 
 if TYPE_CHECKING:
     from liftlog.client.types import Ack
@@ -168,6 +168,11 @@ class AckTimeoutError(DeadlineExceededError):
 
 class UnavailableError(LiftlogError):
     """No server could be reached, or it cannot serve now (UNAVAILABLE); retried by the client."""
+
+
+class TlsError(LiftlogError):
+    """A TLS connection could not be set up: an untrusted, expired or misnamed certificate, a server that
+    wants a client certificate, or one side speaking plain text. Not retried: it needs a fix, not time."""
 
 
 class UnimplementedError(LiftlogError):
@@ -377,6 +382,8 @@ def error_from_rpc(exc: Any, *, timeout_error: type[DeadlineExceededError] = Dea
     """
     code, details, metadata = _status_of(exc)
     message = _one_line(details) or (code.name if code is not None else "RPC failed")
+    if isinstance(exc, TlsFailure):
+        return TlsError(message, code=code)
     reason = _reason_of(metadata)
     cls: type[LiftlogError]
     if reason is not None:

@@ -39,6 +39,7 @@ from liftlog.client.errors import (
     error_from_rpc,
 )
 from liftlog.client.stubs import Stub, open_stub
+from liftlog.client.tls import TlsOption, tls_context
 from liftlog.client.types import Metadata, StreamInfo
 from liftlog.rpc import RpcError
 
@@ -71,6 +72,7 @@ class Routing:
         backoff: float,
         max_backoff: float,
         metadata_max_age: float,
+        tls: TlsOption = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",")]
@@ -84,6 +86,7 @@ class Routing:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.metadata_max_age = metadata_max_age
+        self._ssl, self._server_name = tls_context(tls)
         self._stubs: dict[str, Stub] = {}
         self._brokers: dict[str, str] = {}  # broker id -> "host:port"
         self._streams: dict[str, _CachedStream] = {}
@@ -113,7 +116,7 @@ class Routing:
         stub = self._stubs.get(address)
         if stub is None:
             self.check_open()
-            stub = open_stub(address)
+            stub = open_stub(address, self._ssl, self._server_name)
             self._stubs[address] = stub
         return stub
 

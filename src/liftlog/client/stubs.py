@@ -16,6 +16,7 @@ on; tasks of that loop may share it.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any, Final
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
@@ -113,12 +114,17 @@ class Stub:
         )
 
 
-def open_stub(address: str) -> Stub:
+def open_stub(address: str, ssl_context: ssl.SSLContext | None = None, server_name: str | None = None) -> Stub:
     """A stub on a new channel to `address`; it connects on the first call and again after losing the server.
 
-    The client retries (and backs off) itself, so the channel connects whenever asked.
+    The client retries (and backs off) itself, so the channel connects whenever asked. With
+    `ssl_context` the channel speaks TLS, checking the server's certificate against `server_name`
+    (default: the host of `address`).
     """
-    return Stub(address, Channel(address, max_message_bytes=_MAX_MESSAGE_BYTES))
+    channel = Channel(
+        address, max_message_bytes=_MAX_MESSAGE_BYTES, ssl_context=ssl_context, server_hostname=server_name
+    )
+    return Stub(address, channel)
 
 
 def being_cancelled() -> bool:

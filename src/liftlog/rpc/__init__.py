@@ -8,7 +8,7 @@ holds the frame layout and the HPACK literals we send; ``status`` the codes.
 from .connection import ConnectionLimits
 from .server import Method, RpcServer, ServerContext, ServerOptions, service_methods
 from .server_connection import ServerConnection
-from .status import Metadata, RpcError, StatusCode
+from .status import Metadata, RpcError, StatusCode, TlsFailure
 
 __all__ = [
     "ConnectionLimits",
@@ -20,5 +20,6 @@ __all__ = [
     "ServerContext",
     "ServerOptions",
     "StatusCode",
+    "TlsFailure",
     "service_methods",
 ]

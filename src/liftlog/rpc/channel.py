@@ -41,7 +41,7 @@ from .client_connection import (
     client_limits,
 )
 from .shell import CoreProtocol
-from .status import Metadata, RpcError, StatusCode
+from .status import Metadata, RpcError, StatusCode, TlsFailure
 from .wire import ErrorCode
 
 __all__ = ["EOF", "Channel", "StreamCall"]
@@ -214,6 +214,7 @@ class _Connection(CoreProtocol):
         self._room: list[asyncio.Future[None]] = []  # calls waiting for the server's stream limit
         self.failure: RpcError | None = None  # why the connection broke, when it did
         self._last_read = self._loop.time()
+        self._heard = False  # anything from the server yet
         self._ping_sent: float | None = None
         self._keepalive: asyncio.TimerHandle | None = None
 
@@ -229,6 +230,7 @@ class _Connection(CoreProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = now = self._loop.time()
+        self._heard = True
         self._ping_sent = None  # anything from the server shows it is there
         events = self.core.receive(data, now)
         if events:
@@ -247,6 +249,8 @@ class _Connection(CoreProtocol):
         self.transport = None
         self.paused = False
         why = f"the connection to {self.channel.target} was lost" + (f": {exc}" if exc else "")
+        if not self._heard:
+            why += _SILENT_CLOSE_HINT[self.channel.ssl is not None]
         if self.failure is None:
             self.failure = RpcError(StatusCode.UNAVAILABLE, why)
         for call in list(self.calls.values()):
@@ -548,7 +552,9 @@ class Channel:
             raise RpcError(
                 StatusCode.UNAVAILABLE, f"cannot connect to {self.target}: no answer in {self.connect_timeout:g} s"
             ) from None
-        except (OSError, ssl.SSLError) as exc:
+        except ssl.SSLError as exc:
+            raise _tls_failure(self.target, exc, self.server_hostname or self.host) from None
+        except OSError as exc:
             raise RpcError(StatusCode.UNAVAILABLE, f"cannot connect to {self.target}: {exc}") from None
         if self._closed:
             protocol.close()
@@ -571,6 +577,53 @@ class Channel:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+#: Why a server may close a new connection without a word: it is our TLS set-up it did not like.
+_SILENT_CLOSE_HINT: Final = {
+    False: " before the server said anything (if it serves TLS, connect with TLS: a CA, --tls-ca)",
+    True: (
+        " before the server said anything (if it requires client certificates, give one: a certificate "
+        "and key signed by the CA it trusts, --tls-cert and --tls-key)"
+    ),
+}
+
+
+def _tls_failure(target: str, exc: ssl.SSLError, name: str) -> TlsFailure:
+    """What failed in a TLS handshake, in words that say what to change."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        detail = exc.verify_message or exc.reason or str(exc)
+        if exc.verify_code in (_X509_HOSTNAME_MISMATCH, _X509_IP_MISMATCH):
+            return TlsFailure(
+                f"TLS: the certificate of {target} is not valid for the name {name!r}; connect by a name it was "
+                "issued for, or give that name as the server name (--tls-server-name)"
+            )
+        if exc.verify_code in (_X509_EXPIRED, _X509_NOT_YET_VALID):
+            return TlsFailure(f"TLS: the certificate of {target} is not valid now: {detail}")
+        return TlsFailure(
+            f"TLS: the certificate of {target} is not trusted ({detail}); give the CA that signed it (--tls-ca)"
+        )
+    reason = exc.reason or str(exc)
+    if reason in _NOT_TLS_REASONS:
+        return TlsFailure(
+            f"TLS: {target} does not speak TLS ({reason}); connect without TLS, or give the server a "
+            "certificate (tls.cert and tls.key)"
+        )
+    if "CERTIFICATE_REQUIRED" in reason or "HANDSHAKE_FAILURE" in reason:
+        return TlsFailure(
+            f"TLS: {target} refused the connection ({reason}); it requires a client certificate signed by a "
+            "CA it trusts (--tls-cert and --tls-key)"
+        )
+    return TlsFailure(f"TLS: cannot set up TLS with {target}: {exc}")
+
+
+# OpenSSL's X509_V_ERR_* codes for the checks users get wrong.
+_X509_NOT_YET_VALID: Final = 9
+_X509_EXPIRED: Final = 10
+_X509_HOSTNAME_MISMATCH: Final = 62
+_X509_IP_MISMATCH: Final = 64
+#: OpenSSL's reasons when the bytes that came back are not TLS at all.
+_NOT_TLS_REASONS: Final = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"})
 
 
 def _remaining(stream: StreamCall, timeout: float) -> float:

@@ -44,3 +44,11 @@ class RpcError(Exception):
         self.code = code
         self.message = message
         self.trailing_metadata = tuple(trailing_metadata)
+
+
+class TlsFailure(RpcError):
+    """A connection whose TLS could not be set up (UNAVAILABLE): the message says which check failed and
+    what to change. Retrying does not help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(StatusCode.UNAVAILABLE, message)
