@@ -59,7 +59,9 @@ def fails_to_start(tmp_path: Path, nats_url: str, *settings: str) -> str:
 async def test_users_keep_applications_off_internal_subjects(tmp_path: Path) -> None:
     passwords = {"LIFTLOG_NATS_PASSWORD": secrets.token_hex(8), "APP_NATS_PASSWORD": secrets.token_hex(8)}
     nats_server = NatsProcess(tmp_path / "nats.log", example("users.conf"), env=passwords)
-    server = started(tmp_path, nats_server.url, "nats.user=liftlog", f"nats.password={passwords['LIFTLOG_NATS_PASSWORD']}")
+    server = started(
+        tmp_path, nats_server.url, "nats.user=liftlog", f"nats.password={passwords['LIFTLOG_NATS_PASSWORD']}"
+    )
     try:
         app = {"user": "app", "password": passwords["APP_NATS_PASSWORD"]}
         await stores_what_apps_publish(server.address, nats_server.url, "orders", **app)
@@ -182,7 +184,7 @@ async def test_embedded_nats_with_the_users_example(tmp_path: Path) -> None:
     try:
         app = {"user": "app", "password": env["APP_NATS_PASSWORD"]}
         await stores_what_apps_publish(server.address, f"nats://127.0.0.1:{port}", "orders", **app)
-        with pytest.raises(Exception, match="(?i)authorization"):
+        with pytest.raises(Exception, match=r"(?i)authorization"):
             await nats.connect(f"nats://127.0.0.1:{port}", max_reconnect_attempts=0, allow_reconnect=False)
     finally:
         server.kill()

@@ -134,7 +134,7 @@ def test_cluster_secret_settings(tmp_path: Path) -> None:
     cfg = load_config(None, {"clustering.auth.key.file": "k", "clustering.auth.max.age": "5s"}, env={})
     assert (cfg.clustering.auth_key_file, cfg.clustering.auth_max_age) == ("k", 5000)
     assert load_config(env={"LIFTLOG_CLUSTERING_AUTH_KEY_FILE": "/etc/k"}).clustering.auth_key_file == "/etc/k"
-    with pytest.raises(ConfigError, match="clustering.auth.key.generate.*needs clustering.auth.key.file"):
+    with pytest.raises(ConfigError, match=r"clustering.auth.key.generate.*needs clustering.auth.key.file"):
         load_config(None, {"clustering.auth.key.generate": True}, env={})
-    with pytest.raises(ConfigError, match="clustering.auth.max.age.*positive"):
+    with pytest.raises(ConfigError, match=r"clustering.auth.max.age.*positive"):
         load_config(None, {"clustering.auth.key.file": "k", "clustering.auth.max.age": 0}, env={})
