@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,21 @@ def test_importing_the_options_does_not_import_pyspark() -> None:
 
     code = "import sys, liftlog.spark.options; print('pyspark' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_tls_options(tmp_path: Path) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca_file = str(tmp_path / "ca.pem")
+    read = parse_read_options(
+        {"servers": "h:1", "stream": "s", "TLS.CA": ca_file, "tls.serverName": "db.example"}, streaming=False
+    )
+    assert read.tls is not None and (read.tls.ca, read.tls.server_name) == (ca_file, "db.example")
+    assert parse_read_options({"servers": "h:1", "stream": "s"}, streaming=False).tls is None
+    assert parse_write_options({"servers": "h:1", "tls.ca": ca_file}).tls == read.tls.__class__(ca=ca_file)
+    with pytest.raises(OptionError, match=r"tls\.\*: cannot load the TLS CA file .*missing"):
+        parse_read_options({"servers": "h:1", "stream": "s", "tls.ca": str(tmp_path / "missing")}, streaming=True)
+    with pytest.raises(OptionError, match="needs its certificate"):
+        parse_write_options({"servers": "h:1", "tls.key": ca_file})

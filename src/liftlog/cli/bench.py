@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -30,10 +30,13 @@ from rich.table import Table
 from rich.text import Text
 
 from liftlog.cli.bench_scenarios import DEFAULT_COUNTS, REFERENCE, RUNNERS, SCENARIOS, Settings
-from liftlog.cli.common import CommandError, addr_option, addresses
+from liftlog.cli.common import CommandError, addr_option, addresses, client_tls
 from liftlog.cli.common import run as run_loop
 from liftlog.cli.messages import ack_policy_option
 from liftlog.cli.output import err_console, format_latency_us, format_rate, print_note
+
+if TYPE_CHECKING:
+    from liftlog.client import TlsConfig
 
 __all__ = ["bench"]
 
@@ -61,13 +64,19 @@ def error_result(exc: BaseException, limit: float | None = None) -> dict[str, st
     return {"error": str(exc) or type(exc).__name__}
 
 
-async def run_all(addrs: list[str], s: Settings, scenarios: list[str], status: Callable[[str], None]) -> dict[str, Any]:
+async def run_all(
+    addrs: list[str],
+    s: Settings,
+    scenarios: list[str],
+    status: Callable[[str], None],
+    tls: TlsConfig | None = None,
+) -> dict[str, Any]:
     from liftlog.client import Client
 
     errors = scenario_errors()
     run_id = uuid.uuid4().hex[:8]
     results: dict[str, Any] = {}
-    async with Client(addrs) as client:
+    async with Client(addrs, tls=tls) as client:
         for scenario in scenarios:
             count = s.counts[scenario]
             name, subject = f"bench-{run_id}-{scenario}", f"bench.{run_id}.{scenario}"
@@ -497,7 +506,9 @@ def bench(
     async def go() -> tuple[str, dict[str, dict[str, Any]]]:
         with status or contextlib.nullcontext():
             if not start_server:
-                return ", ".join(addresses()), {"": await run_all(list(addresses()), settings, chosen, show)}
+                return ", ".join(addresses()), {
+                    "": await run_all(list(addresses()), settings, chosen, show, client_tls())
+                }
             by_policy: dict[str, dict[str, Any]] = {}
             for policy in policies:
                 show(f"starting a server (fsync {policy})")

@@ -16,20 +16,23 @@ from liftlog.cli.params import split_addresses
 from liftlog.server.config import ConfigError
 
 if TYPE_CHECKING:
-    from liftlog.client import Client
+    from liftlog.client import Client, TlsConfig
 
 __all__ = [
     "ADDR_ENV",
+    "CLIENT_ENV",
     "DEFAULT_ADDR",
     "CommandError",
     "ReportingGroup",
     "addr_option",
     "addresses",
+    "client_tls",
     "connect",
     "fail",
     "reporting_errors",
     "root_addr_option",
     "run",
+    "tls_options",
 ]
 
 T = TypeVar("T")
@@ -49,19 +52,67 @@ def _store_addresses(ctx: click.Context, _param: click.Parameter, value: tuple[s
         ctx.meta[_META_KEY] = split_addresses(value)
 
 
+def _store_tls(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta[f"{_TLS_META_PREFIX}{param.name}"] = value
+
+
+def _tls_options(root: bool) -> Callable[[F], F]:
+    def decorate(f: F) -> F:
+        for name, var, metavar, help in reversed(_TLS_OPTIONS):
+            f = click.option(
+                f"--{name.replace('_', '-')}",
+                name,
+                envvar=var if root else None,
+                expose_value=False,
+                callback=_store_tls,
+                metavar=metavar,
+                help=f"{help} (env {var}).",
+            )(f)
+        return f
+
+    return decorate
+
+
+#: The client's TLS options (--tls-ca, --tls-cert, --tls-key, --tls-server-name) for a command; read them
+#: with client_tls().
+tls_options = _tls_options(root=False)
+
+
 def _addr_option(root: bool) -> Callable[[F], F]:
-    # Only the root group reads LIFTLOG_ADDR: were a subcommand to read it too, the
-    # variable would override an explicit `liftlog -a X <command>`.
-    return click.option(
-        "--addr",
-        "-a",
-        multiple=True,
-        envvar=ADDR_ENV if root else None,
-        expose_value=False,
-        callback=_store_addresses,
-        metavar="HOST:PORT",
-        help=f"Server address; repeat or comma-separate for several (env {ADDR_ENV}, default {DEFAULT_ADDR}).",
-    )
+    # Only the root group reads LIFTLOG_ADDR (and the TLS variables): were a subcommand to read them
+    # too, the variable would override an explicit `liftlog -a X <command>`.
+    def decorate(f: F) -> F:
+        f = _tls_options(root)(f)
+        return click.option(
+            "--addr",
+            "-a",
+            multiple=True,
+            envvar=ADDR_ENV if root else None,
+            expose_value=False,
+            callback=_store_addresses,
+            metavar="HOST:PORT",
+            help=f"Server address; repeat or comma-separate for several (env {ADDR_ENV}, default {DEFAULT_ADDR}).",
+        )(f)
+
+    return decorate
+
+
+_TLS_META_PREFIX = "liftlog.tls."
+#: The client's TLS options. Their variables are LIFTLOG_CLIENT_*: LIFTLOG_TLS_* are the server's tls.* keys.
+_TLS_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("tls_ca", "LIFTLOG_CLIENT_TLS_CA", "FILE", "Connect with TLS, trusting the CA in FILE"),
+    ("tls_cert", "LIFTLOG_CLIENT_TLS_CERT", "FILE", "Connect with TLS, showing this client certificate (mTLS)"),
+    ("tls_key", "LIFTLOG_CLIENT_TLS_KEY", "FILE", "The key of --tls-cert"),
+    (
+        "tls_server_name",
+        "LIFTLOG_CLIENT_TLS_SERVER_NAME",
+        "NAME",
+        "Check the servers' certificates against NAME, not the host connected to",
+    ),
+)
+#: Variables of the CLI, not of `liftlog server`: it leaves them out of the environment it hands to load_config.
+CLIENT_ENV: tuple[str, ...] = (ADDR_ENV, *(var for _, var, _, _ in _TLS_OPTIONS))
 
 
 #: ``--addr/-a`` for commands that talk to a server; also accepted on the root group.
@@ -79,11 +130,24 @@ def addresses() -> tuple[str, ...]:
     return found or (DEFAULT_ADDR,)
 
 
+def client_tls() -> TlsConfig | None:
+    """The TLS settings given with --tls-* or LIFTLOG_CLIENT_TLS_*; None for plain connections."""
+    meta = click.get_current_context().meta
+    given = {name: meta.get(f"{_TLS_META_PREFIX}{name}") for name, _, _, _ in _TLS_OPTIONS}
+    if not any(given.values()):
+        return None
+    from liftlog.client import TlsConfig
+
+    return TlsConfig(
+        ca=given["tls_ca"], cert=given["tls_cert"], key=given["tls_key"], server_name=given["tls_server_name"]
+    )
+
+
 def connect(**kwargs: Any) -> Client:
-    """A client for the addresses in effect (use it with ``async with``)."""
+    """A client for the addresses and TLS settings in effect (use it with ``async with``)."""
     from liftlog.client import Client
 
-    return Client(list(addresses()), **kwargs)
+    return Client(list(addresses()), tls=client_tls(), **kwargs)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

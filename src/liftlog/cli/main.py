@@ -11,7 +11,7 @@ import click
 from liftlog import __version__
 from liftlog.cli.bench import bench
 from liftlog.cli.cluster import cluster
-from liftlog.cli.common import ADDR_ENV, ReportingGroup, fail, root_addr_option
+from liftlog.cli.common import CLIENT_ENV, ReportingGroup, fail, root_addr_option
 from liftlog.cli.messages import publish, subscribe
 from liftlog.cli.pipeline import pipeline  # imports neither pyspark nor gRPC until a command runs
 from liftlog.cli.streams import stream
@@ -89,6 +89,10 @@ def _server_overrides(settings: tuple[str, ...], flags: Mapping[str, Any]) -> di
 )
 @click.option("--rack", help="This server's rack; replicas of a partition go to different racks (clustering.rack).")
 @click.option(
+    "--tls-cert", metavar="FILE", help="Server certificate for the gRPC API; with --tls-key enables TLS (tls.cert)."
+)
+@click.option("--tls-key", metavar="FILE", help="Private key of the server certificate (tls.key).")
+@click.option(
     "--log-level",
     type=click.Choice(_LOG_LEVELS, case_sensitive=False),
     help="Log level (logging.level; default info).",
@@ -113,6 +117,8 @@ def server(
     raft_bootstrap_seed: bool | None,
     raft_bootstrap_peers: str | None,
     rack: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
     log_level: str | None,
     settings: tuple[str, ...],
 ) -> None:
@@ -147,10 +153,12 @@ def server(
             "clustering.raft.bootstrap.seed": raft_bootstrap_seed,
             "clustering.raft.bootstrap.peers": raft_bootstrap_peers,
             "clustering.rack": rack,
+            "tls.cert": tls_cert,
+            "tls.key": tls_key,
             "logging.level": log_level.lower() if log_level else None,
         },
     )
-    env = {name: value for name, value in os.environ.items() if name != ADDR_ENV}
+    env = {name: value for name, value in os.environ.items() if name not in CLIENT_ENV}
     config = load_config(config_path, overrides, env)
     # Imported here: the server pulls in gRPC and the whole broker, which other commands do not need.
     from liftlog.server.runner import run_server

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from liftlog.cli.common import DEFAULT_ADDR, CommandError, ReportingGroup, fail
+from liftlog.cli.common import DEFAULT_ADDR, CommandError, ReportingGroup, client_tls, fail, tls_options
 from liftlog.cli.output import err_console, out_console
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ SPARK_MISSING = "the pipeline needs Spark: pip install 'liftlog[spark]' (and Jav
 
 
 def _servers_option(f: F) -> F:
+    f = tls_options(f)  # --tls-ca, --tls-cert, --tls-key, --tls-server-name: read with client_tls()
     return click.option(
         "--servers",
         default=DEFAULT_ADDR,
@@ -253,6 +254,7 @@ def run(
 
     cfg = PipelineConfig(
         servers=servers,
+        tls=client_tls(),
         nats=nats,
         input_stream=input_stream,
         output_stream=output_stream,
@@ -318,7 +320,7 @@ def generate(
     from liftlog.pipeline.generator import EventSpec, GeneratorError, PublishStats, make_events, publish_events
 
     async def work() -> PublishStats:
-        async with Client(servers.split(",")) as client:
+        async with Client(servers.split(","), tls=client_tls()) as client:
             await client.create_stream(f"{subject_prefix}.*", input_stream, partitions=partitions, exist_ok=True)
             info = (await client.fetch_metadata(input_stream)).streams[input_stream]
         spec = EventSpec(count=events, seed=seed, interval_ms=interval_ms or _clock_interval(rate), keys=users)
@@ -357,7 +359,7 @@ def results(servers: str, output_stream: str, parquet_dir: str, run_id: str | No
     from liftlog.pipeline.results import read_latest, read_parquet, totals
 
     async def latest() -> dict[str, dict[str, Any]]:
-        async with Client(servers.split(",")) as client:
+        async with Client(servers.split(","), tls=client_tls()) as client:
             return await read_latest(client, output_stream)
 
     stream_rows = list(asyncio.run(latest()).values())

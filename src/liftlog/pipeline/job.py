@@ -50,6 +50,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 import liftlog.spark
+from liftlog.client.tls import TlsConfig
 from liftlog.pipeline.generator import FLUSH_KEY, WATERMARK_MS, WINDOW_MS
 
 __all__ = [
@@ -79,6 +80,8 @@ class JobConfig:
     output_stream: str
     parquet_dir: str
     checkpoint_dir: str
+    #: TLS to the servers; every executor needs the files at the same paths.
+    tls: TlsConfig | None = None
     #: Names this run's Parquet output (``run=<id>``): one per checkpoint directory.
     run_id: str = "job"
     #: ``startingOffsets`` of the first start (afterwards the checkpoint decides).
@@ -129,6 +132,7 @@ def windowed_counts(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     raw = (
         spark.readStream.format("liftlog")
         .option("servers", cfg.servers)
+        .options(**tls_options(cfg.tls))
         .option("stream", cfg.input_stream)
         .option("startingOffsets", cfg.starting_offsets)
         .load()
@@ -161,12 +165,20 @@ def as_messages(counts: DataFrame) -> DataFrame:
     )
 
 
-def ensure_output_stream(servers: str, name: str, partitions: int = 1) -> None:
+def tls_options(tls: TlsConfig | None) -> dict[str, str]:
+    """The liftlog Spark format's options for ``tls``."""
+    if tls is None:
+        return {}
+    given = {"tls.ca": tls.ca, "tls.cert": tls.cert, "tls.key": tls.key, "tls.serverName": tls.server_name}
+    return {name: value for name, value in given.items() if value}
+
+
+def ensure_output_stream(servers: str, name: str, partitions: int = 1, tls: TlsConfig | None = None) -> None:
     """Create the compacted output stream (subject ``pipeline.<name>``) unless it exists."""
     from liftlog.client import Client
 
     async def create() -> None:
-        async with Client(servers.split(",")) as client:
+        async with Client(servers.split(","), tls=tls) as client:
             await client.create_stream(
                 f"pipeline.{name}", name, partitions=partitions, compact_enabled=True, exist_ok=True
             )
@@ -183,6 +195,7 @@ def _to_liftlog(cfg: JobConfig, tally: Tally) -> Callable[[DataFrame, int], None
                 (
                     updated.write.format("liftlog")
                     .option("servers", cfg.servers)
+                    .options(**tls_options(cfg.tls))
                     .option("stream", cfg.output_stream)
                     .mode("append")
                     .save()
@@ -243,6 +256,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         prog="job.py", description="The liftlog reference pipeline's streaming job (spark-submit job.py ...)."
     )
     p.add_argument("--servers", default="127.0.0.1:9292", help="liftlog servers, comma-separated host:port")
+    p.add_argument("--tls-ca", help="connect to the servers with TLS, trusting this CA file")
+    p.add_argument("--tls-cert", help="client certificate for servers that require one (mTLS)")
+    p.add_argument("--tls-key", help="the key of --tls-cert")
+    p.add_argument("--tls-server-name", help="check the servers' certificates against this name")
     p.add_argument("--input-stream", default="pipeline-events")
     p.add_argument("--output-stream", default="pipeline-counts")
     p.add_argument("--output-partitions", type=int, default=4, help="partitions of the output stream if created")
@@ -258,8 +275,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the job until it is stopped (or, with --once, until what the input holds now is processed)."""
     args = _args(argv)
+    tls = None
+    if args.tls_ca or args.tls_cert or args.tls_server_name:
+        tls = TlsConfig(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, server_name=args.tls_server_name)
     cfg = JobConfig(
         servers=args.servers,
+        tls=tls,
         input_stream=args.input_stream,
         output_stream=args.output_stream,
         parquet_dir=args.parquet_dir,
@@ -268,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         starting_offsets=args.starting_offsets,
         trigger=args.trigger,
     )
-    ensure_output_stream(cfg.servers, cfg.output_stream, args.output_partitions)
+    ensure_output_stream(cfg.servers, cfg.output_stream, args.output_partitions, cfg.tls)
     spark = SparkSession.builder.appName("liftlog-pipeline").getOrCreate()
     queries = start_queries(spark, cfg)
     print(

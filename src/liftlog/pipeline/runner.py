@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from pyspark.sql import SparkSession
 
-from liftlog.client import Client
+from liftlog.client import Client, TlsConfig
 from liftlog.pipeline.generator import (
     FLUSH_KEY,
     EventSpec,
@@ -56,6 +56,8 @@ class PipelineError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
     servers: str = "127.0.0.1:9292"
+    #: TLS to the liftlog servers (the driver's client and the Spark source and sink); None: plain text.
+    tls: TlsConfig | None = None
     nats: str = "nats://127.0.0.1:4222"
     input_stream: str = "pipeline-events"
     output_stream: str = "pipeline-counts"
@@ -132,11 +134,11 @@ class Summary:
 class _LoopThread:
     """An asyncio loop in a daemon thread, with one liftlog client, for the driver's own liftlog calls."""
 
-    def __init__(self, servers: str) -> None:
+    def __init__(self, servers: str, tls: TlsConfig | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="liftlog-pipeline-io", daemon=True)
         self._thread.start()
-        self.client = Client(servers.split(","), timeout=10.0)
+        self.client = Client(servers.split(","), timeout=10.0, tls=tls)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -263,7 +265,7 @@ class Pipeline:
         """Run the pipeline to the end; ``on_tick`` is called every ``tick`` seconds meanwhile."""
         cfg = self.cfg
         tick_fn = on_tick or (lambda: None)
-        io = _LoopThread(cfg.servers)
+        io = _LoopThread(cfg.servers, cfg.tls)
         stop_watch: asyncio.Event | None = None
         watcher: concurrent.futures.Future[None] | None = None
         try:
@@ -277,6 +279,7 @@ class Pipeline:
                 self.spark,
                 JobConfig(
                     servers=cfg.servers,
+                    tls=cfg.tls,
                     input_stream=cfg.input_stream,
                     output_stream=cfg.output_stream,
                     parquet_dir=cfg.parquet_dir,

@@ -144,6 +144,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("tls.cert", _str, "", "server certificate; with tls.key enables TLS"),
     _s("tls.client.auth.enabled", _bool, False, "require client certificates"),
     _s("tls.client.auth.ca", _str, "", "CA for client certificates"),
+    _s(
+        "tls.reload.interval",
+        parse_duration_ms,
+        10_000,
+        "check the TLS files this often; changed ones serve new connections without a restart (0: never)",
+    ),
     _s("logging.level", _choice("debug", "info", "warn", "error"), "info", "log level"),
     _s("logging.recovery", _bool, False, "log what recovery does at start"),
     _s("logging.raft", _bool, False, "log Raft internals"),

@@ -60,6 +60,7 @@ from .partition import Partition
 from .ratelimit import LogLimiter
 from .replicator import Replicator, ReplicatorSettings
 from .streams import StreamManager
+from .tls_files import ReloadingTls, TlsFiles
 
 __all__ = ["Server"]
 
@@ -95,7 +96,7 @@ class Server:
         self.cluster: MetadataService | None = None
         self.replicator: Replicator | None = None
         self._grpc: RpcServer | None = None
-        self._grpc_tls: ssl.SSLContext | None = None
+        self._grpc_tls: ReloadingTls | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         #: Set when a part the server cannot run without broke (the metadata Raft loop); see ``failure``.
@@ -149,7 +150,7 @@ class Server:
             await self._catch_up_locally()
             await self._catch_up_with_cluster()
             assert self._grpc is not None
-            await self._grpc.start(self._grpc_tls)
+            await self._grpc.start(self._grpc_tls.base if self._grpc_tls is not None else None)
             self._start_housekeeping()
         except BaseException:
             await self.stop()
@@ -502,22 +503,18 @@ class Server:
             )
         )
 
-    def _tls_context(self) -> ssl.SSLContext | None:
+    def _tls_context(self) -> ReloadingTls | None:
         """The API's TLS settings (``tls.*``): server certificate, and client certificates if asked for."""
         values = self.config.values
         if not (values["tls.cert"] and values["tls.key"]):
             return None
+        files = TlsFiles(
+            values["tls.cert"], values["tls.key"], values["tls.client.auth.ca"], values["tls.client.auth.enabled"]
+        )
         try:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(values["tls.cert"], values["tls.key"])
-            if values["tls.client.auth.ca"]:
-                context.load_verify_locations(values["tls.client.auth.ca"])
-            if values["tls.client.auth.enabled"]:
-                context.verify_mode = ssl.CERT_REQUIRED
+            return ReloadingTls(files)
         except (OSError, ssl.SSLError) as exc:
             raise ServerStartError(f"cannot load the API's TLS certificate or key: {exc}") from exc
-        return context
 
     def _start_housekeeping(self) -> None:
         assert self.streams is not None
@@ -539,6 +536,15 @@ class Server:
         async def checkpoint() -> None:
             streams.checkpoint_high_watermarks()
             streams.repair_fenced()
+
+        tls = self._grpc_tls
+        reload_every = self.config.values["tls.reload.interval"] / 1000
+        if tls is not None and reload_every > 0:
+
+            async def reload_tls() -> None:
+                tls.reload_if_changed()
+
+            self._tasks.append(loop.create_task(self._every(reload_every, reload_tls), name="tls-reload"))
 
         # A restart after a crash resumes from this, not from -1 (seed 000: followers checkpoint the HW).
         self._tasks.append(loop.create_task(self._every(5.0, checkpoint), name="hw-checkpoint"))

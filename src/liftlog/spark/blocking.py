@@ -15,7 +15,15 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from liftlog.client import Client, LiftlogError, NoSuchPartitionError, NoSuchStreamError, UnavailableError
+from liftlog.client import (
+    Client,
+    LiftlogError,
+    NoSuchPartitionError,
+    NoSuchStreamError,
+    TlsConfig,
+    TlsError,
+    UnavailableError,
+)
 
 __all__ = ["BlockingClient", "LiftlogSparkError"]
 
@@ -54,12 +62,12 @@ class LiftlogSparkError(RuntimeError):
 class BlockingClient:
     """A :class:`Client` on the process's event loop; :meth:`run` awaits a coroutine function of it."""
 
-    def __init__(self, servers: Sequence[str], *, timeout: float = 10.0) -> None:
+    def __init__(self, servers: Sequence[str], *, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
         self.servers = tuple(servers)
         self._loop = _process_loop()
         # Quick to say that no server answers at all; then patient (about 15 s of retries) while a
         # partition's leader moves to another server.
-        self._client = Client(list(self.servers), timeout=timeout, retries=CONNECT_RETRIES, max_backoff=2.0)
+        self._client = Client(list(self.servers), timeout=timeout, retries=CONNECT_RETRIES, max_backoff=2.0, tls=tls)
         self._connected = False
 
     @property
@@ -92,7 +100,7 @@ class BlockingClient:
         if not self._connected:
             try:
                 await self._client.connect()
-            except UnavailableError as exc:  # its message already names the addresses
+            except (UnavailableError, TlsError) as exc:  # its message already names the addresses
                 raise LiftlogSparkError(exc.message) from exc
             self._connected = True
             self._client.retries = RETRIES

@@ -20,6 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from liftlog.client.errors import ConfigurationError
+from liftlog.client.tls import TlsConfig
+
 from .offsets import EARLIEST
 
 __all__ = [
@@ -76,6 +79,8 @@ class ReadOptions:
     include_headers: bool = False
     #: Split reads into at least this many tasks (None: the driver's core count).
     min_partitions: int | None = None
+    #: TLS to the servers (options tls.ca, tls.cert, tls.key, tls.serverName); None: plain text.
+    tls: TlsConfig | None = None
 
     @property
     def starting_option(self) -> str:
@@ -88,8 +93,11 @@ class WriteOptions:
     servers: tuple[str, ...]
     #: The target stream when the rows have no ``stream`` column.
     stream: str | None = None
+    tls: TlsConfig | None = None
 
 
+#: TLS to the servers: the files must be readable where the tasks run (each executor).
+_TLS = {"tls.ca", "tls.cert", "tls.key", "tls.servername"}
 _READ = {
     "servers",
     "stream",
@@ -104,8 +112,9 @@ _READ = {
     "failondataloss",
     "includeheaders",
     "minpartitions",
+    *_TLS,
 }
-_WRITE = {"servers", "stream"}
+_WRITE = {"servers", "stream", *_TLS}
 #: Options Spark itself reads (and passes on to every source); not ours to judge.
 _SPARK_OWNED = {"path", "checkpointlocation", "queryname"}
 _SPELLING = {
@@ -124,6 +133,10 @@ _SPELLING = {
         "failOnDataLoss",
         "includeHeaders",
         "minPartitions",
+        "tls.ca",
+        "tls.cert",
+        "tls.key",
+        "tls.serverName",
     )
 }
 _STREAMING_ONLY = ("maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay")
@@ -156,6 +169,23 @@ def _servers(opts: Mapping[str, str]) -> tuple[str, ...]:
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise OptionError(f"option 'servers': {server!r} is not host:port")
     return servers
+
+
+def _tls(opts: Mapping[str, str]) -> TlsConfig | None:
+    given = {key: opts[key].strip() for key in _TLS if opts.get(key, "").strip()}
+    if not given:
+        return None
+    try:
+        tls = TlsConfig(
+            ca=given.get("tls.ca"),
+            cert=given.get("tls.cert"),
+            key=given.get("tls.key"),
+            server_name=given.get("tls.servername"),
+        )
+        tls.context()  # on the driver: a missing or unreadable file fails here, naming it
+    except ConfigurationError as exc:
+        raise OptionError(f"options tls.*: {exc}") from None
+    return tls
 
 
 def _subscription(opts: Mapping[str, str]) -> Subscription:
@@ -295,6 +325,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         fail_on_data_loss=_bool(opts, "failondataloss", True),
         include_headers=_bool(opts, "includeheaders", False),
         min_partitions=_int(opts, "minpartitions"),
+        tls=_tls(opts),
     )
 
 
@@ -304,4 +335,4 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     stream = opts.get("stream", "").strip() or None
     if stream is not None and "," in stream:
         raise OptionError(f"option 'stream' of a write names one stream, got {stream!r}")
-    return WriteOptions(servers=_servers(opts), stream=stream)
+    return WriteOptions(servers=_servers(opts), stream=stream, tls=_tls(opts))

@@ -34,6 +34,7 @@ from liftlog.client import (
     UnavailableError,
     UnimplementedError,
 )
+from liftlog.client.tls import TlsConfig
 
 from .blocking import BlockingClient, LiftlogSparkError
 from .offsets import EARLIEST, LATEST, OffsetRange, PartitionOffsets
@@ -226,9 +227,16 @@ class RangeReader:
     """
 
     def __init__(
-        self, servers: tuple[str, ...], rng: OffsetRange, *, include_headers: bool, fail_on_data_loss: bool
+        self,
+        servers: tuple[str, ...],
+        rng: OffsetRange,
+        *,
+        include_headers: bool,
+        fail_on_data_loss: bool,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.servers = servers
+        self.tls = tls
         self.range = rng
         self.include_headers = include_headers
         self.fail_on_data_loss = fail_on_data_loss
@@ -262,7 +270,7 @@ class RangeReader:
         if r.size <= 0:
             return
         schema = arrow_schema(self.include_headers)
-        with BlockingClient(self.servers) as bc:
+        with BlockingClient(self.servers, tls=self.tls) as bc:
             bounds = self._bounds(bc)
             end = r.end
             if end > bounds.end:

@@ -162,7 +162,11 @@ def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBat
     if not isinstance(partition, RangePartition):
         raise LiftlogSparkError(f"not a liftlog read task: {partition!r}")
     reader = RangeReader(
-        opts.servers, partition.range, include_headers=opts.include_headers, fail_on_data_loss=opts.fail_on_data_loss
+        opts.servers,
+        partition.range,
+        include_headers=opts.include_headers,
+        fail_on_data_loss=opts.fail_on_data_loss,
+        tls=opts.tls,
     )
     return reader.batches()
 
@@ -182,7 +186,7 @@ class _BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         assert opts.ending_offsets is not None
-        with BlockingClient(opts.servers) as bc:
+        with BlockingClient(opts.servers, tls=opts.tls) as bc:
             bounds = _subscription_bounds(bc, opts, earliest=True, timestamp_ms=opts.starting_timestamp)
         start = resolve_offsets(opts.starting_offsets, bounds, name=opts.starting_option)
         end = resolve_offsets(opts.ending_offsets, bounds, name="endingOffsets")
@@ -210,7 +214,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _client(self) -> BlockingClient:
         if self._bc is None:
-            self._bc = BlockingClient(self.opts.servers)
+            self._bc = BlockingClient(self.opts.servers, tls=self.opts.tls)
         return self._bc
 
     def _bounds(self, earliest: bool, timestamp_ms: int | None = None) -> dict[tuple[str, int], Bounds]:
@@ -345,7 +349,9 @@ class _BatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LiftlogCommitMessage:
         ctx = TaskContext.get()
         task = ctx.partitionId() if ctx is not None else 0
-        result = write_batches(self.opts.servers, iterator, default_stream=self.opts.stream, txn=None, task=task)
+        result = write_batches(
+            self.opts.servers, iterator, default_stream=self.opts.stream, txn=None, task=task, tls=self.opts.tls
+        )
         return LiftlogCommitMessage(result.written, result.skipped)
 
 
@@ -365,7 +371,9 @@ class _StreamWriter(DataSourceStreamArrowWriter):
             batch = ctx.getLocalProperty("streaming.sql.batchId")
             if query and batch is not None:
                 txn = Txn(query, int(batch), task)
-        result = write_batches(self.opts.servers, iterator, default_stream=self.opts.stream, txn=txn, task=task)
+        result = write_batches(
+            self.opts.servers, iterator, default_stream=self.opts.stream, txn=txn, task=task, tls=self.opts.tls
+        )
         if result.skipped:
             log.warning(
                 "%s: skipped %d rows written by an earlier attempt", txn.tag.decode() if txn else "", result.skipped

@@ -54,6 +54,7 @@ from liftlog.client import (
     UnimplementedError,
 )
 from liftlog.client.routing import partition_for_key
+from liftlog.client.tls import TlsConfig
 from liftlog.storage.records import PreparedRecord, decode_new_records, encode_headers, encode_prepared
 
 from .blocking import BlockingClient, LiftlogSparkError
@@ -290,10 +291,11 @@ def write_batches(
     default_stream: str | None,
     txn: Txn | None,
     task: int = 0,
+    tls: TlsConfig | None = None,
 ) -> WriteResult:
     """Publish every row of ``batches`` with ack ALL; raises LiftlogSparkError on the first failure."""
     result = WriteResult()
-    bc = BlockingClient(servers, timeout=30.0)
+    bc = BlockingClient(servers, timeout=30.0, tls=tls)
     inflight: asyncio.Task[object] | None = None  # the publish of the previous batch
     try:
         router = _Router(bc, start=task)
