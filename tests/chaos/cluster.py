@@ -26,6 +26,7 @@ from types import TracebackType
 import grpc
 
 from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+from liftlog.security.cluster_auth import generate_key_file
 from liftlog.server.embedded_nats import find_nats_server_binary
 from liftlog.storage.faults import power_loss_from_journal
 from tests.integration.harness import LiftlogProcess, NatsProcess, eventually, wait_for_port
@@ -164,6 +165,9 @@ class ChaosCluster:
         self.power_lost_bytes = 0
         self.power_lost_files = 0
         self._channels: dict[str, grpc.Channel] = {}
+        # Faults hit signed traffic, as in a secure deployment: replays and reordering must not hurt it.
+        key_file = root / "cluster.key"
+        generate_key_file(key_file)
         for sid in ids:
             proxy = TcpProxy("127.0.0.1", nats.port).start()
             self.proxies[sid] = proxy
@@ -171,6 +175,8 @@ class ChaosCluster:
                 root / sid,
                 "--namespace",
                 self.namespace,
+                "--set",
+                f"clustering.auth.key.file={key_file}",
                 *SETTINGS,
                 *extra,
                 nats_url=proxy.url,

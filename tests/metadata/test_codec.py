@@ -15,6 +15,7 @@ from liftlog.metadata.codec import (
     encode_snapshot,
 )
 from liftlog.metadata.model import (
+    AddPolicy,
     ChangeIsr,
     ChangeLeader,
     CreateStream,
@@ -24,7 +25,9 @@ from liftlog.metadata.model import (
     Operation,
     PartitionMeta,
     PartitionState,
+    Policy,
     RegisterServer,
+    RevokePolicy,
     ServerMeta,
     SetPartitionState,
     SetPaused,
@@ -89,6 +92,9 @@ def operations() -> list[Operation]:
         SetPartitionState("orders", 0, PartitionState.CANDIDATE_FOUND, "s1", 5),
         ChangeLeader("orders", 0, "s1", ("s1", "s2"), 6),
         DeleteStream("other"),
+        AddPolicy(Policy("client1", "orders.*", "Publish")),
+        AddPolicy(Policy("*", "*", "FetchMetadata")),
+        RevokePolicy(Policy("client1", "orders.*", "Publish")),
     ]
 
 
@@ -306,3 +312,16 @@ def test_malformed_snapshots_raise_codec_errors(data: bytes, message: str) -> No
 def test_snapshot_whose_json_is_not_an_object_is_a_codec_error(payload: bytes) -> None:
     with pytest.raises(MetadataCodecError, match="malformed metadata snapshot"):
         decode_snapshot(zlib.compress(payload))
+
+
+def test_policies_live_in_the_metadata_and_its_snapshots() -> None:
+    meta = Metadata()
+    for op in operations():
+        meta.apply(op)
+    assert list(meta.policies) == [Policy("*", "*", "FetchMetadata")]
+    meta.apply(RevokePolicy(Policy("nobody", "x", "y")))  # revoking what is not there changes nothing
+    meta.apply(AddPolicy(Policy("*", "*", "FetchMetadata")))  # nor does adding twice
+    restored = decode_snapshot(encode_snapshot(meta))
+    assert list(restored.policies) == [Policy("*", "*", "FetchMetadata")]
+    older = zlib.compress(b'{"version":1,"servers":[],"streams":[]}')  # a snapshot from before policies
+    assert decode_snapshot(older).policies == {}

@@ -29,6 +29,7 @@ from liftlog.metadata.protocol import (
     LogEndQuery,
     PartitionMove,
     PauseChange,
+    PolicyChange,
     PreferredLeadersChange,
     ProtocolError,
     ReadonlyChange,
@@ -89,6 +90,7 @@ requests: st.SearchStrategy[ControlRequest] = st.one_of(
     ),
     st.builds(DecommissionChange, names),
     st.just(PreferredLeadersChange()),
+    st.builds(PolicyChange, names, names, names, st.booleans()),
 )
 
 

@@ -42,3 +42,4 @@ class Reason(enum.StrEnum):
     UNIMPLEMENTED = "unimplemented"  # UNIMPLEMENTED
     LIMIT_EXCEEDED = "limit_exceeded"  # RESOURCE_EXHAUSTED: a server limit; the message names its setting
     INTERNAL = "internal"  # INTERNAL
+    PERMISSION_DENIED = "permission_denied"  # PERMISSION_DENIED: the message names identity, resource and action

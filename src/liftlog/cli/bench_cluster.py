@@ -204,6 +204,7 @@ async def spawned_cluster(
     Everything is stopped and the directory removed on the way out, on errors and Ctrl-C too (the
     children run in sessions of their own, so a Ctrl-C reaches only this process, which stops them).
     """
+    from liftlog.security.cluster_auth import generate_key_file
     from liftlog.server.embedded_nats import find_nats_server_binary
 
     root = Path(tempfile.mkdtemp(prefix="liftlog-bench-cluster-"))
@@ -224,6 +225,9 @@ async def spawned_cluster(
         cluster = LocalCluster(f"nats://127.0.0.1:{nats_port}")
         ids = server_ids(servers)
         namespace = f"liftlog-bench-{uuid.uuid4().hex[:8]}"
+        # Signed server-to-server traffic, as a secure deployment runs: the figures include its cost.
+        key_file = root / "cluster.key"
+        generate_key_file(key_file)
         # Default settings: none of the developer's LIFTLOG_* variables reach the servers.
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
         for sid in ids:
@@ -231,6 +235,7 @@ async def spawned_cluster(
             command = [sys.executable, "-m", "liftlog.cli.main", "server", "--id", sid, "--host", "127.0.0.1"]
             command += ["--port", str(port), "--data-dir", str(root / sid), "--nats-servers", cluster.nats_url]
             command += ["--namespace", namespace, "--raft-bootstrap-peers", ",".join(ids), "--log-level", "warn"]
+            command += ["--set", f"clustering.auth.key.file={key_file}"]
             for setting in overrides:
                 command += ["--set", setting]
             log_path = root / f"{sid}.log"

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from liftlog import __version__
+from liftlog.cli.acl import acl
 from liftlog.cli.bench import bench
 from liftlog.cli.cluster import cluster
 from liftlog.cli.common import CLIENT_ENV, ReportingGroup, fail, root_addr_option
@@ -196,6 +197,7 @@ main.add_command(publish)
 main.add_command(subscribe)
 main.add_command(bench)
 main.add_command(cluster)
+main.add_command(acl)
 main.add_command(pipeline)
 
 

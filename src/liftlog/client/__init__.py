@@ -28,6 +28,7 @@ from liftlog.client.client import Client
 from liftlog.client.cluster import (
     ClusterStatus,
     PartitionStatus,
+    Policies,
     Reassignment,
     Reassignments,
     ReplicaProgress,
@@ -113,6 +114,7 @@ __all__ = [
     "PartitionPausedError",
     "PartitionStatus",
     "PermissionDeniedError",
+    "Policies",
     "PublishAsyncFailed",
     "ReadonlyError",
     "Reassignment",

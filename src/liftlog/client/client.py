@@ -39,7 +39,14 @@ from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.client.batches import Columns, Fetched, decode_batches
-from liftlog.client.cluster import ClusterStatus, PartitionStatus, Reassignment, Reassignments, not_offered
+from liftlog.client.cluster import (
+    ClusterStatus,
+    PartitionStatus,
+    Policies,
+    Reassignment,
+    Reassignments,
+    not_offered,
+)
 from liftlog.client.errors import (
     AckTimeoutError,
     ConfigurationError,
@@ -752,6 +759,24 @@ class Client(Routing):
             "elect_preferred_leaders", cluster_pb2.ElectPreferredLeadersRequest()
         )
         return resp.changed
+
+    async def add_policy(self, subject: str, resource: str, action: str) -> None:
+        """Let `subject` (a client certificate's identity, or ``*``) do `action` (an RPC's name, or ``*``) on
+        `resource` (a stream, a glob pattern, or ``*``), on every server; returns once committed."""
+        policy = cluster_pb2.Policy(subject=subject, resource=resource, action=action)
+        await self._cluster_call("add_policy", cluster_pb2.PolicyRequest(policy=policy))
+
+    async def revoke_policy(self, subject: str, resource: str, action: str) -> None:
+        """Remove the policy that exactly matches (nothing happens if there is none)."""
+        policy = cluster_pb2.Policy(subject=subject, resource=resource, action=action)
+        await self._cluster_call("revoke_policy", cluster_pb2.PolicyRequest(policy=policy))
+
+    async def list_policies(self) -> Policies:
+        resp: cluster_pb2.ListPoliciesResponse = await self._cluster_call(
+            "list_policies", cluster_pb2.ListPoliciesRequest()
+        )
+        rules = tuple((p.subject, p.resource, p.action) for p in resp.policies)
+        return Policies(rules, resp.enforced, resp.fromFiles)
 
     async def reassignments(self) -> Reassignments:
         """The reassignments under way, with each new replica's progress as its partition's leader reports it."""

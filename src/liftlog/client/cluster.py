@@ -225,6 +225,16 @@ class Reassignments:
         return not self.moving and not self.leaving
 
 
+@dataclass(frozen=True, slots=True)
+class Policies:
+    """The authorization policies a server enforces: (subject, resource, action) rules; ``enforced`` False
+    when the server does not check calls at all; ``from_files`` when they come from its policy file."""
+
+    rules: tuple[tuple[str, str, str], ...]
+    enforced: bool
+    from_files: bool
+
+
 def not_offered(err: UnimplementedError) -> UnimplementedError | None:
     """The error to raise for an UNIMPLEMENTED answer to a ``liftlog.Cluster`` call, or None to keep `err`.
 

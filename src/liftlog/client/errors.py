@@ -289,6 +289,7 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.UNIMPLEMENTED: UnimplementedError,
     Reason.LIMIT_EXCEEDED: LimitExceededError,
     Reason.INTERNAL: InternalError,
+    Reason.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 _CODE_CLASSES: Final[dict[Any, type[LiftlogError]]] = {

@@ -37,6 +37,7 @@ class Stub:
     """
 
     __slots__ = (
+        "add_policy",
         "address",
         "channel",
         "cluster_status",
@@ -47,6 +48,7 @@ class Stub:
         "fetch_batches",
         "fetch_metadata",
         "fetch_partition_metadata",
+        "list_policies",
         "pause_stream",
         "publish",
         "publish_async",
@@ -54,6 +56,7 @@ class Stub:
         "publish_to_subject",
         "reassign",
         "reassignments",
+        "revoke_policy",
         "set_stream_readonly",
         "subscribe",
     )
@@ -97,6 +100,13 @@ class Stub:
         )
         self.reassignments = unary(
             "Reassignments", cluster_pb2.ReassignmentsRequest, cluster_pb2.ReassignmentsResponse, "liftlog.Cluster"
+        )
+        self.add_policy = unary("AddPolicy", cluster_pb2.PolicyRequest, cluster_pb2.PolicyResponse, "liftlog.Cluster")
+        self.revoke_policy = unary(
+            "RevokePolicy", cluster_pb2.PolicyRequest, cluster_pb2.PolicyResponse, "liftlog.Cluster"
+        )
+        self.list_policies = unary(
+            "ListPolicies", cluster_pb2.ListPoliciesRequest, cluster_pb2.ListPoliciesResponse, "liftlog.Cluster"
         )
         self.fetch_batches = unary("Fetch", batches_pb2.FetchRequest, batches_pb2.FetchResponse, "liftlog.Batches")
         self.publish_batch = unary(

@@ -13,6 +13,7 @@ import zlib
 from typing import Any
 
 from .model import (
+    AddPolicy,
     ChangeIsr,
     ChangeLeader,
     CompleteReassignment,
@@ -21,9 +22,11 @@ from .model import (
     Metadata,
     Operation,
     PartitionState,
+    Policy,
     ReassignPartition,
     RegisterServer,
     RemoveServer,
+    RevokePolicy,
     ServerMeta,
     SetPartitionState,
     SetPaused,
@@ -86,6 +89,10 @@ def encode_operation(op: Operation) -> bytes:
             body = {"op": "set_server_leaving", "id": op.id, "leaving": op.leaving}
         case RemoveServer():
             body = {"op": "remove_server", "id": op.id}
+        case AddPolicy() | RevokePolicy():
+            kind = "add_policy" if isinstance(op, AddPolicy) else "revoke_policy"
+            p = op.policy
+            body = {"op": kind, "subject": p.subject, "resource": p.resource, "action": p.action}
         case _:  # pragma: no cover
             raise TypeError(f"unknown metadata operation {op!r}")
     return json.dumps(body, separators=(",", ":")).encode()
@@ -146,6 +153,9 @@ def decode_operation(data: bytes) -> Operation:
             return SetServerLeaving(str(body["id"]), bool(body["leaving"]))
         if kind == "remove_server":
             return RemoveServer(str(body["id"]))
+        if kind in ("add_policy", "revoke_policy"):
+            policy = Policy(str(body["subject"]), str(body["resource"]), str(body["action"]))
+            return AddPolicy(policy) if kind == "add_policy" else RevokePolicy(policy)
     except (ValueError, KeyError, TypeError) as exc:
         raise MetadataCodecError(f"malformed metadata operation: {exc}") from exc
     raise MetadataCodecError(f"unknown metadata operation {kind!r}")

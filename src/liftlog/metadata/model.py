@@ -410,6 +410,26 @@ class RemoveServer:
     id: str
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class Policy:
+    """An authorization rule: ``subject`` (a client certificate's identity, or ``*``) may do ``action``
+    (an RPC's name, or ``*``) on ``resource`` (a stream name or pattern, or ``*``)."""
+
+    subject: str
+    resource: str
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddPolicy:
+    policy: Policy
+
+
+@dataclass(frozen=True, slots=True)
+class RevokePolicy:
+    policy: Policy
+
+
 Operation = (
     RegisterServer
     | SetServerLiveness
@@ -424,6 +444,8 @@ Operation = (
     | CompleteReassignment
     | SetServerLeaving
     | RemoveServer
+    | AddPolicy
+    | RevokePolicy
 )
 
 
@@ -433,6 +455,8 @@ class Metadata:
     def __init__(self) -> None:
         self.servers: dict[str, ServerMeta] = {}
         self.streams: dict[str, StreamMeta] = {}
+        #: Authorization rules every server enforces (tls.client.authz.enabled), in the order they were added.
+        self.policies: dict[Policy, None] = {}
 
     def stream(self, name: str) -> StreamMeta:
         try:
@@ -573,6 +597,12 @@ class Metadata:
                     raise RefusedError(f"server {op.id} still holds replicas of {', '.join(holding[:5])}")
                 del self.servers[op.id]
                 return []
+            case AddPolicy(policy=policy):
+                self.policies[policy] = None
+                return []
+            case RevokePolicy(policy=policy):
+                self.policies.pop(policy, None)
+                return []
         raise TypeError(f"unknown metadata operation {op!r}")  # pragma: no cover
 
     def _at_epoch(self, name: str, partition: int, epoch: int) -> PartitionMeta:
@@ -613,6 +643,7 @@ class Metadata:
             "version": 1,
             "servers": [s.to_dict() for s in self.servers.values()],
             "streams": [s.to_dict() for s in self.streams.values()],
+            "policies": [[p.subject, p.resource, p.action] for p in self.policies],
         }
 
     @classmethod
@@ -626,4 +657,6 @@ class Metadata:
         for s in data.get("streams", []):
             stream = StreamMeta.from_dict(s)
             meta.streams[stream.name] = stream
+        for subject, resource, action in data.get("policies", []):  # snapshots before policies have none
+            meta.policies[Policy(str(subject), str(resource), str(action))] = None
         return meta

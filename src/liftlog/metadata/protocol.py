@@ -61,6 +61,7 @@ __all__ = [
     "LogEndQuery",
     "PartitionMove",
     "PauseChange",
+    "PolicyChange",
     "PreferredLeadersChange",
     "ProtocolError",
     "ReadonlyChange",
@@ -185,6 +186,16 @@ class DecommissionChange:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyChange:
+    """Add (or revoke) an authorization rule, on every server."""
+
+    subject: str
+    resource: str
+    action: str
+    add: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class PreferredLeadersChange:
     """Hand leadership back to each partition's preferred replica where it can take it now."""
 
@@ -201,6 +212,7 @@ ControlRequest = (
     | ReassignChange
     | DecommissionChange
     | PreferredLeadersChange
+    | PolicyChange
 )
 
 
@@ -256,6 +268,8 @@ def _request_body(request: ControlRequest) -> dict[str, Any]:
             return {"kind": "decommission", "server": server}
         case PreferredLeadersChange():
             return {"kind": "elect_preferred"}
+        case PolicyChange(subject, resource, action, add):
+            return {"kind": "policy", "subject": subject, "resource": resource, "action": action, "add": add}
     raise TypeError(f"not a control request: {request!r}")
 
 
@@ -324,6 +338,8 @@ def decode_request(data: bytes) -> tuple[ControlRequest, float | None]:
         request = DecommissionChange(f.text("server"))
     elif kind == "elect_preferred":
         request = PreferredLeadersChange()
+    elif kind == "policy":
+        request = PolicyChange(f.text("subject"), f.text("resource"), f.text("action"), f.flag("add"))
     else:
         raise ProtocolError(f"unknown control request kind {kind!r}")
     return request, timeout

@@ -198,6 +198,10 @@ class ServerContext:
     def peer(self) -> str:
         return self._call.conn.peer
 
+    def peer_certificate(self) -> dict[str, Any] | None:
+        """The client's verified TLS certificate as ``ssl`` decodes it; None for plain text or none given."""
+        return self._call.conn.peer_certificate
+
     def time_remaining(self) -> float | None:
         deadline = self._call.deadline
         if deadline is None:
@@ -348,6 +352,8 @@ class _Connection(CoreProtocol):
         self.server = server
         self.calls: dict[int, _Call] = {}
         self.peer = "unknown"
+        #: The client's verified certificate (``ssl.SSLObject.getpeercert()``), None without TLS or without one.
+        self.peer_certificate: dict[str, Any] | None = None
         self.last_read = self._loop.time()
         self.last_active = self.last_read
         self.ping_sent: float | None = None
@@ -361,6 +367,7 @@ class _Connection(CoreProtocol):
         if isinstance(peer, tuple):
             host, port = peer[0], peer[1]
             self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        self.peer_certificate = transport.get_extra_info("peercert") or None
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:

@@ -41,6 +41,7 @@ from liftlog.metadata import (
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.rpc import StatusCode
 
+from .access import AccessControl
 from .acks import AckRouter
 from .cluster import MetadataService
 from .failures import RpcFailure, abort_with, async_error, failure_from
@@ -107,7 +108,10 @@ class ApiService:
         max_message_bytes: int,
         limits: ApiLimits = ApiLimits(),
         nats_max_payload: Callable[[], int] = lambda: 1 << 20,
+        access: AccessControl | None = None,
     ) -> None:
+        #: Authorization: the guard checks whole calls; PublishAsync asks it for each request.
+        self.access = access
         self.server_id = server_id
         self.host = host
         self.port = port

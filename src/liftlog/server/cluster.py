@@ -43,11 +43,14 @@ from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_ope
 from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
 from liftlog.metadata.limits import StreamLimits
 from liftlog.metadata.model import (
+    AddPolicy,
     ChangeIsr,
     DeleteStream,
     Operation,
+    Policy,
     RegisterServer,
     RemoveServer,
+    RevokePolicy,
     ServerMeta,
     SetPaused,
     SetReadonly,
@@ -69,6 +72,7 @@ from liftlog.metadata.protocol import (
     LogEnd,
     PartitionMove,
     PauseChange,
+    PolicyChange,
     PreferredLeadersChange,
     ProtocolError,
     ReadonlyChange,
@@ -190,6 +194,9 @@ def _describe(change: ControlRequest) -> tuple[str, str]:
             return f"decommissioning server {server}", "`liftlog cluster status`"
         case PreferredLeadersChange():
             return "electing preferred leaders", "`liftlog cluster status`"
+        case PolicyChange(subject, resource, action, add):
+            verb = "adding" if add else "revoking"
+            return f"{verb} the policy {subject}, {resource}, {action}", "`liftlog acl list`"
     return f"{what} {name!r}", f"`liftlog stream describe {name}`"
 
 
@@ -298,6 +305,8 @@ class MetadataService:
         self._leader_task: asyncio.Task[None] | None = None
         self._leader_changed = asyncio.Event()
         self.registered = asyncio.Event()
+        #: Called with every policy whenever the metadata's authorization policies change (access control).
+        self.policies_changed: Callable[[tuple[Policy, ...]], None] | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -355,6 +364,8 @@ class MetadataService:
             result = changed
             if isinstance(op, RegisterServer) and op.server.id == self.server_id:
                 self.registered.set()
+            elif isinstance(op, (AddPolicy, RevokePolicy)) and self.policies_changed is not None:
+                self.policies_changed(tuple(self.metadata.policies))
         self._streams.metadata_changed(index)
         return result
 
@@ -369,6 +380,8 @@ class MetadataService:
         self._streams.metadata = self.metadata
         if self.server_id in self.metadata.servers:
             self.registered.set()
+        if self.policies_changed is not None:
+            self.policies_changed(tuple(self.metadata.policies))
         self._streams.metadata_changed(index)
 
     def role_changed(self, role: Role, leader: str | None, term: int) -> None:
@@ -429,6 +442,9 @@ class MetadataService:
 
     async def elect_preferred_leaders(self) -> None:
         await self.request(PreferredLeadersChange())
+
+    async def change_policy(self, subject: str, resource: str, action: str, *, add: bool) -> None:
+        await self.request(PolicyChange(subject, resource, action, add))
 
     async def request(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:
         """Have the controller apply ``change``; returns its index once reconciled here.
@@ -553,6 +569,15 @@ class MetadataService:
                 return plan_decommission(self.metadata, server, self.voters)
             case PreferredLeadersChange():
                 return list(preferred_leader_changes(self.metadata))
+            case PolicyChange(subject, resource, action, add):
+                for what, value in (("subject", subject), ("resource", resource), ("action", action)):
+                    if not value or value != value.strip() or "," in value:
+                        raise InvalidStreamError(
+                            f"a policy's {what} must be a non-empty name without commas or surrounding spaces, "
+                            f"got {value!r}"
+                        )
+                policy = Policy(subject, resource, action)
+                return [AddPolicy(policy) if add else RevokePolicy(policy)]
         raise MetadataError(f"{type(change).__name__} is not a metadata change of its own")
 
     async def _lead(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:

@@ -1,4 +1,5 @@
-"""``liftlog.Cluster``: our admin RPCs: cluster status, reassignment, decommissioning, preferred leaders.
+"""``liftlog.Cluster``: our admin RPCs: cluster status, reassignment, decommissioning, preferred leaders,
+authorization policies.
 
 Status and progress come from this server's committed metadata (and, for the
 partitions it leads, from its replication state); changes go to the controller
@@ -11,12 +12,15 @@ from collections import Counter
 from typing import Any
 
 from liftlog.api import cluster_pb2
+from liftlog.api.errors import Reason
 from liftlog.metadata import MetadataError, PartitionState
 from liftlog.metadata.protocol import PartitionMove
 from liftlog.metadata.reassignment import preferred_leader_changes
+from liftlog.rpc import StatusCode
 
+from .access import AccessControl
 from .cluster import MetadataService
-from .failures import abort_with, failure_from
+from .failures import RpcFailure, abort_with, failure_from
 from .rlimits import open_files_limit
 from .streams import StreamManager
 
@@ -24,9 +28,10 @@ __all__ = ["ClusterService"]
 
 
 class ClusterService:
-    def __init__(self, cluster: MetadataService, streams: StreamManager) -> None:
+    def __init__(self, cluster: MetadataService, streams: StreamManager, access: AccessControl | None = None) -> None:
         self._cluster = cluster
         self._streams = streams
+        self._access = access
 
     async def Status(self, request: Any, context: Any) -> cluster_pb2.ClusterStatusResponse:
         cluster = self._cluster
@@ -132,6 +137,47 @@ class ClusterService:
             serverId=self._cluster.server_id,
             reassignments=self._reassignments(),
             leaving=sorted(s.id for s in metadata.servers.values() if s.leaving),
+        )
+
+    async def AddPolicy(self, request: Any, context: Any) -> cluster_pb2.PolicyResponse:
+        await self._change_policy(request, context, add=True)
+        return cluster_pb2.PolicyResponse()
+
+    async def RevokePolicy(self, request: Any, context: Any) -> cluster_pb2.PolicyResponse:
+        await self._change_policy(request, context, add=False)
+        return cluster_pb2.PolicyResponse()
+
+    async def _change_policy(self, request: Any, context: Any, *, add: bool) -> None:
+        p = request.policy
+        authorizer = self._access.authorizer if self._access is not None else None
+        if authorizer is not None and authorizer.from_file:
+            await abort_with(
+                context,
+                RpcFailure(
+                    StatusCode.FAILED_PRECONDITION,
+                    Reason.REFUSED,
+                    "this server takes its policies from tls.client.authz.policy: edit that file and send the "
+                    "server SIGHUP",
+                ),
+            )
+        try:
+            await self._cluster.change_policy(p.subject, p.resource, p.action, add=add)
+        except MetadataError as exc:
+            await abort_with(context, failure_from(exc))
+
+    async def ListPolicies(self, request: Any, context: Any) -> cluster_pb2.ListPoliciesResponse:
+        access = self._access
+        authorizer = access.authorizer if access is not None else None
+        from_files = authorizer is not None and authorizer.from_file
+        if from_files:
+            assert authorizer is not None
+            rules = authorizer.policies()
+        else:
+            rules = [(p.subject, p.resource, p.action) for p in self._cluster.metadata.policies]
+        return cluster_pb2.ListPoliciesResponse(
+            policies=[cluster_pb2.Policy(subject=s, resource=r, action=a) for s, r, a in rules],
+            enforced=authorizer is not None,
+            fromFiles=from_files,
         )
 
     def _reassignments(self) -> list[cluster_pb2.Reassignment]:

@@ -145,6 +145,14 @@ SETTINGS: tuple[Setting, ...] = (
     _s("tls.client.auth.enabled", _bool, False, "require client certificates"),
     _s("tls.client.auth.ca", _str, "", "CA for client certificates"),
     _s(
+        "tls.client.authz.enabled",
+        _bool,
+        False,
+        "check every call against authorization policies (identities from client certificates)",
+    ),
+    _s("tls.client.authz.model", _str, "", "casbin model file (with .policy: policies from files, not metadata)"),
+    _s("tls.client.authz.policy", _str, "", "casbin policy file (CSV), reloaded on SIGHUP"),
+    _s(
         "tls.reload.interval",
         parse_duration_ms,
         10_000,
@@ -515,6 +523,19 @@ def load_config(
     if values["listen"]:
         host, _, port = values["listen"].rpartition(":")
         values["host"], values["port"] = host, int(port)
+    if values["tls.client.authz.enabled"] and not values["tls.client.auth.enabled"]:
+        raise ConfigError(
+            "tls.client.authz.enabled",
+            "needs tls.client.auth.enabled (and tls.cert, tls.key, tls.client.auth.ca): identities come from client "
+            "certificates",
+        )
+    if bool(values["tls.client.authz.model"]) != bool(values["tls.client.authz.policy"]):
+        raise ConfigError(
+            "tls.client.authz.policy" if values["tls.client.authz.model"] else "tls.client.authz.model",
+            "tls.client.authz.model and tls.client.authz.policy go together (or neither: policies in the metadata)",
+        )
+    if values["tls.client.auth.enabled"] and not values["tls.cert"]:
+        raise ConfigError("tls.client.auth.enabled", "needs TLS on the API: tls.cert and tls.key")
     if bool(values["tls.key"]) != bool(values["tls.cert"]):
         raise ConfigError("tls.cert" if values["tls.key"] else "tls.key", "tls.key and tls.cert must be set together")
     if values["nats.embedded"] and values["nats.servers"]:

@@ -39,6 +39,7 @@ from liftlog.storage.records import encode_records
 from .failures import RpcFailure, async_error
 
 if TYPE_CHECKING:
+    from .access import AccessControl
     from .api_service import ApiService
 
 __all__ = ["serve_publish_async"]
@@ -95,6 +96,9 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
     up the next ones.
     """
     limit = api.limits.max_publish_inflight
+    access: AccessControl | None = getattr(api, "access", None)
+    if access is not None and not access.enabled:
+        access = None
     coalesce = api.limits.coalesce_publishes
     max_bytes = api.max_message_bytes
     queue: deque[_Entry] = deque()
@@ -159,7 +163,11 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                     state = checked.get(key)
                     if state is None:
                         try:
-                            state = await api.publishable(*key)
+                            state = (
+                                await api.publishable(*key)
+                                if access is None
+                                else access.refusal(context, key[0], "Publish") or await api.publishable(*key)
+                            )
                         except RpcFailure as failure:
                             state = failure
                         checked[key] = state

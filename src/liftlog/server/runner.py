@@ -58,6 +58,7 @@ async def serve(config: ServerConfig, server: Server | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    loop.add_signal_handler(signal.SIGHUP, server.reload)
     print(
         f"liftlog server {server.server_id} is ready\n"
         f"  gRPC API:  {server.address}   (liftlog stream list -a {server.address})\n"

@@ -40,11 +40,13 @@ from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
 from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_methods
+from liftlog.security.authz import Authorizer
 from liftlog.security.cluster_auth import ClusterAuth, KeyFileError, generate_key_file, load_key
 from liftlog.storage import FileIO, StorageError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from . import ratelimit
+from .access import AccessControl
 from .acks import AckRouter
 from .api_service import ApiLimits, ApiService
 from .authenticated_nats import AuthenticatedNats, internal_subjects
@@ -97,6 +99,7 @@ class Server:
         self.replicator: Replicator | None = None
         self._grpc: RpcServer | None = None
         self._grpc_tls: ReloadingTls | None = None
+        self.access: AccessControl | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         #: Set when a part the server cannot run without broke (the metadata Raft loop); see ``failure``.
@@ -473,6 +476,7 @@ class Server:
             raise ServerStartError(f"cannot listen on {address}: {exc} (is another server using the port?)") from exc
         self._grpc = server
         self._grpc_tls = self._tls_context()
+        self.access = AccessControl(self._authorizer())
         self.port = port
         values = self.config.values
         service = ApiService(
@@ -494,14 +498,53 @@ class Server:
                 coalesce_publishes=values["publish.async.coalesce"],
             ),
             nats_max_payload=lambda: int(self._connected_nats.max_payload),
+            access=self.access,
         )
-        server.add_methods(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service))
-        server.add_methods(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(service)))
+        guard = self.access.guard
+        server.add_methods(guard(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service)))
         server.add_methods(
-            service_methods(
-                cluster_pb2.DESCRIPTOR.services_by_name["Cluster"], ClusterService(self.cluster, self.streams)
+            guard(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(service)))
+        )
+        server.add_methods(
+            guard(
+                service_methods(
+                    cluster_pb2.DESCRIPTOR.services_by_name["Cluster"],
+                    ClusterService(self.cluster, self.streams, self.access),
+                )
             )
         )
+
+    def _authorizer(self) -> Authorizer | None:
+        """The policy decisions of ``tls.client.authz.*``: from its files, else from the metadata."""
+        values = self.config.values
+        if not values["tls.client.authz.enabled"]:
+            return None
+        model, policy = values["tls.client.authz.model"], values["tls.client.authz.policy"]
+        if model:
+            try:
+                return Authorizer.from_files(model, policy)
+            except Exception as exc:  # casbin raises what its parsers raise
+                raise ServerStartError(f"cannot load tls.client.authz.model {model} / .policy {policy}: {exc}") from exc
+        authorizer = Authorizer()
+        cluster = self.cluster
+        assert cluster is not None, "the metadata service is made before the API"
+        cluster.policies_changed = lambda policies: authorizer.set_policies(
+            (p.subject, p.resource, p.action) for p in policies
+        )
+        cluster.policies_changed(tuple(cluster.metadata.policies))
+        return authorizer
+
+    def reload(self) -> None:
+        """SIGHUP: read the authorization policy file and the TLS files again."""
+        authorizer = self.access.authorizer if self.access is not None else None
+        if authorizer is not None and self.config.values["tls.client.authz.policy"]:
+            try:
+                authorizer.reload_files()
+                log.info("reloaded the authorization policies from %s", self.config.values["tls.client.authz.policy"])
+            except Exception as exc:
+                log.warning("cannot reload the authorization policies (keeping the previous ones): %s", exc)
+        if self._grpc_tls is not None:
+            self._grpc_tls.reload_if_changed()
 
     def _tls_context(self) -> ReloadingTls | None:
         """The API's TLS settings (``tls.*``): server certificate, and client certificates if asked for."""

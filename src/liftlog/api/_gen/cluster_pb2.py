@@ -24,43 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcluster.proto\x12\x07liftlog\"H\n\x11PartitionReplicas\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\t\"Q\n\x0fReassignRequest\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.liftlog.PartitionReplicas\x12\x0e\n\x06spread\x18\x02 \x01(\x08\"=\n\x0fReplicaProgress\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06logEnd\x18\x02 \x01(\x03\x12\x0e\n\x06inSync\x18\x03 \x01(\x08\"\xbc\x01\n\x0cReassignment\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07\x63urrent\x18\x03 \x03(\t\x12\x0e\n\x06target\x18\x04 \x03(\t\x12\x0e\n\x06leader\x18\x05 \x01(\t\x12\x14\n\x0cleaderLogEnd\x18\x06 \x01(\x03\x12*\n\x08replicas\x18\x07 \x03(\x0b\x32\x18.liftlog.ReplicaProgress\x12\x16\n\x0eleaderLogStart\x18\x08 \x01(\x03\"@\n\x10ReassignResponse\x12,\n\rreassignments\x18\x01 \x03(\x0b\x32\x15.liftlog.Reassignment\"%\n\x13\x44\x65\x63ommissionRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\"D\n\x14\x44\x65\x63ommissionResponse\x12,\n\rreassignments\x18\x01 \x03(\x0b\x32\x15.liftlog.Reassignment\"\x1e\n\x1c\x45lectPreferredLeadersRequest\"0\n\x1d\x45lectPreferredLeadersResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x05\"\x16\n\x14ReassignmentsRequest\"h\n\x15ReassignmentsResponse\x12\x10\n\x08serverId\x18\x01 \x01(\t\x12,\n\rreassignments\x18\x02 \x03(\x0b\x32\x15.liftlog.Reassignment\x12\x0f\n\x07leaving\x18\x03 \x03(\t\"\x16\n\x14\x43lusterStatusRequest\"\xcd\x01\n\x0cServerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x17\n\x0flivenessChanged\x18\x06 \x01(\x03\x12\r\n\x05voter\x18\x07 \x01(\x08\x12\x12\n\ncontroller\x18\x08 \x01(\x08\x12\x16\n\x0epartitionCount\x18\t \x01(\x05\x12\x13\n\x0bleaderCount\x18\n \x01(\x05\x12\x0f\n\x07leaving\x18\x0b \x01(\x08\"\xa5\x01\n\x0fPartitionStatus\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\x11\n\tcandidate\x18\x05 \x01(\t\x12\x10\n\x08replicas\x18\x06 \x03(\t\x12\x0b\n\x03isr\x18\x07 \x03(\t\x12\x0e\n\x06server\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\"\xf0\x02\n\x15\x43lusterStatusResponse\x12\x10\n\x08serverId\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ommitIndex\x18\x04 \x01(\x04\x12\x14\n\x0c\x61ppliedIndex\x18\x05 \x01(\x04\x12&\n\x07servers\x18\x06 \x03(\x0b\x32\x15.liftlog.ServerStatus\x12\x13\n\x0bstreamCount\x18\x07 \x01(\x05\x12\x16\n\x0epartitionCount\x18\x08 \x01(\x05\x12+\n\tattention\x18\t \x03(\x0b\x32\x18.liftlog.PartitionStatus\x12\x16\n\x0eopenFilesLimit\x18\n \x01(\x04\x12(\n\x06\x66\x65nced\x18\x0b \x03(\x0b\x32\x18.liftlog.PartitionStatus\x12\x18\n\x10segmentFilesOpen\x18\x0c \x01(\x04\x12\x1a\n\x12segmentFilesBudget\x18\r \x01(\x04\x32\xa2\x03\n\x07\x43luster\x12I\n\x06Status\x12\x1d.liftlog.ClusterStatusRequest\x1a\x1e.liftlog.ClusterStatusResponse\"\x00\x12\x41\n\x08Reassign\x12\x18.liftlog.ReassignRequest\x1a\x19.liftlog.ReassignResponse\"\x00\x12M\n\x0c\x44\x65\x63ommission\x12\x1c.liftlog.DecommissionRequest\x1a\x1d.liftlog.DecommissionResponse\"\x00\x12h\n\x15\x45lectPreferredLeaders\x12%.liftlog.ElectPreferredLeadersRequest\x1a&.liftlog.ElectPreferredLeadersResponse\"\x00\x12P\n\rReassignments\x12\x1d.liftlog.ReassignmentsRequest\x1a\x1e.liftlog.ReassignmentsResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcluster.proto\x12\x07liftlog\";\n\x06Policy\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\"0\n\rPolicyRequest\x12\x1f\n\x06policy\x18\x01 \x01(\x0b\x32\x0f.liftlog.Policy\"\x10\n\x0ePolicyResponse\"\x15\n\x13ListPoliciesRequest\"^\n\x14ListPoliciesResponse\x12!\n\x08policies\x18\x01 \x03(\x0b\x32\x0f.liftlog.Policy\x12\x10\n\x08\x65nforced\x18\x02 \x01(\x08\x12\x11\n\tfromFiles\x18\x03 \x01(\x08\"H\n\x11PartitionReplicas\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\t\"Q\n\x0fReassignRequest\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.liftlog.PartitionReplicas\x12\x0e\n\x06spread\x18\x02 \x01(\x08\"=\n\x0fReplicaProgress\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06logEnd\x18\x02 \x01(\x03\x12\x0e\n\x06inSync\x18\x03 \x01(\x08\"\xbc\x01\n\x0cReassignment\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07\x63urrent\x18\x03 \x03(\t\x12\x0e\n\x06target\x18\x04 \x03(\t\x12\x0e\n\x06leader\x18\x05 \x01(\t\x12\x14\n\x0cleaderLogEnd\x18\x06 \x01(\x03\x12*\n\x08replicas\x18\x07 \x03(\x0b\x32\x18.liftlog.ReplicaProgress\x12\x16\n\x0eleaderLogStart\x18\x08 \x01(\x03\"@\n\x10ReassignResponse\x12,\n\rreassignments\x18\x01 \x03(\x0b\x32\x15.liftlog.Reassignment\"%\n\x13\x44\x65\x63ommissionRequest\x12\x0e\n\x06server\x18\x01 \x01(\t\"D\n\x14\x44\x65\x63ommissionResponse\x12,\n\rreassignments\x18\x01 \x03(\x0b\x32\x15.liftlog.Reassignment\"\x1e\n\x1c\x45lectPreferredLeadersRequest\"0\n\x1d\x45lectPreferredLeadersResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x05\"\x16\n\x14ReassignmentsRequest\"h\n\x15ReassignmentsResponse\x12\x10\n\x08serverId\x18\x01 \x01(\t\x12,\n\rreassignments\x18\x02 \x03(\x0b\x32\x15.liftlog.Reassignment\x12\x0f\n\x07leaving\x18\x03 \x03(\t\"\x16\n\x14\x43lusterStatusRequest\"\xcd\x01\n\x0cServerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x17\n\x0flivenessChanged\x18\x06 \x01(\x03\x12\r\n\x05voter\x18\x07 \x01(\x08\x12\x12\n\ncontroller\x18\x08 \x01(\x08\x12\x16\n\x0epartitionCount\x18\t \x01(\x05\x12\x13\n\x0bleaderCount\x18\n \x01(\x05\x12\x0f\n\x07leaving\x18\x0b \x01(\x08\"\xa5\x01\n\x0fPartitionStatus\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\x11\n\tcandidate\x18\x05 \x01(\t\x12\x10\n\x08replicas\x18\x06 \x03(\t\x12\x0b\n\x03isr\x18\x07 \x03(\t\x12\x0e\n\x06server\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\"\xf0\x02\n\x15\x43lusterStatusResponse\x12\x10\n\x08serverId\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ommitIndex\x18\x04 \x01(\x04\x12\x14\n\x0c\x61ppliedIndex\x18\x05 \x01(\x04\x12&\n\x07servers\x18\x06 \x03(\x0b\x32\x15.liftlog.ServerStatus\x12\x13\n\x0bstreamCount\x18\x07 \x01(\x05\x12\x16\n\x0epartitionCount\x18\x08 \x01(\x05\x12+\n\tattention\x18\t \x03(\x0b\x32\x18.liftlog.PartitionStatus\x12\x16\n\x0eopenFilesLimit\x18\n \x01(\x04\x12(\n\x06\x66\x65nced\x18\x0b \x03(\x0b\x32\x18.liftlog.PartitionStatus\x12\x18\n\x10segmentFilesOpen\x18\x0c \x01(\x04\x12\x1a\n\x12segmentFilesBudget\x18\r \x01(\x04\x32\xf4\x04\n\x07\x43luster\x12I\n\x06Status\x12\x1d.liftlog.ClusterStatusRequest\x1a\x1e.liftlog.ClusterStatusResponse\"\x00\x12\x41\n\x08Reassign\x12\x18.liftlog.ReassignRequest\x1a\x19.liftlog.ReassignResponse\"\x00\x12M\n\x0c\x44\x65\x63ommission\x12\x1c.liftlog.DecommissionRequest\x1a\x1d.liftlog.DecommissionResponse\"\x00\x12h\n\x15\x45lectPreferredLeaders\x12%.liftlog.ElectPreferredLeadersRequest\x1a&.liftlog.ElectPreferredLeadersResponse\"\x00\x12P\n\rReassignments\x12\x1d.liftlog.ReassignmentsRequest\x1a\x1e.liftlog.ReassignmentsResponse\"\x00\x12>\n\tAddPolicy\x12\x16.liftlog.PolicyRequest\x1a\x17.liftlog.PolicyResponse\"\x00\x12\x41\n\x0cRevokePolicy\x12\x16.liftlog.PolicyRequest\x1a\x17.liftlog.PolicyResponse\"\x00\x12M\n\x0cListPolicies\x12\x1c.liftlog.ListPoliciesRequest\x1a\x1d.liftlog.ListPoliciesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cluster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PARTITIONREPLICAS']._serialized_start=26
-  _globals['_PARTITIONREPLICAS']._serialized_end=98
-  _globals['_REASSIGNREQUEST']._serialized_start=100
-  _globals['_REASSIGNREQUEST']._serialized_end=181
-  _globals['_REPLICAPROGRESS']._serialized_start=183
-  _globals['_REPLICAPROGRESS']._serialized_end=244
-  _globals['_REASSIGNMENT']._serialized_start=247
-  _globals['_REASSIGNMENT']._serialized_end=435
-  _globals['_REASSIGNRESPONSE']._serialized_start=437
-  _globals['_REASSIGNRESPONSE']._serialized_end=501
-  _globals['_DECOMMISSIONREQUEST']._serialized_start=503
-  _globals['_DECOMMISSIONREQUEST']._serialized_end=540
-  _globals['_DECOMMISSIONRESPONSE']._serialized_start=542
-  _globals['_DECOMMISSIONRESPONSE']._serialized_end=610
-  _globals['_ELECTPREFERREDLEADERSREQUEST']._serialized_start=612
-  _globals['_ELECTPREFERREDLEADERSREQUEST']._serialized_end=642
-  _globals['_ELECTPREFERREDLEADERSRESPONSE']._serialized_start=644
-  _globals['_ELECTPREFERREDLEADERSRESPONSE']._serialized_end=692
-  _globals['_REASSIGNMENTSREQUEST']._serialized_start=694
-  _globals['_REASSIGNMENTSREQUEST']._serialized_end=716
-  _globals['_REASSIGNMENTSRESPONSE']._serialized_start=718
-  _globals['_REASSIGNMENTSRESPONSE']._serialized_end=822
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=824
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=846
-  _globals['_SERVERSTATUS']._serialized_start=849
-  _globals['_SERVERSTATUS']._serialized_end=1054
-  _globals['_PARTITIONSTATUS']._serialized_start=1057
-  _globals['_PARTITIONSTATUS']._serialized_end=1222
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1225
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1593
-  _globals['_CLUSTER']._serialized_start=1596
-  _globals['_CLUSTER']._serialized_end=2014
+  _globals['_POLICY']._serialized_start=26
+  _globals['_POLICY']._serialized_end=85
+  _globals['_POLICYREQUEST']._serialized_start=87
+  _globals['_POLICYREQUEST']._serialized_end=135
+  _globals['_POLICYRESPONSE']._serialized_start=137
+  _globals['_POLICYRESPONSE']._serialized_end=153
+  _globals['_LISTPOLICIESREQUEST']._serialized_start=155
+  _globals['_LISTPOLICIESREQUEST']._serialized_end=176
+  _globals['_LISTPOLICIESRESPONSE']._serialized_start=178
+  _globals['_LISTPOLICIESRESPONSE']._serialized_end=272
+  _globals['_PARTITIONREPLICAS']._serialized_start=274
+  _globals['_PARTITIONREPLICAS']._serialized_end=346
+  _globals['_REASSIGNREQUEST']._serialized_start=348
+  _globals['_REASSIGNREQUEST']._serialized_end=429
+  _globals['_REPLICAPROGRESS']._serialized_start=431
+  _globals['_REPLICAPROGRESS']._serialized_end=492
+  _globals['_REASSIGNMENT']._serialized_start=495
+  _globals['_REASSIGNMENT']._serialized_end=683
+  _globals['_REASSIGNRESPONSE']._serialized_start=685
+  _globals['_REASSIGNRESPONSE']._serialized_end=749
+  _globals['_DECOMMISSIONREQUEST']._serialized_start=751
+  _globals['_DECOMMISSIONREQUEST']._serialized_end=788
+  _globals['_DECOMMISSIONRESPONSE']._serialized_start=790
+  _globals['_DECOMMISSIONRESPONSE']._serialized_end=858
+  _globals['_ELECTPREFERREDLEADERSREQUEST']._serialized_start=860
+  _globals['_ELECTPREFERREDLEADERSREQUEST']._serialized_end=890
+  _globals['_ELECTPREFERREDLEADERSRESPONSE']._serialized_start=892
+  _globals['_ELECTPREFERREDLEADERSRESPONSE']._serialized_end=940
+  _globals['_REASSIGNMENTSREQUEST']._serialized_start=942
+  _globals['_REASSIGNMENTSREQUEST']._serialized_end=964
+  _globals['_REASSIGNMENTSRESPONSE']._serialized_start=966
+  _globals['_REASSIGNMENTSRESPONSE']._serialized_end=1070
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1072
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1094
+  _globals['_SERVERSTATUS']._serialized_start=1097
+  _globals['_SERVERSTATUS']._serialized_end=1302
+  _globals['_PARTITIONSTATUS']._serialized_start=1305
+  _globals['_PARTITIONSTATUS']._serialized_end=1470
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1473
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1841
+  _globals['_CLUSTER']._serialized_start=1844
+  _globals['_CLUSTER']._serialized_end=2472
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Policy(_message.Message):
+    __slots__ = ("subject", "resource", "action")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    resource: str
+    action: str
+    def __init__(self, subject: _Optional[str] = ..., resource: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+
+class PolicyRequest(_message.Message):
+    __slots__ = ("policy",)
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    policy: Policy
+    def __init__(self, policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
+
+class PolicyResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPoliciesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPoliciesResponse(_message.Message):
+    __slots__ = ("policies", "enforced", "fromFiles")
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    FROMFILES_FIELD_NUMBER: _ClassVar[int]
+    policies: _containers.RepeatedCompositeFieldContainer[Policy]
+    enforced: bool
+    fromFiles: bool
+    def __init__(self, policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., enforced: _Optional[bool] = ..., fromFiles: _Optional[bool] = ...) -> None: ...
+
 class PartitionReplicas(_message.Message):
     __slots__ = ("stream", "partition", "replicas")
     STREAM_FIELD_NUMBER: _ClassVar[int]

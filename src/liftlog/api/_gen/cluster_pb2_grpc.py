@@ -59,6 +59,21 @@ class ClusterStub:
                 request_serializer=cluster__pb2.ReassignmentsRequest.SerializeToString,
                 response_deserializer=cluster__pb2.ReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.AddPolicy = channel.unary_unary(
+                '/liftlog.Cluster/AddPolicy',
+                request_serializer=cluster__pb2.PolicyRequest.SerializeToString,
+                response_deserializer=cluster__pb2.PolicyResponse.FromString,
+                _registered_method=True)
+        self.RevokePolicy = channel.unary_unary(
+                '/liftlog.Cluster/RevokePolicy',
+                request_serializer=cluster__pb2.PolicyRequest.SerializeToString,
+                response_deserializer=cluster__pb2.PolicyResponse.FromString,
+                _registered_method=True)
+        self.ListPolicies = channel.unary_unary(
+                '/liftlog.Cluster/ListPolicies',
+                request_serializer=cluster__pb2.ListPoliciesRequest.SerializeToString,
+                response_deserializer=cluster__pb2.ListPoliciesResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -103,6 +118,27 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddPolicy(self, request, context):
+        """Authorization policies kept in the cluster metadata (tls.client.authz.enabled without policy files):
+        every server enforces the same set from the same Raft index. Adding or revoking returns once committed
+        and applied by the answering server. The identity `root` may always call these three.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokePolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicies(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +166,21 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Reassignments,
                     request_deserializer=cluster__pb2.ReassignmentsRequest.FromString,
                     response_serializer=cluster__pb2.ReassignmentsResponse.SerializeToString,
+            ),
+            'AddPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddPolicy,
+                    request_deserializer=cluster__pb2.PolicyRequest.FromString,
+                    response_serializer=cluster__pb2.PolicyResponse.SerializeToString,
+            ),
+            'RevokePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokePolicy,
+                    request_deserializer=cluster__pb2.PolicyRequest.FromString,
+                    response_serializer=cluster__pb2.PolicyResponse.SerializeToString,
+            ),
+            'ListPolicies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicies,
+                    request_deserializer=cluster__pb2.ListPoliciesRequest.FromString,
+                    response_serializer=cluster__pb2.ListPoliciesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +318,87 @@ class Cluster:
             '/liftlog.Cluster/Reassignments',
             cluster__pb2.ReassignmentsRequest.SerializeToString,
             cluster__pb2.ReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/AddPolicy',
+            cluster__pb2.PolicyRequest.SerializeToString,
+            cluster__pb2.PolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/RevokePolicy',
+            cluster__pb2.PolicyRequest.SerializeToString,
+            cluster__pb2.PolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/ListPolicies',
+            cluster__pb2.ListPoliciesRequest.SerializeToString,
+            cluster__pb2.ListPoliciesResponse.FromString,
             options,
             channel_credentials,
             insecure,

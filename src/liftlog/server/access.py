@@ -1,0 +1,141 @@
+"""Who may call what: each RPC's action and resource, checked before its handler runs.
+
+With ``tls.client.authz.enabled`` every call is checked against the policies
+(``liftlog.security.authz``): from Liftbridge's model and policy files when
+``tls.client.authz.model`` and ``.policy`` are set (reloaded on SIGHUP), else
+from the cluster metadata, which every server applies at the same Raft index
+(managed with ``liftlog.Cluster``'s AddPolicy, RevokePolicy and ListPolicies,
+``liftlog acl``). A refused call ends with PERMISSION_DENIED naming the
+identity, the resource and the action. PublishAsync checks each request and
+answers a refused one with ``PublishAsyncError.PERMISSION_DENIED``, as
+Liftbridge does, while the call goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from liftlog.api.errors import Reason
+from liftlog.rpc import Method, ServerContext, StatusCode
+from liftlog.security.authz import Authorizer, identity_of
+
+from .failures import RpcFailure, abort_with
+from .ratelimit import LogLimiter
+
+__all__ = ["ACTIONS", "AccessControl"]
+
+log = logging.getLogger(__name__)
+_warn = LogLimiter(log)
+
+Resource = Callable[[Any], str]
+
+
+def _stream(request: Any) -> str:
+    return str(request.stream)
+
+
+def _name(request: Any) -> str:
+    return str(request.name)
+
+
+def _subject(request: Any) -> str:
+    return str(request.subject)
+
+
+def _anything(_request: Any) -> str:
+    return "*"
+
+
+#: Method path -> (action, the resource of its request). Paths not listed are refused when authorization is on.
+ACTIONS: dict[str, tuple[str, Resource]] = {
+    "/proto.API/CreateStream": ("CreateStream", _name),
+    "/proto.API/DeleteStream": ("DeleteStream", _name),
+    "/proto.API/PauseStream": ("PauseStream", _name),
+    "/proto.API/SetStreamReadonly": ("SetStreamReadonly", _name),
+    "/proto.API/Subscribe": ("Subscribe", _stream),
+    "/proto.API/FetchMetadata": ("FetchMetadata", _anything),
+    "/proto.API/FetchPartitionMetadata": ("FetchPartitionMetadata", _stream),
+    "/proto.API/Publish": ("Publish", _stream),
+    "/proto.API/PublishToSubject": ("PublishToSubject", _subject),
+    "/proto.API/SetCursor": ("SetCursor", _stream),
+    "/proto.API/FetchCursor": ("FetchCursor", _stream),
+    "/proto.API/JoinConsumerGroup": ("JoinConsumerGroup", _anything),
+    "/proto.API/LeaveConsumerGroup": ("LeaveConsumerGroup", _anything),
+    "/proto.API/FetchConsumerGroupAssignments": ("FetchConsumerGroupAssignments", _anything),
+    "/proto.API/ReportConsumerGroupCoordinator": ("ReportConsumerGroupCoordinator", _anything),
+    # liftlog's batched paths need the rights of the calls they stand for.
+    "/liftlog.Batches/Fetch": ("Subscribe", _stream),
+    "/liftlog.Batches/Publish": ("Publish", _stream),
+}
+#: Checked per request, inside the call (see serve_publish_async).
+PER_REQUEST = frozenset({"/proto.API/PublishAsync"})
+_CLUSTER_PREFIX = "/liftlog.Cluster/"
+
+
+class AccessControl:
+    """The policy decisions of this server; ``authorizer`` None means authorization is off."""
+
+    def __init__(self, authorizer: Authorizer | None) -> None:
+        self.authorizer = authorizer
+
+    @property
+    def enabled(self) -> bool:
+        return self.authorizer is not None
+
+    def refusal(self, context: ServerContext, resource: str, action: str) -> RpcFailure | None:
+        """None if the caller may do ``action`` on ``resource``; else the PERMISSION_DENIED to answer."""
+        authorizer = self.authorizer
+        if authorizer is None:
+            return None
+        identity = identity_of(context.peer_certificate())
+        if authorizer.allowed(identity, resource, action):
+            return None
+        who = f"identity {identity!r}" if identity else "a client without a certificate"
+        message = f"permission denied: {who} may not {action} on {resource!r}"
+        _warn.warning("%s (from %s)", message, context.peer(), key=f"denied:{identity}:{action}")
+        return RpcFailure(StatusCode.PERMISSION_DENIED, Reason.PERMISSION_DENIED, message)
+
+    def guard(self, methods: Iterable[Method]) -> list[Method]:
+        """``methods`` with a check before each handler (unchanged when authorization is off)."""
+        if self.authorizer is None:
+            return list(methods)
+        return [self._guarded(m) for m in methods]
+
+    def _guarded(self, method: Method) -> Method:
+        if method.path in PER_REQUEST:
+            return method
+        entry = ACTIONS.get(method.path)
+        if entry is None and method.path.startswith(_CLUSTER_PREFIX):
+            entry = (method.path.removeprefix(_CLUSTER_PREFIX), _anything)
+        if entry is None:
+            entry = (method.path.rsplit("/", 1)[-1], _anything)
+        action, resource_of = entry
+        inner: Callable[..., Any] = method.handler
+        refusal = self.refusal
+
+        async def handler(request: Any, context: ServerContext) -> Any:
+            failure = refusal(context, resource_of(request), action)
+            if failure is not None:
+                await abort_with(context, failure)
+            return await inner(request, context)
+
+        async def streaming_handler(request: Any, context: ServerContext) -> AsyncIterator[Any]:
+            failure = refusal(context, resource_of(request), action)
+            if failure is not None:
+                await abort_with(context, failure)
+            result = inner(request, context)
+            if hasattr(result, "__anext__"):  # a handler that yields its messages
+                async for response in result:
+                    yield response
+            else:  # one that writes them itself
+                await result
+
+        return Method(
+            path=method.path,
+            handler=streaming_handler if method.server_streaming else handler,
+            request_type=method.request_type,
+            client_streaming=method.client_streaming,
+            server_streaming=method.server_streaming,
+        )
