@@ -14,8 +14,9 @@ microseconds in casbin's evaluator, and a publisher asks for every message).
   fetch), ``*`` in a policy for every action.
 
 ``root`` may always manage policies (and call FetchMetadata, which every
-client does first), so that a cluster cannot lock its administrator out. Liftbridge's own model file (exact matches only) loads
-as it is; :data:`DEFAULT_MODEL` adds the wildcards and patterns above.
+client does first), so that a cluster cannot lock its administrator out.
+Liftbridge's own model file (exact matches only) loads as it is;
+:data:`DEFAULT_MODEL` adds the wildcards and patterns above.
 """
 
 from __future__ import annotations
