@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck unit run bench bench-log bench-spark bench-reassign sim chaos clean
+.PHONY: install test lint typecheck unit run bench bench-log bench-spark bench-reassign sim chaos fuzz clean
 
 # (Re)install when pyproject.toml changes; a missing venv is created first.
 $(STAMP): pyproject.toml
@@ -52,6 +52,11 @@ chaos: install
 	$(BIN)/python -m tests.chaos.run --seeds $(if $(filter file,$(origin SEEDS)),5,$(SEEDS)) \
 		--duration $(or $(DURATION),30) $(if $(SEED),--seed $(SEED)) --fsync $(or $(FSYNC),always) \
 		$(if $(POWER_ALL),--power-all) $(if $(KINDS),--kinds $(KINDS))
+
+# Fuzz a live server for DURATION seconds (default 60) with hostile gRPC requests and NATS messages, then
+# check it is alive, its data unchanged and its memory bounded; SEED=<n> replays a run. One JSON line.
+fuzz: install
+	$(BIN)/python -m tests.fuzz.live --duration $(or $(DURATION),60) $(if $(SEED),--seed $(SEED))
 
 bench-log: install
 	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)
