@@ -252,3 +252,15 @@ async def test_a_server_with_the_secret_joins(cluster: Cluster, nats_url: str, t
         assert controller.metadata.servers["d"].port == joiner.port
     finally:
         await joiner.stop()
+
+
+async def test_a_secret_from_the_environment_signs_too(tmp_path: Path, nats_url: str) -> None:
+    from tests.server.conftest import in_process_server
+
+    server = in_process_server(tmp_path / "e", nats_url, "env-secret", "e", **{"clustering.auth.key": "x" * 32})
+    try:
+        await asyncio.wait_for(server.start(), 30)
+        assert isinstance(server._internal_nats, AuthenticatedNats)
+        assert server.cluster is not None and server.cluster.registered.is_set()
+    finally:
+        await server.stop()

@@ -138,3 +138,14 @@ def test_cluster_secret_settings(tmp_path: Path) -> None:
         load_config(None, {"clustering.auth.key.generate": True}, env={})
     with pytest.raises(ConfigError, match=r"clustering.auth.max.age.*positive"):
         load_config(None, {"clustering.auth.key.file": "k", "clustering.auth.max.age": 0}, env={})
+
+
+def test_the_cluster_secret_itself_from_the_environment() -> None:
+    secret = "s3cret-from-a-k8s-secret"
+    cfg = load_config(env={"LIFTLOG_CLUSTERING_AUTH_KEY": secret})
+    assert cfg.clustering.auth_key == secret
+    assert secret not in repr(cfg)  # never in a log line that prints the config
+    with pytest.raises(ConfigError, match="at least 16"):
+        load_config(env={"LIFTLOG_CLUSTERING_AUTH_KEY": "short"})
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(None, {"clustering.auth.key": secret, "clustering.auth.key.file": "k"}, env={})

@@ -307,6 +307,13 @@ SETTINGS: tuple[Setting, ...] = (
         "signed with it and unsigned ones dropped; without it anyone who can publish on NATS controls the cluster",
     ),
     _s(
+        "clustering.auth.key",
+        _str,
+        "",
+        "the cluster secret itself (16+ characters), for deployments that pass secrets in the environment "
+        "(LIFTLOG_CLUSTERING_AUTH_KEY); instead of clustering.auth.key.file",
+    ),
+    _s(
         "clustering.auth.key.generate",
         _bool,
         False,
@@ -415,6 +422,7 @@ class ClusteringConfig:
     leader_rebalance_delay: int
     max_partitions_per_server: int
     auth_key_file: str
+    auth_key: str = field(repr=False)
     auth_key_generate: bool
     auth_max_age: int
 
@@ -558,6 +566,12 @@ def load_config(
         raise ConfigError(
             "clustering.raft.election.timeout", "must be at least twice clustering.raft.heartbeat.interval"
         )
+    if values["clustering.auth.key"] and values["clustering.auth.key.file"]:
+        raise ConfigError(
+            "clustering.auth.key", "give the cluster secret or its file (clustering.auth.key.file), not both"
+        )
+    if values["clustering.auth.key"] and len(values["clustering.auth.key"].strip()) < 16:
+        raise ConfigError("clustering.auth.key", "the cluster secret needs at least 16 characters")
     if values["clustering.auth.key.generate"] and not values["clustering.auth.key.file"]:
         raise ConfigError("clustering.auth.key.generate", "needs clustering.auth.key.file: where to write the secret")
     if values["clustering.auth.max.age"] <= 0:

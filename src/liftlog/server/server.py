@@ -205,6 +205,11 @@ class Server:
     def _cluster_auth(self) -> ClusterAuth | None:
         """The signer of server-to-server messages, from the configured secret; None (and a warning) without."""
         c = self.config.clustering
+        if c.auth_key:
+            key = c.auth_key.strip().encode()
+            return ClusterAuth(
+                key, boot=secrets.token_bytes(8), started=time.time_ns(), max_age=c.auth_max_age * 1_000_000
+            )
         if not c.auth_key_file:
             log.warning(
                 "no cluster secret (clustering.auth.key.file): anyone who can publish on this NATS can act as a "
