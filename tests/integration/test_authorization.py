@@ -76,6 +76,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, nats_server: NatsProcess) 
             f"tls.client.auth.ca={pki.ca_file}",
             "tls.client.authz.enabled=true",
             f"clustering.auth.key.file={key_file}",
+            "subscribe.max.concurrent.per.connection=2",
         ):
             args += ["--set", setting]
         servers[sid] = TlsServerProcess(
@@ -342,3 +343,20 @@ async def test_liftbridge_policy_files_reloaded_on_sighup(tmp_path: Path, nats_s
         assert "reloaded the authorization policies" in proc.output()
     finally:
         proc.kill()
+
+
+async def test_a_checked_subscription_gives_back_its_slot_when_cancelled(secured: Secured) -> None:
+    await grant(secured, ("client1", "*", "*"))
+    async with Client(secured.addresses(), tls=secured.tls("client1")) as c1:
+        await c1.create_stream("slots", "slots", exist_ok=True)
+        await c1.publish("slots", b"x")
+    address = secured.servers["a"].address
+    async with secured.channel("client1", address) as channel:
+        api = api_pb2_grpc.APIStub(channel)
+        # Twice the per-connection limit, one after another: each cancelled call frees its slot.
+        for _ in range(4):
+            call = api.Subscribe(api_pb2.SubscribeRequest(stream="slots", startPosition=api_pb2.EARLIEST))
+            first = await asyncio.wait_for(call.read(), 10)
+            assert first.value in (b"", b"x")
+            call.cancel()
+            await asyncio.sleep(0.2)

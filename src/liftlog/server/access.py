@@ -127,8 +127,11 @@ class AccessControl:
                 await abort_with(context, failure)
             result = inner(request, context)
             if hasattr(result, "__anext__"):  # a handler that yields its messages
-                async for response in result:
-                    yield response
+                try:
+                    async for response in result:
+                        yield response
+                finally:
+                    await result.aclose()  # its clean-up (a subscription's slot) now, not when collected
             else:  # one that writes them itself
                 await result
 

@@ -90,8 +90,10 @@ class AuthenticatedNats:
         await self.inner.publish(subject, payload, reply=reply, headers=headers)
 
     async def subscribe(self, subject: str, queue: str = "", cb: MessageHandler | None = None) -> NatsSubscription:
-        if cb is None or not self._is_internal(subject):
+        if not self._is_internal(subject):
             return await self.inner.subscribe(subject, queue=queue, cb=cb)
+        if cb is None:  # messages taken without a callback would skip the check
+            raise ValueError(f"an internal subscription ({subject}) needs a callback: its messages are checked there")
         guard = ReplayGuard()  # per subscription: its messages arrive in order, others' need not
         handler = cb
 
