@@ -29,7 +29,14 @@ WIDE = {"COLUMNS": "200"}  # rich fits tables to the terminal width
 def status_response(controller: str = "b") -> cluster_pb2.ClusterStatusResponse:
     """Three servers, sent out of id order; "c" is a dead non-voter without a rack."""
     resp = cluster_pb2.ClusterStatusResponse(
-        serverId="a", controller=controller, term=7, commitIndex=120, appliedIndex=118, streamCount=3, partitionCount=9
+        serverId="a",
+        controller=controller,
+        term=7,
+        commitIndex=120,
+        appliedIndex=118,
+        streamCount=3,
+        partitionCount=9,
+        clusterAuth=True,
     )
     resp.servers.add(id="c", host="127.0.1.3", port=9294, alive=False, livenessChanged=1_700_000_000_000_000_000)
     resp.servers.add(
@@ -184,6 +191,8 @@ def test_json(fake: tuple[FakeCluster, str]) -> None:
         "open_files_limit": 0,
         "segment_files_open": 0,
         "segment_files_budget": 0,
+        "without_secret": [],
+        "dropped": [],
     }
     assert [s["id"] for s in obj["servers"]] == ["a", "b", "c"]  # sorted by id, like the table
     assert obj["servers"][2] == {
@@ -278,3 +287,15 @@ def test_partitions_needing_attention_get_their_own_table_and_json(fake: tuple[F
     }
     status = ClusterStatus.from_proto(servicer.response)
     assert [p.under_replicated for p in status.attention] == [True, True]
+
+
+def test_servers_without_a_secret_and_dropped_messages_are_shown(fake: tuple[FakeCluster, str]) -> None:
+    servicer, address = fake
+    servicer.response.clusterAuth = False
+    servicer.response.droppedInternal["unsigned"] = 3
+    servicer.response.droppedInternal["forged"] = 1
+    result = invoke("cluster", "status", "-a", address, env=WIDE)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "no cluster secret on a: anyone who can publish on NATS can act as a server" in text
+    assert "server-to-server messages dropped since start (a: 1 forged, 3 unsigned)" in text

@@ -264,3 +264,24 @@ async def test_a_secret_from_the_environment_signs_too(tmp_path: Path, nats_url:
         assert server.cluster is not None and server.cluster.registered.is_set()
     finally:
         await server.stop()
+
+
+async def test_cluster_status_shows_drops_and_servers_without_a_secret(
+    cluster: Cluster, attacker: nats.NATS, nats_url: str, tmp_path: Path
+) -> None:
+    from liftlog.client import Client
+    from tests.server.conftest import in_process_server
+
+    await attacker.publish(f"{cluster.prefix}heartbeat", b"{}")
+    await attacker.flush()
+    address = f"127.0.0.1:{cluster.servers['a'].port}"
+    async with Client(address) as client:
+        status = await client.cluster_status()
+        for _ in range(50):
+            if {s for s, reason, _ in status.dropped if reason == "unsigned"} == set(cluster.servers):
+                break
+            await asyncio.sleep(0.1)
+            status = await client.cluster_status()
+        assert status.without_secret == ()
+        # Every server subscribes to the heartbeat subject: each dropped the forgery.
+        assert {s for s, reason, n in status.dropped if reason == "unsigned" and n >= 1} == set(cluster.servers)

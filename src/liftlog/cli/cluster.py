@@ -168,6 +168,22 @@ def status(as_json: bool) -> None:
         console.print(
             Text(f"fenced replicas unknown for {', '.join(result.unreachable)} (did not answer)", style="yellow")
         )
+    if result.without_secret:
+        console.print(
+            Text(
+                f"no cluster secret on {', '.join(result.without_secret)}: anyone who can publish on NATS can act "
+                "as a server (clustering.auth.key.file; docs/security.md)",
+                style="yellow",
+            )
+        )
+    if result.dropped:
+        per_server: dict[str, list[str]] = {}
+        for server, reason, count in result.dropped:
+            per_server.setdefault(server, []).append(f"{count} {reason}")
+        parts = "; ".join(f"{server}: {', '.join(counts)}" for server, counts in per_server.items())
+        console.print(
+            Text(f"server-to-server messages dropped since start ({parts}): see the servers' logs", style="yellow")
+        )
 
 
 def _replicas(value: str) -> list[str]:

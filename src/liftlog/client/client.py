@@ -707,12 +707,23 @@ class Client(Routing):
         )
         fenced = list(status.fenced)
         unreachable = []
+        without_secret = list(status.without_secret)
+        dropped = list(status.dropped)
         for server, answer in zip(others, answers, strict=True):
             if isinstance(answer, BaseException):
                 unreachable.append(server.id)
             else:
                 fenced.extend(PartitionStatus.from_proto(p) for p in answer.fenced)
-        return dataclasses.replace(status, fenced=tuple(fenced), unreachable=tuple(unreachable))
+                if not answer.clusterAuth:
+                    without_secret.append(server.id)
+                dropped.extend((server.id, reason, n) for reason, n in sorted(answer.droppedInternal.items()))
+        return dataclasses.replace(
+            status,
+            fenced=tuple(fenced),
+            unreachable=tuple(unreachable),
+            without_secret=tuple(without_secret),
+            dropped=tuple(dropped),
+        )
 
     async def _cluster_call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """A ``liftlog.Cluster`` call to any server, its UNIMPLEMENTED explained."""

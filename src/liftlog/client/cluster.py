@@ -129,6 +129,10 @@ class ClusterStatus:
     open_files_limit: int = 0
     segment_files_open: int = 0
     segment_files_budget: int = 0
+    #: Servers that answered and sign nothing: no cluster secret (anyone on NATS can act as them).
+    without_secret: tuple[str, ...] = ()
+    #: (server, reason, count) of the server-to-server messages each answering server dropped.
+    dropped: tuple[tuple[str, str, int], ...] = ()
 
     def server(self, id: str) -> ServerStatus | None:
         """The server with this id, or None."""
@@ -155,6 +159,8 @@ class ClusterStatus:
             resp.openFilesLimit,
             resp.segmentFilesOpen,
             resp.segmentFilesBudget,
+            () if resp.clusterAuth else (resp.serverId,),
+            tuple((resp.serverId, reason, count) for reason, count in sorted(resp.droppedInternal.items())),
         )
 
 

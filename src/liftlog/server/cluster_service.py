@@ -9,6 +9,7 @@ like every metadata change.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from liftlog.api import cluster_pb2
@@ -28,10 +29,18 @@ __all__ = ["ClusterService"]
 
 
 class ClusterService:
-    def __init__(self, cluster: MetadataService, streams: StreamManager, access: AccessControl | None = None) -> None:
+    def __init__(
+        self,
+        cluster: MetadataService,
+        streams: StreamManager,
+        access: AccessControl | None = None,
+        auth_state: Callable[[], tuple[bool, Mapping[str, int]]] = lambda: (False, {}),
+    ) -> None:
         self._cluster = cluster
         self._streams = streams
         self._access = access
+        #: Whether this server signs its internal messages, and what it dropped by reason.
+        self._auth_state = auth_state
 
     async def Status(self, request: Any, context: Any) -> cluster_pb2.ClusterStatusResponse:
         cluster = self._cluster
@@ -47,6 +56,7 @@ class ClusterService:
                 leaders[p.leader] += 1
         controller = cluster.leader_id or ""
         voters = set(cluster.voters)
+        signing, dropped = self._auth_state()
         out = cluster_pb2.ClusterStatusResponse(
             serverId=cluster.server_id,
             controller=controller,
@@ -58,6 +68,8 @@ class ClusterService:
             openFilesLimit=open_files_limit(),
             segmentFilesOpen=self._streams.descriptors.open_count,
             segmentFilesBudget=self._streams.descriptors.limit,
+            clusterAuth=signing,
+            droppedInternal=dict(dropped),
         )
         for stream in sorted(metadata.streams.values(), key=lambda s: s.name):
             for p in stream.partitions.values():

@@ -226,6 +226,13 @@ class Server:
         boot = secrets.token_bytes(8)
         return ClusterAuth(key, boot=boot, started=time.time_ns(), max_age=c.auth_max_age * 1_000_000)
 
+    def _auth_state(self) -> tuple[bool, dict[str, int]]:
+        """Whether server-to-server messages are signed here, and the internal messages dropped by reason."""
+        nc = getattr(self, "_internal_nats", None)
+        if isinstance(nc, AuthenticatedNats):
+            return True, dict(nc.dropped)
+        return False, {}
+
     def _authenticated(self, auth: ClusterAuth) -> AuthenticatedNats:
         return AuthenticatedNats(self._connected_nats, auth, internal_subjects(self.config.clustering.namespace))
 
@@ -514,7 +521,7 @@ class Server:
             guard(
                 service_methods(
                     cluster_pb2.DESCRIPTOR.services_by_name["Cluster"],
-                    ClusterService(self.cluster, self.streams, self.access),
+                    ClusterService(self.cluster, self.streams, self.access, self._auth_state),
                 )
             )
         )

@@ -183,7 +183,14 @@ class PartitionStatus(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., candidate: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., server: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention", "openFilesLimit", "fenced", "segmentFilesOpen", "segmentFilesBudget")
+    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention", "openFilesLimit", "fenced", "segmentFilesOpen", "segmentFilesBudget", "clusterAuth", "droppedInternal")
+    class DroppedInternalEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SERVERID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +204,8 @@ class ClusterStatusResponse(_message.Message):
     FENCED_FIELD_NUMBER: _ClassVar[int]
     SEGMENTFILESOPEN_FIELD_NUMBER: _ClassVar[int]
     SEGMENTFILESBUDGET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERAUTH_FIELD_NUMBER: _ClassVar[int]
+    DROPPEDINTERNAL_FIELD_NUMBER: _ClassVar[int]
     serverId: str
     controller: str
     term: int
@@ -210,4 +219,6 @@ class ClusterStatusResponse(_message.Message):
     fenced: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
     segmentFilesOpen: int
     segmentFilesBudget: int
-    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ..., fenced: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., segmentFilesOpen: _Optional[int] = ..., segmentFilesBudget: _Optional[int] = ...) -> None: ...
+    clusterAuth: bool
+    droppedInternal: _containers.ScalarMap[str, int]
+    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ..., fenced: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., segmentFilesOpen: _Optional[int] = ..., segmentFilesBudget: _Optional[int] = ..., clusterAuth: _Optional[bool] = ..., droppedInternal: _Optional[_Mapping[str, int]] = ...) -> None: ...
