@@ -266,11 +266,8 @@ async def test_a_secret_from_the_environment_signs_too(tmp_path: Path, nats_url:
         await server.stop()
 
 
-async def test_cluster_status_shows_drops_and_servers_without_a_secret(
-    cluster: Cluster, attacker: nats.NATS, nats_url: str, tmp_path: Path
-) -> None:
+async def test_cluster_status_shows_drops_and_servers_without_a_secret(cluster: Cluster, attacker: nats.NATS) -> None:
     from liftlog.client import Client
-    from tests.server.conftest import in_process_server
 
     await attacker.publish(f"{cluster.prefix}heartbeat", b"{}")
     await attacker.flush()
