@@ -99,11 +99,11 @@ async def test_unsigned_and_foreign_messages_never_reach_the_handler(nc: nats.NA
     await signer(second, key=b"another secret of 32 bytes......").publish("ns.heartbeat", b"other key")
     await signer(second).publish("ns.heartbeat", b"good")
     await second.flush()
-    for _ in range(100):
+    for _ in range(500):  # patient: a loaded CI machine is slow to deliver
         if got:
             break
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.1)
+    # The three came from one connection, so the first two were handled (and dropped) before the third.
     assert got == [b"good"]
     assert wrapped.dropped == {"unsigned": 1, "forged": 1}
 
@@ -125,7 +125,7 @@ async def test_a_reply_to_a_message_without_reply_subject_is_refused(nc: nats.NA
     await wrapped.subscribe("ns.notify", cb=handler)
     await nc.flush()
     await signer(second).publish("ns.notify", b"n")
-    for _ in range(100):
+    for _ in range(500):
         if errors:
             break
         await asyncio.sleep(0.02)

@@ -192,6 +192,8 @@ def _decode_records(
         for _ in range(count):
             length, delta, ts, key_len, value_len, n_headers = unpack(data, pos)
             record_end = pos + 4 + length
+            if length < 22 or record_end > batch_end:  # else a record could loop or run on
+                raise CorruptDataError(f"a record of the batch at offset {base} has an impossible length {length}")
             offset = base + delta
             if offset >= limit:
                 return
@@ -204,6 +206,8 @@ def _decode_records(
                 p += key_len
             else:
                 keys.append(None)
+            if value_len < 0 or p + value_len > record_end:
+                raise CorruptDataError(f"the record at offset {offset} runs past its length")
             values.append(data[p : p + value_len])
             p += value_len
             offsets.append(offset)
@@ -212,6 +216,8 @@ def _decode_records(
             if n_headers == 1 and data[p : p + 9] == _FIELDS_NAME:
                 # The usual record: no user headers, only the stored fields (the subject first, if stored).
                 (size,) = unpack_i32(data, p + 9)
+                if size < 0 or p + 13 + size > record_end:
+                    raise CorruptDataError(f"the record at offset {offset} runs past its length")
                 if want_fields:
                     only = decode_fields(data[p + 13 : p + 13 + size])
                     subject = only.subject or subject
@@ -231,6 +237,8 @@ def _decode_records(
                     (size,) = unpack_i32(data, p)
                     value = data[p + 4 : p + 4 + size]
                     p += 4 + size
+                    if size < 0 or p > record_end:
+                        raise CorruptDataError(f"the record at offset {offset} runs past its length")
                     if name == _FIELDS:
                         if want_fields:
                             stored = decode_fields(value)
@@ -247,8 +255,6 @@ def _decode_records(
                         found[slot] = (value[0] if value else 0) if slot == 4 else value.decode()
                         if name == _SUBJECT:
                             subject = value.decode()
-                if p > record_end:
-                    raise CorruptDataError(f"the record at offset {offset} runs past its length")
                 if want_headers:
                     cols.headers.append(user)
                 if want_fields:

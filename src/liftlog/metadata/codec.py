@@ -156,7 +156,7 @@ def decode_operation(data: bytes) -> Operation:
         if kind in ("add_policy", "revoke_policy"):
             policy = Policy(str(body["subject"]), str(body["resource"]), str(body["action"]))
             return AddPolicy(policy) if kind == "add_policy" else RevokePolicy(policy)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:  # int(inf), nested too deep
         raise MetadataCodecError(f"malformed metadata operation: {exc}") from exc
     raise MetadataCodecError(f"unknown metadata operation {kind!r}")
 
@@ -179,5 +179,5 @@ def decode_snapshot(data: bytes) -> Metadata:
         if not isinstance(body, dict):
             raise TypeError(f"expected a JSON object, got {type(body).__name__}")
         return Metadata.from_dict(body)
-    except (zlib.error, ValueError, KeyError, TypeError) as exc:
+    except (zlib.error, ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise MetadataCodecError(f"malformed metadata snapshot: {exc}") from exc

@@ -308,7 +308,7 @@ def decode_request(data: bytes) -> tuple[ControlRequest, float | None]:
     elif kind == "register_server":
         try:
             server = ServerMeta.from_dict(f.mapping("server"))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # int() of an infinite port overflows
             raise ProtocolError(f"{f.what}: bad server: {exc!r}") from None
         request = ServerRegistration(server)
     elif kind == "report_leader":
@@ -524,7 +524,7 @@ _MISSING: Any = object()
 def _object(data: bytes, what: str) -> dict[str, Any]:
     try:
         body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ProtocolError(f"{what} is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ProtocolError(f"{what} is not a JSON object but {type(body).__name__}")
@@ -558,7 +558,11 @@ class _Fields:
         return value
 
     def number(self, key: str) -> float:
-        return float(self._get(key, _MISSING, (int, float), "a number"))
+        value = self._get(key, _MISSING, (int, float), "a number")
+        try:
+            return float(value)
+        except OverflowError:  # an integer too large for a float
+            raise ProtocolError(f"{self.what}: field {key!r} is a number too large for a float") from None
 
     def flag(self, key: str, default: Any = _MISSING) -> bool:
         value: bool = self._get(key, default, bool, "true or false")

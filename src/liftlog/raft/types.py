@@ -88,10 +88,18 @@ class ConfChange:
 
     @classmethod
     def decode(cls, data: bytes) -> ConfChange:
-        op, sep, node = data.decode().partition(":")
+        """The change ``encode`` wrote; ValueError naming the problem for anything else."""
+        try:
+            op, sep, node = data.decode().partition(":")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"malformed conf change {data!r}: not UTF-8 ({exc.reason})") from None
         if not sep or not node:
             raise ValueError(f"malformed conf change {data!r}")
-        return cls(ConfChangeOp(op), node)
+        try:
+            kind = ConfChangeOp(op)
+        except ValueError:
+            raise ValueError(f"malformed conf change {data!r}: unknown operation {op!r}") from None
+        return cls(kind, node)
 
 
 class MessageType(enum.Enum):

@@ -340,6 +340,8 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
                 (name_len,) = unpack_name(data, p)
                 name_at = p + 2
                 p += 2 + name_len
+                if not data[name_at:p].isascii():
+                    str(data[name_at:p], "utf-8")  # header names are text: UnicodeDecodeError, refused below
                 (size,) = unpack_value(data, p)
                 if size < 0:
                     raise InvalidBatch(f"record {i} of the batch has a header of length {size}")
@@ -361,6 +363,8 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
             pos = record_end
     except (struct.error, IndexError) as exc:
         raise InvalidBatch(f"record {i} of the batch is malformed: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidBatch(f"record {i} of the batch has a header name that is not UTF-8 ({exc.reason})") from None
     if pos != end:
         raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
     return RecordsInfo(positions, largest, largest_record + 4, reserved)
@@ -521,7 +525,7 @@ def decode_records(
     min_offset: int = 0,
     max_offset: int | None = None,
 ) -> list[Record]:
-    """Decode the records of one batch with ``min_offset <= offset < max_offset``."""
+    """The records of one batch with ``min_offset <= offset < max_offset``; InvalidBatch if they are malformed."""
     out: list[Record] = []
     pos = header.position + BATCH_HEADER_SIZE
     end = header.position + header.size
@@ -534,6 +538,9 @@ def decode_records(
     try:
         for _ in range(header.record_count):
             length, delta, ts, key_len, value_len, n_headers = unpack(mv, pos)
+            record_end = pos + 4 + length
+            if length < RECORD_OVERHEAD - 4 or record_end > end:  # else a record could loop or run on
+                raise InvalidBatch(f"batch at base offset {base} has a record of impossible length {length}")
             offset = base + delta
             if offset >= limit:
                 break
@@ -544,18 +551,23 @@ def decode_records(
                     p += key_len
                 else:
                     key = None
+                if value_len < 0 or p + value_len > record_end:
+                    raise InvalidBatch(f"batch at base offset {base} has a record that runs past its length")
                 value = bytes(mv[p : p + value_len])
-                headers = _decode_headers(mv, p + value_len, n_headers) if n_headers else EMPTY_HEADERS
+                headers = _decode_headers(mv, p + value_len, n_headers, record_end) if n_headers else EMPTY_HEADERS
                 append(new(Record, (offset, ts, key, value, headers)))
-            pos += 4 + length
+            pos = record_end
     except struct.error as exc:
         raise InvalidBatch(f"batch at base offset {base} has a record that runs past its end") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidBatch(f"batch at base offset {base} has a header name that is not UTF-8 ({exc.reason})") from None
     if pos > end:
         raise InvalidBatch(f"batch at base offset {base} has records that run past its end")
     return out
 
 
-def _decode_headers(mv: memoryview, pos: int, count: int) -> dict[str, bytes]:
+def _decode_headers(mv: memoryview, pos: int, count: int, end: int) -> dict[str, bytes]:
+    """A record's headers, which end by ``end`` (InvalidBatch otherwise)."""
     headers: dict[str, bytes] = {}
     for _ in range(count):
         (name_len,) = _HEADER_NAME.unpack_from(mv, pos)
@@ -564,6 +576,8 @@ def _decode_headers(mv: memoryview, pos: int, count: int) -> dict[str, bytes]:
         pos += name_len
         (value_len,) = _HEADER_VALUE.unpack_from(mv, pos)
         pos += 4
+        if value_len < 0 or pos + value_len > end:
+            raise InvalidBatch(f"a record header of length {value_len} runs past its record")
         headers[name] = bytes(mv[pos : pos + value_len])
         pos += value_len
     return headers
