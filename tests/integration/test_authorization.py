@@ -281,27 +281,15 @@ async def test_publish_async_refusals_reach_our_client(secured: Secured) -> None
         assert "identity 'client2' may not Publish on 'async-guarded'" in info.value.message
 
 
-MODEL = """
-[request_definition]
-r = sub, obj, act
-
-[policy_definition]
-p = sub, obj, act
-
-[policy_effect]
-e = some(where (p.eft == allow))
-
-[matchers]
-m = r.sub == p.sub && r.obj == p.obj && r.act == p.act
-"""
+#: Liftbridge's model and an example policy, as docs/security.md shows them.
+EXAMPLES = Path(__file__).parents[2] / "docs" / "examples" / "authz"
 
 
 async def test_liftbridge_policy_files_reloaded_on_sighup(tmp_path: Path, nats_server: NatsProcess) -> None:
     pki = make_pki(tmp_path / "pki")
     identities = issue_identities(pki)
-    model, policy = tmp_path / "model.conf", tmp_path / "policy.csv"
-    model.write_text(MODEL)
-    policy.write_text("p, client1, *, FetchMetadata\np, client1, foo, CreateStream\n")
+    model, policy = EXAMPLES / "model.conf", tmp_path / "policy.csv"
+    policy.write_text((EXAMPLES / "policy.csv").read_text())
     cert = pki.issue("server")
     args = ["--tls-cert", cert[0], "--tls-key", cert[1]]
     for setting in (

@@ -6,25 +6,8 @@ from pathlib import Path
 
 from liftlog.security.authz import Authorizer, identity_of
 
-# Liftbridge's documented example: exact matches only.
-LIFTBRIDGE_MODEL = """
-[request_definition]
-r = sub, obj, act
-
-[policy_definition]
-p = sub, obj, act
-
-[policy_effect]
-e = some(where (p.eft == allow))
-
-[matchers]
-m = r.sub == p.sub && r.obj == p.obj && r.act == p.act
-"""
-LIFTBRIDGE_POLICY = """p, client1, *, FetchMetadata
-p, client1, foo, CreateStream
-p, client1, foo, Publish
-p, client1, foo, Subscribe
-"""
+#: Liftbridge's documented model (exact matches) and a policy, as docs/security.md shows them.
+EXAMPLES = Path(__file__).parents[2] / "docs" / "examples" / "authz"
 
 
 def test_default_model_wildcards_and_patterns() -> None:
@@ -56,16 +39,15 @@ def test_a_policy_change_drops_remembered_decisions() -> None:
 
 
 def test_liftbridge_model_and_policy_files(tmp_path: Path) -> None:
-    model, policy = tmp_path / "model.conf", tmp_path / "policy.csv"
-    model.write_text(LIFTBRIDGE_MODEL)
-    policy.write_text(LIFTBRIDGE_POLICY)
-    a = Authorizer.from_files(str(model), str(policy))
+    policy = tmp_path / "policy.csv"
+    policy.write_text((EXAMPLES / "policy.csv").read_text())
+    a = Authorizer.from_files(str(EXAMPLES / "model.conf"), str(policy))
     assert a.from_file
     assert a.allowed("client1", "*", "FetchMetadata")
-    assert a.allowed("client1", "foo", "Publish")
-    assert not a.allowed("client1", "bar", "Publish")  # exact matches only in Liftbridge's model
-    assert not a.allowed("client2", "foo", "Publish")
-    policy.write_text(LIFTBRIDGE_POLICY + "p, client2, foo, Publish\n")
+    assert a.allowed("client1", "foo", "Subscribe")
+    assert not a.allowed("client1", "bar", "Subscribe")  # exact matches only in Liftbridge's model
+    assert not a.allowed("client1", "foo", "Publish")
+    policy.write_text(policy.read_text() + "p, client2, foo, Publish\n")
     a.reload_files()
     assert a.allowed("client2", "foo", "Publish")
 
