@@ -27,6 +27,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from tests.fuzz.common import BINARY, decodes_or_refuses, fuzz_settings, mutate, mutated, names
+from tests.raft import test_codec as raft_strategies
 
 from liftlog.api import api_pb2
 from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
@@ -43,7 +44,7 @@ from liftlog.api.envelope import (
     encode_publish_message,
 )
 from liftlog.api.stored import StoredFields, decode_fields, encode_fields
-from liftlog.raft import ConfChange, ConfChangeOp, Entry, EntryKind, HardState, Message, MessageType, Snapshot
+from liftlog.raft import ConfChange, ConfChangeOp, HardState
 from liftlog.raft.codec import (
     CodecError,
     decode_entry,
@@ -202,24 +203,9 @@ def test_stored_fields_on_mutated_encodings(data: bytes) -> None:
 
 # -- liftlog.raft.codec and ConfChange ------------------------------------------------
 
-entries = st.builds(Entry, U64, U64, st.sampled_from(EntryKind), st.binary(max_size=16))
-snapshots = st.builds(Snapshot, U64, U64, st.lists(names, max_size=3).map(tuple), st.binary(max_size=16))
+# The raft codec's own round-trip strategies, mutated here.
+entries, snapshots, raft_messages = raft_strategies.entries, raft_strategies.snapshots, raft_strategies.messages
 hard_states = st.builds(HardState, U64, st.none() | names, U64)
-raft_messages = st.builds(
-    Message,
-    st.sampled_from(MessageType),
-    names,
-    names,
-    U64,
-    log_term=U64,
-    index=U64,
-    entries=st.lists(entries, max_size=3).map(tuple),
-    commit=U64,
-    reject=st.booleans(),
-    reject_hint=U64,
-    snapshot=st.none() | snapshots,
-    context=st.binary(max_size=8),
-)
 RAFT_DECODERS: list[tuple[Callable[[bytes], object], st.SearchStrategy[bytes]]] = [
     (decode_message, raft_messages.map(encode_message)),
     (decode_entry, entries.map(encode_entry)),
