@@ -155,3 +155,19 @@ def test_the_job_script_explains_itself() -> None:
     with pytest.raises(SystemExit) as exit_info:
         job.main(["--help"])
     assert exit_info.value.code == 0
+
+
+def test_the_job_hands_its_tls_settings_to_the_source_and_sink_as_options() -> None:
+    from liftlog.client import TlsConfig
+    from liftlog.pipeline.job import _args, tls_options
+
+    assert tls_options(None) == {}
+    config = TlsConfig(ca="ca.pem", cert="me.pem", key="me.key", server_name="db.example")
+    assert tls_options(config) == {
+        "tls.ca": "ca.pem",
+        "tls.cert": "me.pem",
+        "tls.key": "me.key",
+        "tls.serverName": "db.example",
+    }
+    args = _args(["--tls-ca", "ca.pem", "--tls-cert", "me.pem", "--tls-key", "me.key"])
+    assert (args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name) == ("ca.pem", "me.pem", "me.key", None)
