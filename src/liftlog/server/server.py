@@ -207,24 +207,23 @@ class Server:
         c = self.config.clustering
         if c.auth_key:
             key = c.auth_key.strip().encode()
-            return ClusterAuth(
-                key, boot=secrets.token_bytes(8), started=time.time_ns(), max_age=c.auth_max_age * 1_000_000
-            )
-        if not c.auth_key_file:
+        elif c.auth_key_file:
+            path = Path(c.auth_key_file)
+            try:
+                if c.auth_key_generate and generate_key_file(path):
+                    log.warning(
+                        "wrote a new cluster secret to %s; servers that join this cluster need a copy of it", path
+                    )
+                key = load_key(path)
+            except (KeyFileError, OSError) as exc:
+                raise ServerStartError(f"clustering.auth.key.file: {exc}") from exc
+        else:
             log.warning(
                 "no cluster secret (clustering.auth.key.file): anyone who can publish on this NATS can act as a "
                 "server of this cluster, change its metadata and its data; see docs/security.md"
             )
             return None
-        path = Path(c.auth_key_file)
-        try:
-            if c.auth_key_generate and generate_key_file(path):
-                log.warning("wrote a new cluster secret to %s; servers that join this cluster need a copy of it", path)
-            key = load_key(path)
-        except (KeyFileError, OSError) as exc:
-            raise ServerStartError(f"clustering.auth.key.file: {exc}") from exc
-        boot = secrets.token_bytes(8)
-        return ClusterAuth(key, boot=boot, started=time.time_ns(), max_age=c.auth_max_age * 1_000_000)
+        return ClusterAuth(key, boot=secrets.token_bytes(8), started=time.time_ns(), max_age=c.auth_max_age * 1_000_000)
 
     def _auth_state(self) -> tuple[bool, dict[str, int]]:
         """Whether server-to-server messages are signed here, and the internal messages dropped by reason."""
