@@ -399,3 +399,14 @@ def test_a_dead_server_heard_after_reset_is_revived() -> None:
     t = tracker()
     t.heard("b", NOW + 1)
     assert SetServerLiveness("b", True, NOW + 2) in t.changes(meta, NOW + 2)
+
+
+def test_a_policy_change_is_one_operation_and_odd_names_are_refused() -> None:
+    from liftlog.metadata.controller import plan_policy_change
+    from liftlog.metadata.model import AddPolicy, Policy, RevokePolicy
+
+    assert plan_policy_change("c1", "orders.*", "Publish", add=True) == AddPolicy(Policy("c1", "orders.*", "Publish"))
+    assert plan_policy_change("c1", "*", "*", add=False) == RevokePolicy(Policy("c1", "*", "*"))
+    for bad in (("", "*", "*"), ("a,b", "*", "*"), ("c1", " x", "*"), ("c1", "*", "")):
+        with pytest.raises(InvalidStreamError, match="without commas or surrounding spaces"):
+            plan_policy_change(*bad, add=True)

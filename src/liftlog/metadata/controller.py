@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 
 from .limits import StreamLimits, check_partition_count, check_replicas_per_server, check_settings
 from .model import (
+    AddPolicy,
     CreateStream,
     InvalidStreamError,
     Metadata,
     PartitionMeta,
+    Policy,
+    RevokePolicy,
     SetServerLiveness,
     StreamExistsError,
     StreamMeta,
@@ -30,7 +33,7 @@ from .model import (
 from .names import validate_new_stream
 from .placement import PlacementError, ServerInfo, place_partitions
 
-__all__ = ["CreateStreamRequest", "LivenessTracker", "plan_create_stream"]
+__all__ = ["CreateStreamRequest", "LivenessTracker", "plan_create_stream", "plan_policy_change"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,17 @@ class CreateStreamRequest:
     #: 0 means one replica, -1 every live server.
     replication_factor: int = 1
     settings: StreamSettings = field(default_factory=StreamSettings)
+
+
+def plan_policy_change(subject: str, resource: str, action: str, *, add: bool) -> AddPolicy | RevokePolicy:
+    """The operation that adds (or revokes) a policy; InvalidStreamError for a name a policy cannot hold."""
+    for what, value in (("subject", subject), ("resource", resource), ("action", action)):
+        if not value or value != value.strip() or "," in value:
+            raise InvalidStreamError(
+                f"a policy's {what} must be a non-empty name without commas or surrounding spaces, got {value!r}"
+            )
+    policy = Policy(subject, resource, action)
+    return AddPolicy(policy) if add else RevokePolicy(policy)
 
 
 def plan_create_stream(

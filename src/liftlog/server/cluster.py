@@ -40,7 +40,12 @@ from liftlog.metadata import (
     StreamExistsError,
 )
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
-from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
+from liftlog.metadata.controller import (
+    CreateStreamRequest,
+    LivenessTracker,
+    plan_create_stream,
+    plan_policy_change,
+)
 from liftlog.metadata.limits import StreamLimits
 from liftlog.metadata.model import (
     AddPolicy,
@@ -570,14 +575,7 @@ class MetadataService:
             case PreferredLeadersChange():
                 return list(preferred_leader_changes(self.metadata))
             case PolicyChange(subject, resource, action, add):
-                for what, value in (("subject", subject), ("resource", resource), ("action", action)):
-                    if not value or value != value.strip() or "," in value:
-                        raise InvalidStreamError(
-                            f"a policy's {what} must be a non-empty name without commas or surrounding spaces, "
-                            f"got {value!r}"
-                        )
-                policy = Policy(subject, resource, action)
-                return [AddPolicy(policy) if add else RevokePolicy(policy)]
+                return [plan_policy_change(subject, resource, action, add=add)]
         raise MetadataError(f"{type(change).__name__} is not a metadata change of its own")
 
     async def _lead(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:
