@@ -410,3 +410,5 @@ def test_a_policy_change_is_one_operation_and_odd_names_are_refused() -> None:
     for bad in (("", "*", "*"), ("a,b", "*", "*"), ("c1", " x", "*"), ("c1", "*", "")):
         with pytest.raises(InvalidStreamError, match="without commas or surrounding spaces"):
             plan_policy_change(*bad, add=True)
+    with pytest.raises(InvalidStreamError, match="at most 1024"):
+        plan_policy_change("c" * 1025, "*", "*", add=True)

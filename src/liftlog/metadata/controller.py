@@ -48,12 +48,20 @@ class CreateStreamRequest:
     settings: StreamSettings = field(default_factory=StreamSettings)
 
 
+#: The longest subject, resource or action a policy may name.
+MAX_POLICY_NAME = 1024
+
+
 def plan_policy_change(subject: str, resource: str, action: str, *, add: bool) -> AddPolicy | RevokePolicy:
     """The operation that adds (or revokes) a policy; InvalidStreamError for a name a policy cannot hold."""
     for what, value in (("subject", subject), ("resource", resource), ("action", action)):
         if not value or value != value.strip() or "," in value:
             raise InvalidStreamError(
                 f"a policy's {what} must be a non-empty name without commas or surrounding spaces, got {value!r}"
+            )
+        if len(value) > MAX_POLICY_NAME:  # every server keeps every policy, in memory and in snapshots
+            raise InvalidStreamError(
+                f"a policy's {what} has {len(value)} characters; at most {MAX_POLICY_NAME} are allowed"
             )
     policy = Policy(subject, resource, action)
     return AddPolicy(policy) if add else RevokePolicy(policy)
