@@ -43,3 +43,4 @@ class Reason(enum.StrEnum):
     LIMIT_EXCEEDED = "limit_exceeded"  # RESOURCE_EXHAUSTED: a server limit; the message names its setting
     INTERNAL = "internal"  # INTERNAL
     PERMISSION_DENIED = "permission_denied"  # PERMISSION_DENIED: the message names identity, resource and action
+    ENCRYPTION = "encryption"  # INTERNAL: an encrypted stream's data cannot be encrypted or decrypted on the server

@@ -169,27 +169,38 @@ def server(
 
 @main.command()
 @click.argument("path", type=click.Path(dir_okay=False))
-def keygen(path: str) -> None:
+@click.option(
+    "--master-key",
+    is_flag=True,
+    help="write an encryption master key (32 random bytes, base64) for encryption.key.file instead",
+)
+def keygen(path: str, master_key: bool) -> None:
     """Write a new cluster secret to PATH (readable by you only) for clustering.auth.key.file.
 
     Give every server of the cluster a copy; servers sign their messages to each
     other with it and drop what is not signed. An existing file is left alone.
+    With --master-key, write a master key for encrypted streams instead; every
+    server needs a copy of that too.
 
     \b
       liftlog keygen /etc/liftlog/cluster.key
       liftlog server --set clustering.auth.key.file=/etc/liftlog/cluster.key ...
+      liftlog keygen --master-key /etc/liftlog/master.key
+      liftlog server --set encryption.key.file=/etc/liftlog/master.key ...
     """
     from pathlib import Path
 
     from liftlog.security.cluster_auth import generate_key_file
+    from liftlog.security.master_key import generate_master_key_file
 
+    what = "encryption master key" if master_key else "cluster secret"
     try:
-        written = generate_key_file(Path(path))
+        written = (generate_master_key_file if master_key else generate_key_file)(Path(path))
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
     if not written:
-        fail(f"{path} exists; remove it first to replace the secret (every server needs the new one)")
-    click.echo(f"wrote a new cluster secret to {path}")
+        fail(f"{path} exists; remove it first to replace the {what} (every server needs the new one)")
+    click.echo(f"wrote a new {what} to {path}")
 
 
 main.add_command(stream)

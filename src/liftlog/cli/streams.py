@@ -70,6 +70,11 @@ def stream() -> None:
 @click.option("--compact/--no-compact", default=None, help="Keep only the newest message per key.")
 @click.option("--auto-pause-time", type=DURATION, help="Pause partitions idle this long.")
 @click.option("--occ", is_flag=True, default=None, help="Enable optimistic concurrency control (expected offsets).")
+@click.option(
+    "--encryption/--no-encryption",
+    default=None,
+    help="Encrypt stored messages (servers need a master key; default: their streams.encryption).",
+)
 @click.option("--exist-ok", is_flag=True, help="Succeed if the stream already exists.")
 def create(
     name: str,
@@ -85,6 +90,7 @@ def create(
     compact: bool | None,
     auto_pause_time: int | None,
     occ: bool | None,
+    encryption: bool | None,
     exist_ok: bool,
 ) -> None:
     """Create stream NAME on a NATS subject.
@@ -112,6 +118,7 @@ def create(
                 compact_enabled=compact,
                 auto_pause_time_ms=auto_pause_time,
                 optimistic_concurrency_control=occ,
+                encryption=encryption,
                 exist_ok=exist_ok,
             )
 

@@ -141,7 +141,7 @@ def decode_batches(
     while pos < end:
         if end - pos < BATCH_HEADER_SIZE:
             raise CorruptDataError(f"fetched data ends inside a batch header at byte {pos} of {end}")
-        base, length, _epoch, magic, crc, _attrs, last_delta, _first_ts, _max_ts, count = BATCH_HEADER.unpack_from(
+        base, length, _epoch, magic, crc, attrs, last_delta, _first_ts, _max_ts, count = BATCH_HEADER.unpack_from(
             data, pos
         )
         batch_end = pos + LOG_OVERHEAD + length
@@ -153,6 +153,10 @@ def decode_batches(
             raise CorruptDataError(f"the batch at offset {base} fails its CRC check")
         if base >= limit:
             break
+        if attrs:  # servers decrypt before they answer: these bytes are not records
+            raise CorruptDataError(
+                f"the batch at offset {base} has attributes {attrs:#x} (encrypted?), which no read returns"
+            )
         if base + last_delta >= start and count:
             _decode_records(
                 data,

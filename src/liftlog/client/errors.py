@@ -57,6 +57,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptDataError",
     "DeadlineExceededError",
+    "EncryptionFailedError",
     "FailedPreconditionError",
     "IncorrectOffsetError",
     "InternalError",
@@ -71,6 +72,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "PartitionPausedError",
     "PermissionDeniedError",
+    "PublishAsyncEncryptionError",
     "PublishAsyncFailed",
     "ReadonlyError",
     "StreamDeletedError",
@@ -191,6 +193,11 @@ class InternalError(LiftlogError):
     """The server failed internally (INTERNAL)."""
 
 
+class EncryptionFailedError(InternalError):
+    """The server cannot encrypt or decrypt an encrypted stream's messages (no master key, or not the one
+    the data needs); the message says which. Nothing was written or delivered."""
+
+
 class CorruptDataError(LiftlogError):
     """Fetched record batches failed their CRC or structure check (client-side: nothing was decoded from them)."""
 
@@ -254,7 +261,7 @@ class PublishAsyncNoSuchPartitionError(PublishAsyncFailed, NoSuchPartitionError)
 
 
 class PublishAsyncInternalError(PublishAsyncFailed, InternalError):
-    """PublishAsyncError INTERNAL or ENCRYPTION_FAILED."""
+    """PublishAsyncError INTERNAL."""
 
 
 class PublishAsyncReadonlyError(PublishAsyncFailed, ReadonlyError):
@@ -267,6 +274,10 @@ class PublishAsyncIncorrectOffsetError(PublishAsyncFailed, IncorrectOffsetError)
 
 class PublishAsyncPermissionDeniedError(PublishAsyncFailed, PermissionDeniedError):
     """PublishAsyncError PERMISSION_DENIED."""
+
+
+class PublishAsyncEncryptionError(PublishAsyncFailed, EncryptionFailedError):
+    """PublishAsyncError ENCRYPTION_FAILED."""
 
 
 _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
@@ -290,6 +301,7 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.LIMIT_EXCEEDED: LimitExceededError,
     Reason.INTERNAL: InternalError,
     Reason.PERMISSION_DENIED: PermissionDeniedError,
+    Reason.ENCRYPTION: EncryptionFailedError,
 }
 
 _CODE_CLASSES: Final[dict[Any, type[LiftlogError]]] = {
@@ -403,7 +415,7 @@ _ASYNC_CLASSES: Final[dict[int, type[PublishAsyncFailed]]] = {
     api_pb2.PublishAsyncError.INTERNAL: PublishAsyncInternalError,
     api_pb2.PublishAsyncError.READONLY: PublishAsyncReadonlyError,
     api_pb2.PublishAsyncError.INCORRECT_OFFSET: PublishAsyncIncorrectOffsetError,
-    api_pb2.PublishAsyncError.ENCRYPTION_FAILED: PublishAsyncInternalError,
+    api_pb2.PublishAsyncError.ENCRYPTION_FAILED: PublishAsyncEncryptionError,
     api_pb2.PublishAsyncError.PERMISSION_DENIED: PublishAsyncPermissionDeniedError,
 }
 
@@ -437,6 +449,7 @@ _AS_PUBLISH_FAILURE: Final[tuple[tuple[type[LiftlogError], type[PublishAsyncFail
     (NoSuchPartitionError, PublishAsyncNoSuchPartitionError, api_pb2.PublishAsyncError.NOT_FOUND),
     (NoSuchStreamError, PublishAsyncNoSuchStreamError, api_pb2.PublishAsyncError.NOT_FOUND),
     (PermissionDeniedError, PublishAsyncPermissionDeniedError, api_pb2.PublishAsyncError.PERMISSION_DENIED),
+    (EncryptionFailedError, PublishAsyncEncryptionError, api_pb2.PublishAsyncError.ENCRYPTION_FAILED),
     (InternalError, PublishAsyncInternalError, api_pb2.PublishAsyncError.INTERNAL),
 )
 
@@ -458,7 +471,10 @@ _ACK_ERROR_MESSAGES: Final[dict[int, tuple[type[LiftlogError], str]]] = {
         "incorrect offset: the expected offset was not the next offset",
     ),
     api_pb2.Ack.TOO_LARGE: (MessageTooLargeError, "message too large"),
-    api_pb2.Ack.ENCRYPTION: (InternalError, "message encryption failed"),
+    api_pb2.Ack.ENCRYPTION: (
+        EncryptionFailedError,
+        "message encryption failed: the partition's leader has no encryption master key (its log says more)",
+    ),
 }
 
 

@@ -40,11 +40,12 @@ from liftlog.metadata import (
 )
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.rpc import StatusCode
+from liftlog.storage.encryption import EncryptionError
 
 from .access import AccessControl
 from .acks import AckRouter
 from .cluster import MetadataService
-from .failures import RpcFailure, abort_with, async_error, failure_from
+from .failures import RpcFailure, abort_with, async_error, encryption_failure, failure_from
 from .partition import Partition
 from .publish_async import serve_publish_async
 from .streams import StreamManager
@@ -135,8 +136,7 @@ class ApiService:
         try:
             # The controller checks again; checking here answers without a round trip to it.
             validate_new_stream(req.name, req.subject, max(req.partitions, 1), self._cluster.namespace)
-            settings = self._settings(req)
-            self._streams.check_settings(settings)
+            settings = self._streams.check_settings(self._settings(req))
             await self._cluster.create_stream(
                 CreateStreamRequest(
                     req.name,
@@ -180,8 +180,6 @@ class ApiService:
         for name, value in settings.to_dict().items():
             if not isinstance(value, bool) and value < 0:
                 raise InvalidStreamError(f"{name} must not be negative, got {value}")
-        if settings.encryption:
-            raise InvalidStreamError("encryption at rest is not supported yet")
         return settings
 
     async def DeleteStream(self, request: Any, context: Any) -> api_pb2.DeleteStreamResponse:
@@ -232,6 +230,8 @@ class ApiService:
             await abort_with(context, self.gone(req.stream, req.partition, str(exc)))
         except EndOfReadonly as exc:
             await abort_with(context, RpcFailure(Code.FAILED_PRECONDITION, Reason.READONLY, str(exc)))
+        except EncryptionError as exc:
+            await abort_with(context, encryption_failure(req.stream, req.partition, exc))
         finally:
             part.subscribers -= 1
             self.subscriptions -= 1
@@ -540,6 +540,13 @@ class ApiService:
         if error == api_pb2.Ack.TOO_LARGE:
             raise RpcFailure(
                 Code.INVALID_ARGUMENT, Reason.TOO_LARGE, "message is larger than streams.max.message.bytes"
+            )
+        if error == api_pb2.Ack.ENCRYPTION:
+            raise RpcFailure(
+                Code.INTERNAL,
+                Reason.ENCRYPTION,
+                self._write_error(ack)
+                or f"stream {ack.stream!r}: the message could not be encrypted; nothing was written",
             )
         if error != api_pb2.Ack.OK:
             reason = self._write_error(ack) or (

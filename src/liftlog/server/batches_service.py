@@ -24,9 +24,11 @@ from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.errors import Reason
 from liftlog.rpc import StatusCode
 from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
+from liftlog.storage.encryption import EncryptionError
 from liftlog.storage.records import batches_end, check_records
 
 from .api_service import ApiService, RpcFailure, abort_with
+from .failures import encryption_failure
 
 __all__ = ["DEFAULT_FETCH_BYTES", "MAX_FETCH_BYTES", "BatchesService"]
 
@@ -85,11 +87,13 @@ class BatchesService:
                 end = hw + 1 if not req.endOffset else min(hw + 1, req.endOffset)
                 if offset < end:
                     try:
-                        data = log.read_raw(offset, max_bytes, end)
+                        data = log.read_clear(offset, max_bytes, end)
                     except OffsetOutOfRange:
                         continue  # retention moved the start meanwhile: the checks above name it
                     except LogClosed as exc:
                         raise self._api.gone(req.stream, req.partition, str(exc)) from exc
+                    except EncryptionError as exc:
+                        raise encryption_failure(req.stream, req.partition, exc) from exc
                     return self._response(data, hw, start, batches_end(data, offset, end), part.subject)
                 stop = req.endOffset and offset >= req.endOffset
                 left = deadline - loop.time()

@@ -237,7 +237,27 @@ SETTINGS: tuple[Setting, ...] = (
     _s("streams.auto.pause.time", parse_duration_ms, 0, "pause partitions idle this long (0: never)"),
     _s("streams.auto.pause.disable.if.subscribers", _bool, False, "do not auto-pause partitions with subscribers"),
     _s("streams.concurrency.control", _bool, False, "enable expectedOffset checks on publish"),
-    _s("streams.encryption", _bool, False, "encrypt stored messages (not supported yet)"),
+    _s(
+        "streams.encryption",
+        _bool,
+        False,
+        "encrypt the stored messages of streams created without an encryption setting (needs a master key: "
+        "LIFTBRIDGE_ENCRYPTION_KEY or encryption.key.file)",
+    ),
+    _s(
+        "encryption.key.file",
+        _str,
+        "",
+        "file holding the master key that wraps encrypted streams' data keys (16 or 32 bytes, base64:... or hex:..., "
+        "e.g. from `liftlog keygen --master-key`); instead of LIFTBRIDGE_ENCRYPTION_KEY; every server needs it; "
+        "re-read on SIGHUP",
+    ),
+    _s(
+        "encryption.previous.key.files",
+        _list,
+        (),
+        "files of earlier master keys, kept to decrypt what they encrypted while keys are rotated; re-read on SIGHUP",
+    ),
     _s("streams.max.message.bytes", parse_size, 1 << 20, "largest message accepted"),
     _s("streams.fsync.policy", _choice("never", "interval", "always"), "never", "when the log is fsynced"),
     _s("streams.fsync.interval", parse_duration_ms, 1000, "fsync interval with the interval policy"),

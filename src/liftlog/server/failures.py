@@ -14,6 +14,7 @@ from liftlog.metadata import (
     StreamExistsError,
 )
 from liftlog.rpc import ServerContext, StatusCode
+from liftlog.storage.encryption import EncryptionError
 
 from .cluster import (
     ChangeNotAppliedError,
@@ -47,7 +48,13 @@ _ASYNC_CODES = {
     Reason.INVALID_ARGUMENT: PAE.BAD_REQUEST,
     Reason.INTERNAL: PAE.INTERNAL,
     Reason.PERMISSION_DENIED: PAE.PERMISSION_DENIED,
+    Reason.ENCRYPTION: PAE.ENCRYPTION_FAILED,
 }
+
+
+def encryption_failure(stream: str, partition: int, exc: EncryptionError) -> RpcFailure:
+    """A read of an encrypted partition this server cannot decrypt: which key it lacks, or what failed."""
+    return RpcFailure(Code.INTERNAL, Reason.ENCRYPTION, f"stream {stream!r} partition {partition}: {exc}")
 
 
 def failure_from(exc: MetadataError) -> RpcFailure:

@@ -41,6 +41,7 @@ from liftlog.storage import (
     StorageError,
 )
 from liftlog.storage.descriptors import DescriptorBudget
+from liftlog.storage.encryption import BatchCipher, EncryptionError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .messages import Incoming, incoming_from_nats, record_size
@@ -79,9 +80,11 @@ class PartitionOptions:
         "auto_pause_disable_if_subscribers",
         "auto_pause_ns",
         "batch_max",
+        "cipher",
         "cleaner_interval_ns",
         "created",
         "descriptors",
+        "encrypt",
         "file_io",
         "log_config",
         "min_isr",
@@ -101,8 +104,13 @@ class PartitionOptions:
         created: int = 0,
         file_io: FileIO = DEFAULT_FILE_IO,
         descriptors: DescriptorBudget | None = None,
+        cipher: BatchCipher | None = None,
+        encrypt: bool = False,
     ) -> None:
         self.log_config = log_config
+        #: The server's batch cipher (its master keys); ``encrypt``: the stream is encrypted at rest.
+        self.cipher = cipher
+        self.encrypt = encrypt
         #: The server's budget of descriptors for sealed segments (None: every segment keeps its own).
         self.descriptors = descriptors
         #: What the log does its file operations through (the fault suite passes a failing one).
@@ -192,6 +200,8 @@ class Partition:
                 clock=self._clock,
                 io=self.options.file_io,
                 budget=self.options.descriptors,
+                cipher=self.options.cipher,
+                encrypt=self.options.encrypt,
             )
             if len(self.meta.replicas) == 1:
                 # One replica: everything written is committed. With more, the checkpointed HW stands
@@ -446,6 +456,10 @@ class Partition:
             except InvalidBatch:
                 rejected.append((run[0], api_pb2.Ack.UNKNOWN))  # checked on arrival: cannot happen
                 continue
+            except EncryptionError as exc:  # no master key here: every run fails alike, the log is untouched
+                self.encryption_failed(exc)
+                rejected.extend((item, api_pb2.Ack.ENCRYPTION) for later in runs[i:] for item in later)
+                break
             except (StorageError, OSError) as exc:
                 self.write_failed(exc)
                 rejected.extend((item, api_pb2.Ack.UNKNOWN) for later in runs[i:] for item in later)
@@ -468,6 +482,9 @@ class Partition:
             except (RecordTooLarge, StorageError, OSError) as exc:
                 if isinstance(exc, RecordTooLarge):
                     rejected.append((item, api_pb2.Ack.TOO_LARGE))
+                elif isinstance(exc, EncryptionError):
+                    self.encryption_failed(exc)
+                    rejected.append((item, api_pb2.Ack.ENCRYPTION))
                 else:
                     self.write_failed(exc)
                     rejected.append((item, api_pb2.Ack.UNKNOWN))
@@ -553,6 +570,10 @@ class Partition:
                     self._on_fenced(self)
         else:
             log.error("%s", self.write_error)
+
+    def encryption_failed(self, exc: EncryptionError) -> None:
+        self.write_error = f"cannot write to partition {self.stream}/{self.id}: {exc}"
+        _limited.error("%s", self.write_error, key=f"{self}:encryption")
 
     def write_succeeded(self) -> None:
         self.write_error = None

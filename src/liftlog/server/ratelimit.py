@@ -75,6 +75,9 @@ class LogLimiter:
     def warning(self, msg: str, *args: object, key: str | None = None) -> bool:
         return self.log(logging.WARNING, msg, *args, key=key)
 
+    def error(self, msg: str, *args: object, key: str | None = None) -> bool:
+        return self.log(logging.ERROR, msg, *args, key=key)
+
     def log(self, level: int, msg: str, *args: object, key: str | None = None) -> bool:
         """Log unless a line with the same key passed less than an interval ago; True if logged."""
         if not self.logger.isEnabledFor(level):

@@ -42,7 +42,9 @@ from liftlog.replication.follower import ReportLeader
 from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_methods
 from liftlog.security.authz import Authorizer
 from liftlog.security.cluster_auth import ClusterAuth, KeyFileError, generate_key_file, load_key
+from liftlog.security.master_key import MasterKeyError, load_master_keys
 from liftlog.storage import FileIO, StorageError
+from liftlog.storage.encryption import BatchCipher, MasterKey
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from . import ratelimit
@@ -122,6 +124,7 @@ class Server:
         try:
             self._open_data_dir()
             auth = self._cluster_auth()
+            cipher = self._batch_cipher()
             await self._start_nats()
             self._internal_nats = self._connected_nats if auth is None else self._authenticated(auth)
             self._acks = AckRouter(self.server_id)
@@ -142,6 +145,7 @@ class Server:
                 request_pause=self._request_pause,
                 resign=self._resign,
                 confirm_candidate=self._confirm_candidate,
+                cipher=cipher,
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(self._connected_nats)  # hosts nothing until the metadata service starts, below
@@ -224,6 +228,29 @@ class Server:
             )
             return None
         return ClusterAuth(key, boot=secrets.token_bytes(8), started=time.time_ns(), max_age=c.auth_max_age * 1_000_000)
+
+    def _batch_cipher(self) -> BatchCipher:
+        """The cipher of encrypted streams, with the configured master keys (maybe none)."""
+        current, previous = self._master_keys()
+        if current is not None:
+            log.info(
+                "encryption at rest: master key %s encrypts, %d earlier key(s) decrypt",
+                current.id.hex(),
+                len(previous),
+            )
+        elif self.config.streams.encryption:
+            raise ServerStartError(
+                "streams.encryption needs a master key: set LIFTBRIDGE_ENCRYPTION_KEY or encryption.key.file "
+                "(`liftlog keygen --master-key FILE` writes one)"
+            )
+        return BatchCipher(current, previous)
+
+    def _master_keys(self) -> tuple[MasterKey | None, list[MasterKey]]:
+        values = self.config.values
+        try:
+            return load_master_keys(values["encryption.key.file"], values["encryption.previous.key.files"])
+        except MasterKeyError as exc:
+            raise ServerStartError(str(exc)) from exc
 
     def _auth_state(self) -> tuple[bool, dict[str, int]]:
         """Whether server-to-server messages are signed here, and the internal messages dropped by reason."""
@@ -546,7 +573,7 @@ class Server:
         return authorizer
 
     def reload(self) -> None:
-        """SIGHUP: read the authorization policy file and the TLS files again."""
+        """SIGHUP: read the authorization policy file, the TLS files and the encryption key files again."""
         authorizer = self.access.authorizer if self.access is not None else None
         if authorizer is not None and self.config.values["tls.client.authz.policy"]:
             try:
@@ -556,6 +583,17 @@ class Server:
                 log.warning("cannot reload the authorization policies (keeping the previous ones): %s", exc)
         if self._grpc_tls is not None:
             self._grpc_tls.reload_if_changed()
+        if self.streams is not None:
+            try:
+                current, previous = self._master_keys()
+            except ServerStartError as exc:
+                log.warning("cannot reload the encryption master keys (keeping the previous ones): %s", exc)
+            else:
+                if current is None and self.streams.cipher.can_encrypt:
+                    log.warning("the encryption master key is gone from the configuration: keeping the previous one")
+                else:
+                    self.streams.cipher.set_keys(current, previous)
+                    log.info("encryption master keys reloaded: %s", ", ".join(self.streams.cipher.key_ids) or "none")
 
     def _tls_context(self) -> ReloadingTls | None:
         """The API's TLS settings (``tls.*``): server certificate, and client certificates if asked for."""

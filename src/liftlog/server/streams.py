@@ -34,6 +34,7 @@ from liftlog.metadata import (
     NoSuchPartitionError,
     PartitionMeta,
     PartitionState,
+    RefusedError,
     StreamMeta,
     StreamSettings,
     check_stream_usable,
@@ -41,6 +42,7 @@ from liftlog.metadata import (
 from liftlog.server.config import StreamsConfig
 from liftlog.storage import FileIO, FsyncPolicy, LogConfig, StorageError
 from liftlog.storage.descriptors import DescriptorBudget
+from liftlog.storage.encryption import BatchCipher
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .group_commit import GroupCommitter
@@ -95,8 +97,11 @@ class StreamManager:
         request_pause: PauseRequest | None = None,
         resign: Callable[[Partition, str], Awaitable[None]] | None = None,
         confirm_candidate: Callable[[Partition], Awaitable[None]] | None = None,
+        cipher: BatchCipher | None = None,
     ) -> None:
         self.server_id = server_id
+        #: Encrypts and decrypts encrypted streams' batches (its master keys may be none).
+        self.cipher = cipher if cipher is not None else BatchCipher(None)
         self._file_io = file_io
         #: Descriptors of sealed segments, shared by every hosted log (streams.segment.files.max).
         self.descriptors = DescriptorBudget(segment_files_budget(segment_files))
@@ -475,9 +480,20 @@ class StreamManager:
         own = self.metadata.stream(name).settings.min_isr
         return own if own is not None else self.min_isr_default
 
-    def check_settings(self, settings: StreamSettings) -> None:
-        """Raise InvalidStreamError for stream settings the log would refuse."""
+    def check_settings(self, settings: StreamSettings) -> StreamSettings:
+        """``settings`` as the stream is created with them; InvalidStreamError for settings the log would refuse.
+
+        Encryption is decided here, from ``streams.encryption`` when the request leaves it open: every replica
+        must agree on it, whatever its own defaults. An encrypted stream needs a master key (RefusedError).
+        """
         self._log_config(settings)
+        encrypt = settings.encryption if settings.encryption is not None else self._defaults.encryption
+        if encrypt and not self.cipher.can_encrypt:
+            raise RefusedError(
+                "cannot create an encrypted stream: this server has no encryption master key "
+                "(set LIFTBRIDGE_ENCRYPTION_KEY or encryption.key.file on every server)"
+            )
+        return dataclasses.replace(settings, encryption=encrypt)
 
     async def auto_pause(self) -> None:
         """Pause partitions that have been idle longer than their stream's auto-pause time."""
@@ -553,6 +569,8 @@ class StreamManager:
             created=stream.creation_timestamp,
             file_io=self._file_io,
             descriptors=self.descriptors,
+            cipher=self.cipher,
+            encrypt=bool(s.encryption),
         )
         part = Partition(
             meta,

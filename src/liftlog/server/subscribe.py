@@ -175,7 +175,7 @@ def _read_encoded(log: CommitLog, offset: int, limit: int, reads: _Reads) -> tup
 
 def _read_batches(log: CommitLog, offset: int, limit: int, reads: _Reads) -> tuple[list[bytes], int]:
     """Whole stored batches from ``offset`` (before ``limit``) as one batches message; and the next offset."""
-    data = log.read_raw(offset, reads.max_bytes, limit)
+    data = log.read_clear(offset, reads.max_bytes, limit)
     end = batches_end(data, offset, limit)
     if end <= offset:  # only compacted-away offsets before the limit
         return [], max(offset, limit)

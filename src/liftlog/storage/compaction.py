@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .encryption import BatchCipher, MissingMasterKey, is_encrypted
 from .records import BatchHeader, encode_empty_batch, iter_batch_headers, record_keys, retain_records
 from .segment import Segment
 
@@ -36,7 +38,17 @@ def discard_cleaning_dir(directory: Path) -> None:
     shutil.rmtree(directory / CLEANING_DIR, ignore_errors=True)
 
 
-def build_key_map(segments: list[Segment], bound: int) -> dict[bytes, int]:
+#: Decrypts one batch if it is encrypted (``CommitLog.plain``).
+Plain = Callable[[bytes | memoryview, BatchHeader], tuple[memoryview, BatchHeader]]
+
+
+def _clear_only(data: bytes | memoryview, header: BatchHeader) -> tuple[memoryview, BatchHeader]:
+    if is_encrypted(header):
+        raise MissingMasterKey(f"compaction without a key met the encrypted batch at offset {header.base_offset}")
+    return memoryview(data), header
+
+
+def build_key_map(segments: list[Segment], bound: int, plain: Plain = _clear_only) -> dict[bytes, int]:
     """Newest offset below ``bound`` of every key in ``segments``."""
     latest: dict[bytes, int] = {}
     for seg in segments:
@@ -46,6 +58,7 @@ def build_key_map(segments: list[Segment], bound: int) -> dict[bytes, int]:
             if header.base_offset >= bound:
                 break
             seg.check_crc(data, header)
+            data, header = plain(data, header)
             for offset, key in record_keys(data, header):
                 if offset >= bound:
                     break
@@ -66,13 +79,37 @@ class CleanedSegment:
         self.segment.delete()
 
 
-def clean_segment(seg: Segment, latest: dict[bytes, int]) -> CleanedSegment | None:
-    """Build the compacted copy of ``seg``; None when it would change nothing."""
+def clean_segment(
+    seg: Segment, latest: dict[bytes, int], plain: Plain = _clear_only, cipher: BatchCipher | None = None
+) -> CleanedSegment | None:
+    """Build the compacted copy of ``seg``; None when it would change nothing.
+
+    An encrypted batch that loses records is encrypted again (a new nonce) after they are removed.
+    """
     work = seg.directory / CLEANING_DIR
     work.mkdir(exist_ok=True)
     for stale in work.glob(f"{seg.log_path.stem}.*"):
         seg.io.unlink(stale)
     out = Segment.create(work, seg.base_offset, seg.index_interval_bytes, seg.io)
+    try:
+        removed = _copy_cleaned(seg, out, latest, plain, cipher)
+        if removed:
+            out.seal()
+    except BaseException:  # a failed read, write or key: no half-built copy is left behind
+        out.close()
+        out.delete()
+        raise
+    if not removed:
+        out.close()
+        out.delete()
+        return None
+    return CleanedSegment(out, removed)
+
+
+def _copy_cleaned(
+    seg: Segment, out: Segment, latest: dict[bytes, int], plain: Plain, cipher: BatchCipher | None
+) -> int:
+    """Write ``seg``'s batches to ``out`` without the records ``latest`` outdates; return how many went."""
     removed = 0
     pending: list[bytes] = []
     size = 0
@@ -88,11 +125,14 @@ def clean_segment(seg: Segment, latest: dict[bytes, int]) -> CleanedSegment | No
     last_dropped: BatchHeader | None = None
     for data, header in seg.batches():
         seg.check_crc(data, header)
+        stored = data
+        encrypted = is_encrypted(header)
+        data, header = plain(data, header)
         records = record_keys(data, header)
         keep = [o - header.base_offset for o, k in records if k is None or latest.get(k) == o]
         last_dropped = None
         if len(keep) == len(records):
-            batch = bytes(data)
+            batch = bytes(stored)
         else:
             removed += len(records) - len(keep)
             cleaned = retain_records(data, header, keep)
@@ -100,6 +140,10 @@ def clean_segment(seg: Segment, latest: dict[bytes, int]) -> CleanedSegment | No
                 last_dropped = header
                 continue
             batch = cleaned
+            if encrypted:
+                if cipher is None:
+                    raise MissingMasterKey(f"{seg.log_path}: compaction cannot encrypt again without a master key")
+                batch = cipher.encrypt(cleaned)
         pending.append(batch)
         size += len(batch)
         if size >= _WRITE_CHUNK:
@@ -108,19 +152,8 @@ def clean_segment(seg: Segment, latest: dict[bytes, int]) -> CleanedSegment | No
         # Keep the segment's offset range whole so the log end offset survives.
         h = last_dropped
         pending.append(encode_empty_batch(h.base_offset, h.last_offset_delta, h.leader_epoch))
-    try:
-        write()
-        if removed:
-            out.seal()
-    except BaseException:
-        out.close()
-        out.delete()
-        raise
-    if not removed:
-        out.close()
-        out.delete()
-        return None
-    return CleanedSegment(out, removed)
+    write()
+    return removed
 
 
 def swap_in(old: Segment, cleaned: CleanedSegment) -> Segment:

@@ -25,6 +25,12 @@ every method except ``compact``. ``compact`` may run in a worker thread at
 the same time; it works on closed segments and swaps its results in under
 a lock, giving up if the owner truncated the log meanwhile. Segments that
 leave the log are closed later by the owner, never under a reader.
+
+Encryption: a log opened with ``encrypt`` stores every batch it encodes
+encrypted by its ``cipher`` (see encryption.py). Raw appends are stored as
+they come (a follower keeps its leader's ciphertext), ``read_raw`` returns
+the stored bytes and every other read decrypts, so only replication ever
+sees ciphertext.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from .checkpoint import CorruptCheckpoint, EpochEntry, LeaderEpochCache, OffsetC
 from .compaction import build_key_map, clean_segment, discard_cleaning_dir, swap_in
 from .config import FsyncPolicy, LogConfig
 from .descriptors import DescriptorBudget
+from .encryption import ATTR_ENCRYPTED, BatchCipher, MissingMasterKey
 from .errors import (
     InvalidBatch,
     LogClosed,
@@ -105,8 +112,13 @@ class CommitLog:
         clock: Clock,
         io: FileIO = DEFAULT_FILE_IO,
         budget: DescriptorBudget | None = None,
+        cipher: BatchCipher | None = None,
+        encrypt: bool = False,
     ) -> None:
         self.directory = directory
+        #: Decrypts encrypted batches and, with ``encrypt``, encrypts every batch this log encodes.
+        self.cipher = cipher
+        self.encrypt = encrypt
         self.config = config
         self._clock = clock
         self.io = io
@@ -141,6 +153,8 @@ class CommitLog:
         clock: Clock = time.time_ns,
         io: FileIO = DEFAULT_FILE_IO,
         budget: DescriptorBudget | None = None,
+        cipher: BatchCipher | None = None,
+        encrypt: bool = False,
     ) -> CommitLog:
         """Open (or create) the log in ``directory``, recovering from a crash.
 
@@ -151,7 +165,7 @@ class CommitLog:
         """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self = cls(path, config or LogConfig(), clock, io, budget)
+        self = cls(path, config or LogConfig(), clock, io, budget, cipher, encrypt)
         try:
             self._recover()
         except BaseException:
@@ -270,6 +284,8 @@ class CommitLog:
         now = self._clock() if timestamp is None else timestamp
         base = self.log_end_offset
         data = encode_batch(base, leader_epoch, records, now, self.config.max_record_bytes)
+        if self.encrypt:
+            data = self._encrypt(data)
         header = parse_batch_header(data)
         self._write(data, [header], now)
         return self.log_end_offset
@@ -293,6 +309,8 @@ class CommitLog:
             raise StaleLeaderEpoch(leader_epoch, latest)
         now = self._clock() if timestamp is None else timestamp
         data = seal_records(self.log_end_offset, leader_epoch, records, count, now, self.config.max_record_bytes, info)
+        if self.encrypt:
+            data = self._encrypt(data)
         self._write(data, [parse_batch_header(data)], now)
         return self.log_end_offset
 
@@ -323,6 +341,29 @@ class CommitLog:
             raise InvalidBatch(f"append_raw: {len(data) - consumed} trailing bytes do not form a whole batch")
         self._write(bytes(data), headers, self._clock())
         return self.log_end_offset
+
+    def _encrypt(self, batch: bytes) -> bytes:
+        if self.cipher is None or not self.cipher.can_encrypt:
+            raise MissingMasterKey(
+                f"{self.directory} belongs to an encrypted stream and this server has no encryption master key "
+                "(set LIFTBRIDGE_ENCRYPTION_KEY or encryption.key.file): nothing was written"
+            )
+        return self.cipher.encrypt(batch)
+
+    def plain(self, data: bytes | memoryview, header: BatchHeader) -> tuple[memoryview, BatchHeader]:
+        """One batch (header at ``header.position``) and its header, decrypted if it is encrypted."""
+        if not header.attributes & ATTR_ENCRYPTED:
+            return memoryview(data), header
+        if self.cipher is None:
+            raise self._no_key()
+        clear = self.cipher.decrypt(data, header)
+        return memoryview(clear), parse_batch_header(clear)
+
+    def _no_key(self) -> MissingMasterKey:
+        return MissingMasterKey(
+            f"{self.directory} holds encrypted batches and this server has no encryption master key "
+            "(set LIFTBRIDGE_ENCRYPTION_KEY or encryption.key.file)"
+        )
 
     def _write(self, data: bytes, headers: list[BatchHeader], now: int) -> None:
         """Write whole batches, all or nothing (see the module docstring)."""
@@ -643,7 +684,7 @@ class CommitLog:
                 if header.base_offset >= limit:
                     return
                 seg.check_crc(data, header)
-                yield data, header
+                yield self.plain(data, header) if header.attributes & ATTR_ENCRYPTED else (data, header)
             if seg.next_offset >= limit:
                 break
 
@@ -682,6 +723,17 @@ class CommitLog:
                 offset = segments[i].base_offset
         return b""
 
+    def read_clear(self, offset: int, max_bytes: int = 1 << 20, max_offset: int | None = None) -> bytes:
+        """``read_raw`` for clients: the same batches, decrypted where they are encrypted."""
+        data = self.read_raw(offset, max_bytes, max_offset)
+        if not self.encrypt or not data:  # only an encrypted stream's logs hold encrypted batches
+            return data
+        if self.cipher is None:
+            if any(h.attributes & ATTR_ENCRYPTED for h in iter_batch_headers(data)):
+                raise self._no_key()
+            return data
+        return self.cipher.decrypt_batches(data)
+
     def iter_records(self, start: int, end: int | None = None, chunk_bytes: int = 1 << 20) -> Iterator[Record]:
         """Every record from ``start`` up to ``end`` (exclusive; default the LEO)."""
         offset = start
@@ -704,6 +756,7 @@ class CommitLog:
                 if header.max_timestamp < timestamp:
                     continue
                 seg.check_crc(data, header)
+                data, header = self.plain(data, header)
                 for record in decode_records(data, header, self.log_start_offset):
                     if record.timestamp >= timestamp:
                         return record.offset
@@ -739,7 +792,7 @@ class CommitLog:
                 self._bases.pop()
             self._retire(seg)
         try:
-            self._segments[-1].truncate_to(offset)
+            self._segments[-1].truncate_to(offset, self.cipher)
         except WriteFailed:
             self._after_truncation(self.log_end_offset)
             raise
@@ -917,10 +970,10 @@ class CommitLog:
             candidates = [s for s in segments[:-1] if s.next_offset <= bound]
             if not candidates:
                 return CompactionResult(0, 0, 0, 0)
-            latest = build_key_map(segments, bound)
+            latest = build_key_map(segments, bound, self.plain)
             rewritten = removed = before = after = 0
             for seg in candidates:
-                cleaned = clean_segment(seg, latest)
+                cleaned = clean_segment(seg, latest, self.plain, self.cipher)
                 if cleaned is None:
                     continue
                 with self._lock:

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .descriptors import DescriptorBudget
+from .encryption import BatchCipher, MissingMasterKey, is_encrypted
 from .errors import CorruptBatch, InvalidBatch, StorageError, WriteFailed
 from .fileio import DEFAULT_FILE_IO, FileIO
 from .index import OffsetIndex, TimeIndex
@@ -392,11 +393,12 @@ class Segment:
         for path in (self.log_path, self.index.path, self.time_index.path):
             self.io.unlink(path)
 
-    def truncate_to(self, offset: int) -> None:
+    def truncate_to(self, offset: int, cipher: BatchCipher | None = None) -> None:
         """Remove every record at or above ``offset``.
 
         A batch that straddles ``offset`` is rewritten with the records below
-        it, still covering offsets up to ``offset - 1``. If the data that
+        it, still covering offsets up to ``offset - 1`` (decrypted by
+        ``cipher`` and encrypted again if it is encrypted). If the data that
         remains ends below ``offset`` (a gap), ``next_offset`` ends up below
         it too: the log fills the gap.
         """
@@ -408,11 +410,24 @@ class Segment:
             epoch = header.leader_epoch
             tail = b""
             if header.base_offset < offset:
-                batch = self.pread(position, header.size)
+                batch: bytes | memoryview = self.pread(position, header.size)
                 at_zero = _moved(header, -position)
+                encrypted = is_encrypted(at_zero)
+                if encrypted:
+                    if cipher is None or not cipher.can_encrypt:
+                        raise MissingMasterKey(
+                            f"{self.log_path}: cannot cut the encrypted batch at offset {header.base_offset} "
+                            f"back to offset {offset} without the encryption master key; nothing was truncated"
+                        )
+                    batch = cipher.decrypt(batch, at_zero)
+                    at_zero = parse_batch_header(batch)
                 keep = [o - header.base_offset for o, _ in record_keys(batch, at_zero) if o < offset]
                 lod = offset - header.base_offset - 1
-                tail = retain_records(batch, at_zero, keep, lod) or encode_empty_batch(header.base_offset, lod, epoch)
+                kept = retain_records(batch, at_zero, keep, lod)
+                if kept is not None and encrypted:
+                    assert cipher is not None
+                    kept = cipher.encrypt(kept)
+                tail = kept or encode_empty_batch(header.base_offset, lod, epoch)
             try:
                 self.io.ftruncate(self._writable(), position)
             except OSError as exc:

@@ -1,0 +1,74 @@
+"""Master keys from Liftbridge's environment variable and from files, and every way they can be wrong."""
+
+from __future__ import annotations
+
+import base64
+import stat
+from pathlib import Path
+
+import pytest
+
+from liftlog.security.master_key import (
+    ENV_VAR,
+    MasterKeyError,
+    generate_master_key_file,
+    load_master_keys,
+    parse_master_key,
+)
+from liftlog.storage.encryption import MasterKey
+
+
+def test_liftbridge_style_text_keys_are_their_bytes() -> None:
+    assert parse_master_key("t7w!z%C*F-JaNcRf", "env").id == MasterKey(b"t7w!z%C*F-JaNcRf").id
+    assert parse_master_key("x" * 32 + "\n", "env").id == MasterKey(b"x" * 32).id
+
+
+def test_base64_and_hex_keys_are_decoded() -> None:
+    raw = bytes(range(32))
+    assert parse_master_key("base64:" + base64.b64encode(raw).decode(), "f").id == MasterKey(raw).id
+    assert parse_master_key("hex:" + raw[:16].hex(), "f").id == MasterKey(raw[:16]).id
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("short", "is 5 bytes; it must be 16 or 32 bytes"),
+        ("x" * 24, "is 24 bytes"),
+        ("base64:!!!", "does not decode"),
+        ("hex:zz", "does not decode"),
+        ("base64:" + base64.b64encode(b"x" * 20).decode(), "is 20 bytes"),
+        ("", "is 0 bytes"),
+    ],
+)
+def test_a_bad_key_names_its_source_and_the_problem(text: str, problem: str) -> None:
+    with pytest.raises(MasterKeyError, match="in file /etc/k") as info:
+        parse_master_key(text, "file /etc/k")
+    assert problem in str(info.value)
+
+
+def test_keys_come_from_the_environment_or_a_file_not_both(tmp_path: Path) -> None:
+    assert load_master_keys("", [], env={}) == (None, [])
+    current, previous = load_master_keys("", [], env={ENV_VAR: "k" * 16})
+    assert current is not None and current.id == MasterKey(b"k" * 16).id and previous == []
+    path = tmp_path / "master.key"
+    assert generate_master_key_file(path)
+    with pytest.raises(MasterKeyError, match="not both"):
+        load_master_keys(str(path), [], env={ENV_VAR: "k" * 16})
+    old = tmp_path / "old.key"
+    old.write_text("o" * 32)
+    current, previous = load_master_keys(str(path), [str(old)], env={})
+    assert current is not None and [k.id for k in previous] == [MasterKey(b"o" * 32).id]
+    with pytest.raises(MasterKeyError, match=r"missing\.key does not exist"):
+        load_master_keys(str(path), [str(tmp_path / "missing.key")], env={})
+
+
+def test_a_generated_key_file_is_private_random_and_never_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "dir" / "master.key"
+    assert generate_master_key_file(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    first = path.read_text()
+    assert first.startswith("base64:") and len(base64.b64decode(first[7:].strip())) == 32
+    assert not generate_master_key_file(path) and path.read_text() == first
+    other = tmp_path / "other.key"
+    generate_master_key_file(other)
+    assert other.read_text() != first
