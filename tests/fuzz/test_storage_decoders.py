@@ -27,6 +27,7 @@ from liftlog.client.batches import Columns, decode_batches
 from liftlog.client.subscription import Subscription
 from liftlog.storage import InvalidBatch, NewRecord, Record
 from liftlog.storage.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
+from liftlog.storage.encryption import BatchCipher, EncryptionError, MasterKey
 from liftlog.storage.records import (
     RECORD_HEADER,
     RECORD_OVERHEAD,
@@ -38,6 +39,7 @@ from liftlog.storage.records import (
     encode_empty_batch,
     encode_headers,
     encode_records,
+    iter_batch_headers,
     parse_batch_header,
 )
 
@@ -180,6 +182,36 @@ def test_stored_batches_on_mutated_batches(plain: bytes, resealed: bytes, crafte
     """Damaged batches, the CRC left as it was or recomputed over the damage, and crafted record headers."""
     for data in (plain, resealed, crafted):
         decodes_or_refuses(decode_stored, data, InvalidBatch)
+
+
+_CIPHER = BatchCipher(MasterKey(b"f" * 32))
+
+
+@st.composite
+def encrypted_batches(draw: st.DrawFn) -> bytes:
+    """Batches of an encrypted stream as a segment stores them and a follower receives them."""
+    data = draw(batches())
+    return b"".join(
+        _CIPHER.encrypt(data, h) if h.record_count else data[h.position : h.position + h.size]
+        for h in iter_batch_headers(data)
+    )
+
+
+def decrypt_then_decode(data: bytes) -> list[Record]:
+    """What a read of an encrypted log does: decrypt every batch, then decode its records."""
+    clear = _CIPHER.decrypt_batches(data)
+    out: list[Record] = []
+    for h in iter_batch_headers(clear):
+        out += decode_stored(clear[h.position : h.position + h.size])
+    return out
+
+
+@fuzz_settings(200)
+@given(data=BINARY, plain=mutated(encrypted_batches()), resealed=mutated(encrypted_batches(), reseal))
+def test_encrypted_batches_on_random_and_mutated_bytes(data: bytes, plain: bytes, resealed: bytes) -> None:
+    """Altered ciphertext, envelopes and headers (the CRC recomputed over the damage): refused, never garbage."""
+    for case in (data, plain, resealed):
+        decodes_or_refuses(decrypt_then_decode, case, (InvalidBatch, EncryptionError))
 
 
 def _check_then_decode(data: bytes, count: int) -> list[NewRecord] | None:

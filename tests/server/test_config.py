@@ -149,3 +149,18 @@ def test_the_cluster_secret_itself_from_the_environment() -> None:
         load_config(env={"LIFTLOG_CLUSTERING_AUTH_KEY": "short"})
     with pytest.raises(ConfigError, match="not both"):
         load_config(None, {"clustering.auth.key": secret, "clustering.auth.key.file": "k"}, env={})
+
+
+def test_encryption_settings_nested_as_the_readme_writes_them(tmp_path: Path) -> None:
+    text = (
+        "streams:\n  encryption: true\n"
+        "encryption:\n  key.file: /etc/liftlog/master.key\n  previous.key.files: [/a.key, /b.key]\n"
+    )
+    cfg = load_config(write(tmp_path, text), env={})
+    assert cfg.streams.encryption is True
+    assert cfg.values["encryption.key.file"] == "/etc/liftlog/master.key"
+    assert cfg.values["encryption.previous.key.files"] == ("/a.key", "/b.key")
+    flags = load_config(None, {"encryption.previous.key.files": "/a.key,/b.key"}, env={})
+    assert flags.values["encryption.previous.key.files"] == ("/a.key", "/b.key")
+    # Liftbridge's variable is not a LIFTLOG_* one: the configuration leaves it to the server
+    assert load_config(env={"LIFTBRIDGE_ENCRYPTION_KEY": "x" * 16}).values["encryption.key.file"] == ""

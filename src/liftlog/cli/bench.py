@@ -84,7 +84,9 @@ async def run_all(
             limit = 30 + count / 500  # generous: a stalled scenario fails instead of hanging the run
             try:
                 async with asyncio.timeout(limit):
-                    await client.create_stream(subject, name, partitions=s.partitions)
+                    await client.create_stream(
+                        subject, name, partitions=s.partitions, encryption=True if s.encryption else None
+                    )
                     results[scenario] = (await RUNNERS[scenario](client, s, name, subject, count)).to_json()
             except errors as exc:  # (TimeoutError is an OSError; the client's ack timeouts are LiftlogErrors)
                 results[scenario] = error_result(exc, limit)
@@ -124,14 +126,18 @@ def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def spawned_server(settings: tuple[str, ...] = ()) -> AsyncIterator[tuple[str, str]]:
+async def spawned_server(settings: tuple[str, ...] = (), master_key: bool = False) -> AsyncIterator[tuple[str, str]]:
     """A server with embedded NATS on free ports in a temporary directory: yields (address, NATS URL).
 
-    ``settings`` are KEY=VALUE server settings (``--set``).
+    ``settings`` are KEY=VALUE server settings (``--set``); ``master_key`` gives it an encryption master key.
     """
     from liftlog.client import Client, LiftlogError
+    from liftlog.security.master_key import generate_master_key_file
 
     root = Path(tempfile.mkdtemp(prefix="liftlog-bench-"))
+    if master_key:
+        generate_master_key_file(root / "master.key")
+        settings = (*settings, f"encryption.key.file={root / 'master.key'}")
     port, nats_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
     log_path = root / "server.log"
@@ -164,6 +170,21 @@ async def spawned_server(settings: tuple[str, ...] = ()) -> AsyncIterator[tuple[
     finally:
         stop_processes([proc])
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def _compare_encryption(
+    address: str, settings: Settings, chosen: list[str], show: Callable[[str], None], encrypted: dict[str, Any]
+) -> dict[str, Any]:
+    """Each scenario on a clear stream, then on an encrypted one, on the same server: the clear results
+    (returned) and the encrypted ones (into ``encrypted``). Alternating keeps drift out of the ratios."""
+    clear: dict[str, Any] = {}
+    for scenario in chosen:
+        for on, out in ((False, clear), (True, encrypted)):
+            settings.encryption = on
+            prefix = "encrypted: " if on else "clear: "
+            out.update(await run_all([address], settings, [scenario], functools.partial(_prefixed, show, prefix)))
+    settings.encryption = False
+    return clear
 
 
 def _table(results: dict[str, Any], title: str = "liftlog bench") -> Table:
@@ -217,6 +238,24 @@ def fsync_comparison(by_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if "always_vs_never" in row:
             row["goal"] = FSYNC_GOAL
             row["met"] = row["always_vs_never"] >= FSYNC_GOAL
+        out[scenario] = row
+    return out
+
+
+ENCRYPTION_MODES = ("off", "on", "compare")
+
+
+def encryption_comparison(clear: dict[str, Any], encrypted: dict[str, Any]) -> dict[str, Any]:
+    """Per scenario: the encrypted stream's throughput and p99 latency as multiples of the clear one's."""
+    out: dict[str, Any] = {}
+    for scenario, base in clear.items():
+        other = encrypted.get(scenario, {})
+        if not base.get("msgs_per_s") or not other.get("msgs_per_s"):
+            continue
+        row = {"encrypted_vs_clear": round(other["msgs_per_s"] / base["msgs_per_s"], 3)}
+        p99, p99_enc = (base.get("latency_us") or {}).get("p99"), (other.get("latency_us") or {}).get("p99")
+        if p99 and p99_enc:
+            row["p99_encrypted_vs_clear"] = round(p99_enc / p99, 3)
         out[scenario] = row
     return out
 
@@ -401,6 +440,16 @@ def _goal_lines(summary: dict[str, Any]) -> list[str]:
         "(never,interval,always) runs the scenarios once per policy on a server of its own and compares them."
     ),
 )
+@click.option(
+    "--encryption",
+    type=click.Choice(ENCRYPTION_MODES),
+    default="off",
+    show_default=True,
+    help=(
+        "Create the streams encrypted at rest (on; the server needs a master key, --start-server gives its one), "
+        "or, with --start-server, run each scenario on a clear and on an encrypted stream, alternately, and compare."
+    ),
+)
 @click.option("--json-only", is_flag=True, help="Print only the JSON line.")
 @click.pass_context
 def bench(
@@ -418,6 +467,7 @@ def bench(
     nats_url: str | None,
     scenarios: str | None,
     fsync: str,
+    encryption: str,
     json_only: bool,
 ) -> None:
     """Measure publish and consume throughput and latency.
@@ -462,6 +512,13 @@ def bench(
     policies = choose_fsync(fsync)
     if _given(ctx, "fsync") and not start_server:
         raise click.UsageError("--fsync sets the policy of the server it starts: it needs --start-server")
+    if encryption == "compare" and (not start_server or len(policies) > 1):
+        raise click.UsageError("--encryption compare needs --start-server and one --fsync policy")
+    if encryption != "off" and start_cluster:
+        raise click.UsageError(
+            "--start-cluster takes encryption as server settings: --server-set streams.encryption=true "
+            "--server-set encryption.key.file=FILE"
+        )
     chosen = choose_scenarios(scenarios, start_cluster, servers)
     console = err_console()
     settings = Settings(
@@ -472,7 +529,9 @@ def bench(
         concurrency=concurrency,
         counts={name: count or default for name, default in DEFAULT_COUNTS.items()},
         nats_url=nats_url or "nats://127.0.0.1:4222",
+        encryption=encryption == "on",
     )
+    compared: dict[str, dict[str, Any]] = {}
 
     # A spinner on a terminal, plain lines in a log, nothing with --json-only.
     status = console.status("") if console.is_terminal and not json_only else None
@@ -512,8 +571,12 @@ def bench(
             by_policy: dict[str, dict[str, Any]] = {}
             for policy in policies:
                 show(f"starting a server (fsync {policy})")
-                async with spawned_server((f"streams.fsync.policy={policy}",)) as (address, url):
+                keyed = encryption != "off"
+                async with spawned_server((f"streams.fsync.policy={policy}",), keyed) as (address, url):
                     settings.nats_url = nats_url or url
+                    if encryption == "compare":
+                        by_policy[policy] = await _compare_encryption(address, settings, chosen, show, compared)
+                        continue
                     prefix = f"fsync {policy}: " if len(policies) > 1 else ""
                     by_policy[policy] = await run_all(
                         [address], settings, chosen, functools.partial(_prefixed, show, prefix)
@@ -545,6 +608,16 @@ def bench(
     }
     if start_server:
         report["fsync_policy"] = policies[0]
+    report["encryption"] = encryption
+    if compared:
+        report["encrypted_scenarios"] = compared
+        report["encryption_comparison"] = encryption_comparison(results, compared)
+        if not json_only:
+            for scenario, row in report["encryption_comparison"].items():
+                print_note(
+                    f"{scenario}: an encrypted stream runs at {row['encrypted_vs_clear']:.2f}x of a clear one"
+                    + (f", p99 {row['p99_encrypted_vs_clear']:.2f}x" if "p99_encrypted_vs_clear" in row else "")
+                )
     if len(by_policy) > 1:
         report["fsync"] = by_policy
         report["fsync_comparison"] = fsync_comparison(by_policy)

@@ -49,6 +49,8 @@ class Settings:
     concurrency: int
     counts: dict[str, int]
     nats_url: str
+    #: Create the streams with encryption at rest (the server needs a master key).
+    encryption: bool = False
 
 
 @dataclass
