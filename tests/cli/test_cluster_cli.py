@@ -193,6 +193,7 @@ def test_json(fake: tuple[FakeCluster, str]) -> None:
         "segment_files_budget": 0,
         "without_secret": [],
         "dropped": [],
+        "encryption_keys": [["a", []]],
     }
     assert [s["id"] for s in obj["servers"]] == ["a", "b", "c"]  # sorted by id, like the table
     assert obj["servers"][2] == {
@@ -299,3 +300,35 @@ def test_servers_without_a_secret_and_dropped_messages_are_shown(fake: tuple[Fak
     text = " ".join(result.stdout.split())
     assert "no cluster secret on a: anyone who can publish on NATS can act as a server" in text
     assert "server-to-server messages dropped since start (a: 1 forged, 3 unsigned)" in text
+
+
+def test_servers_with_different_encryption_keys_are_shown(fake: tuple[FakeCluster, str]) -> None:
+    """a, then b (both served by one fake) answer with different current master keys: the warning names both."""
+    servicer, _ = fake
+    answers = iter([["1f2e3d4c", "0a0b0c0d"], ["99887766"]])
+
+    class TwoKeys(FakeCluster):
+        def Status(self, request: Any, context: Any) -> cluster_pb2.ClusterStatusResponse:
+            resp = cluster_pb2.ClusterStatusResponse()
+            resp.CopyFrom(servicer.response)
+            resp.encryptionKeys.extend(next(answers))
+            return resp
+
+    status_server, status_address = start_server(TwoKeys())
+    try:
+        for server in servicer.response.servers:
+            if server.id == "b":
+                server.host, port = status_address.split(":")
+                server.port = int(port)
+        result = invoke("cluster", "status", "-a", status_address, env=WIDE)
+    finally:
+        status_server.stop(None)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "servers encrypt with different master keys (a: 1f2e3d4c; b: 99887766)" in text
+    assert (
+        ClusterStatus(
+            "a", None, 0, 0, 0, (), 0, 0, encryption_keys=(("a", ("1f",)), ("b", ("1f", "2e")))
+        ).encryption_keys_differ
+        is False
+    )

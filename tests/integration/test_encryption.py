@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
-from liftlog.client import AckPolicy, Client, EncryptionFailedError, StartPosition, StopPosition
-from liftlog.security.master_key import ENV_VAR, generate_master_key_file
+from liftlog.client import AckPolicy, Client, ClusterStatus, EncryptionFailedError, StartPosition, StopPosition
+from liftlog.security.master_key import ENV_VAR, generate_master_key_file, parse_master_key
 from liftlog.storage.encryption import MasterKey
 
 from .harness import LiftlogProcess, NatsProcess, eventually
@@ -88,6 +88,14 @@ def test_an_encrypted_stream_is_ciphertext_on_every_replica_and_survives_failove
     try:
         c.start_all()
         formed(c, set(ids))
+
+        async def status() -> ClusterStatus:
+            async with Client(c.servers["a"].address) as client:
+                return await client.cluster_status()
+
+        key_id = parse_master_key(key_file.read_text(), "test").id.hex()
+        seen = asyncio.run(status())
+        assert sorted(seen.encryption_keys) == [(sid, (key_id,)) for sid in ids] and not seen.encryption_keys_differ
         create_encrypted(c.servers["a"].address, "vault", rf=3)
         leader = eventually(lambda: agreed(c, "vault")["vault"][0][0] or None, 20, "a leader")
         first = [SECRET + b"-%d" % i for i in range(20)]

@@ -184,6 +184,15 @@ def status(as_json: bool) -> None:
         console.print(
             Text(f"server-to-server messages dropped since start ({parts}): see the servers' logs", style="yellow")
         )
+    if result.encryption_keys_differ:
+        parts = "; ".join(f"{server}: {keys[0] if keys else 'none'}" for server, keys in result.encryption_keys)
+        console.print(
+            Text(
+                f"servers encrypt with different master keys ({parts}): every server of an encrypted stream needs "
+                "the same key (encryption.key.file; docs/security.md)",
+                style="yellow",
+            )
+        )
 
 
 def _replicas(value: str) -> list[str]:

@@ -709,6 +709,7 @@ class Client(Routing):
         unreachable = []
         without_secret = list(status.without_secret)
         dropped = list(status.dropped)
+        keys = list(status.encryption_keys)
         for server, answer in zip(others, answers, strict=True):
             if isinstance(answer, BaseException):
                 unreachable.append(server.id)
@@ -717,12 +718,14 @@ class Client(Routing):
                 if not answer.clusterAuth:
                     without_secret.append(server.id)
                 dropped.extend((server.id, reason, n) for reason, n in sorted(answer.droppedInternal.items()))
+                keys.append((server.id, tuple(answer.encryptionKeys)))
         return dataclasses.replace(
             status,
             fenced=tuple(fenced),
             unreachable=tuple(unreachable),
             without_secret=tuple(without_secret),
             dropped=tuple(dropped),
+            encryption_keys=tuple(keys),
         )
 
     async def _cluster_call(self, method: str, request: Any, timeout: float | None = None) -> Any:

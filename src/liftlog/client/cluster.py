@@ -133,6 +133,13 @@ class ClusterStatus:
     without_secret: tuple[str, ...] = ()
     #: (server, reason, count) of the server-to-server messages each answering server dropped.
     dropped: tuple[tuple[str, str, int], ...] = ()
+    #: (server, ids of its encryption master keys, the current one first) of each answering server.
+    encryption_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def encryption_keys_differ(self) -> bool:
+        """Whether the answering servers encrypt with different master keys (or some with none)."""
+        return len({keys[:1] for _, keys in self.encryption_keys}) > 1
 
     def server(self, id: str) -> ServerStatus | None:
         """The server with this id, or None."""
@@ -161,6 +168,7 @@ class ClusterStatus:
             resp.segmentFilesBudget,
             () if resp.clusterAuth else (resp.serverId,),
             tuple((resp.serverId, reason, count) for reason, count in sorted(resp.droppedInternal.items())),
+            ((resp.serverId, tuple(resp.encryptionKeys)),),
         )
 
 

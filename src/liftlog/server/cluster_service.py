@@ -70,6 +70,7 @@ class ClusterService:
             segmentFilesBudget=self._streams.descriptors.limit,
             clusterAuth=signing,
             droppedInternal=dict(dropped),
+            encryptionKeys=self._streams.cipher.key_ids,
         )
         for stream in sorted(metadata.streams.values(), key=lambda s: s.name):
             for p in stream.partitions.values():

@@ -183,7 +183,7 @@ class PartitionStatus(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., state: _Optional[str] = ..., leader: _Optional[str] = ..., candidate: _Optional[str] = ..., replicas: _Optional[_Iterable[str]] = ..., isr: _Optional[_Iterable[str]] = ..., server: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention", "openFilesLimit", "fenced", "segmentFilesOpen", "segmentFilesBudget", "clusterAuth", "droppedInternal")
+    __slots__ = ("serverId", "controller", "term", "commitIndex", "appliedIndex", "servers", "streamCount", "partitionCount", "attention", "openFilesLimit", "fenced", "segmentFilesOpen", "segmentFilesBudget", "clusterAuth", "droppedInternal", "encryptionKeys")
     class DroppedInternalEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class ClusterStatusResponse(_message.Message):
     SEGMENTFILESBUDGET_FIELD_NUMBER: _ClassVar[int]
     CLUSTERAUTH_FIELD_NUMBER: _ClassVar[int]
     DROPPEDINTERNAL_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTIONKEYS_FIELD_NUMBER: _ClassVar[int]
     serverId: str
     controller: str
     term: int
@@ -221,4 +222,5 @@ class ClusterStatusResponse(_message.Message):
     segmentFilesBudget: int
     clusterAuth: bool
     droppedInternal: _containers.ScalarMap[str, int]
-    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ..., fenced: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., segmentFilesOpen: _Optional[int] = ..., segmentFilesBudget: _Optional[int] = ..., clusterAuth: _Optional[bool] = ..., droppedInternal: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    encryptionKeys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ..., fenced: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., segmentFilesOpen: _Optional[int] = ..., segmentFilesBudget: _Optional[int] = ..., clusterAuth: _Optional[bool] = ..., droppedInternal: _Optional[_Mapping[str, int]] = ..., encryptionKeys: _Optional[_Iterable[str]] = ...) -> None: ...
