@@ -19,6 +19,7 @@ from liftlog.metadata import (
 )
 from liftlog.server.cluster_service import ClusterService
 from liftlog.storage.descriptors import DescriptorBudget
+from liftlog.storage.encryption import BatchCipher, MasterKey
 
 
 def metadata() -> Metadata:
@@ -43,11 +44,14 @@ async def test_status_counts_replicas_and_lists_partitions_needing_attention() -
     healthy = SimpleNamespace(fenced=None, meta=meta.partition("orders", 0))
     fenced = SimpleNamespace(fenced="log ... is fenced: write ... failed (ENOSPC)", meta=meta.partition("orders", 1))
     streams: Any = SimpleNamespace(
-        partitions={("orders", 0): healthy, ("orders", 1): fenced}, descriptors=DescriptorBudget(300)
+        partitions={("orders", 0): healthy, ("orders", 1): fenced},
+        descriptors=DescriptorBudget(300),
+        cipher=BatchCipher(MasterKey(b"m" * 16)),
     )
     resp = await ClusterService(cluster, streams).Status(None, None)
     assert (resp.serverId, resp.controller, resp.streamCount, resp.partitionCount) == ("b", "a", 1, 3)
     assert (resp.segmentFilesOpen, resp.segmentFilesBudget) == (0, 300)
+    assert list(resp.encryptionKeys) == [MasterKey(b"m" * 16).id.hex()]
     assert [(s.id, s.voter, s.controller, s.partitionCount, s.leaderCount) for s in resp.servers] == [
         ("a", True, True, 3, 1),
         ("b", True, False, 3, 1),
