@@ -31,7 +31,7 @@ test: lint typecheck unit
 # Its server-to-server messages are signed with ./data/cluster.key, made on first run (docs/security.md).
 run: install
 	$(BIN)/liftlog server --embedded-nats --data-dir ./data --set clustering.auth.key.file=./data/cluster.key \
-		--set clustering.auth.key.generate=true $(RUN_ARGS)
+		--set clustering.auth.key.generate=true --set cursors.stream.partitions=1 $(RUN_ARGS)
 
 # Starts its own server (temporary data, free ports), once per fsync policy in BENCH_FSYNC, and compares them.
 BENCH_FSYNC ?= never,interval,always

@@ -1,6 +1,7 @@
 """Fuzz a live server (``make fuzz``): hostile gRPC requests and NATS messages, then check nothing broke.
 
-A real ``liftlog server`` (embedded nats-server, a cluster secret) gets, for
+A real ``liftlog server`` (embedded nats-server, a cluster secret, an
+encryption master key: both streams below are encrypted at rest) gets, for
 ``--duration`` seconds and from a seeded random source:
 
 - gRPC: random bytes and mutated valid requests for every method of
@@ -27,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +46,7 @@ from liftlog.client import AckPolicy, Client
 from liftlog.rpc import RpcError
 from liftlog.rpc.channel import EOF, Channel
 from liftlog.security.cluster_auth import generate_key_file
+from liftlog.security.master_key import generate_master_key_file
 
 NAMESPACE = "fuzz"
 CONTROL = "fuzz-control"
@@ -123,6 +126,9 @@ class LiveFuzz:
         command += ["--embedded-nats-port", str(self.nats_port), "--port", str(self.port), "--id", "fz"]
         command += ["--data-dir", str(self.root / "data"), "--namespace", NAMESPACE]
         command += ["--set", f"clustering.auth.key.file={key}", "--set", "logging.warnings.interval=5s"]
+        master = self.root / "master.key"  # both streams are encrypted at rest: fuzzing reaches that path too
+        generate_master_key_file(master)
+        command += ["--set", f"encryption.key.file={master}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -141,8 +147,8 @@ class LiveFuzz:
     async def prepare(self) -> list[bytes]:
         control = [f"control-{i}".encode() for i in range(200)]
         async with Client(self.address, timeout=15) as client:
-            await client.create_stream(CONTROL, CONTROL, exist_ok=True)
-            await client.create_stream(SINK, SINK, exist_ok=True)
+            await client.create_stream(CONTROL, CONTROL, exist_ok=True, encryption=True)
+            await client.create_stream(SINK, SINK, exist_ok=True, encryption=True)
             await client.publish_many(CONTROL, control, ack_policy=AckPolicy.ALL)
         return control
 
@@ -283,9 +289,15 @@ async def fuzz(duration: float, seed: int, max_growth_mib: float, root: Path) ->
     finally:
         run.stop()
     dropped = [line for line in run.log.read_text(errors="replace").splitlines() if "dropped a" in line]
-    tracebacks = run.log.read_text(errors="replace").count("Traceback")
+    text = run.log.read_text(errors="replace")
+    tracebacks = text.count("Traceback")
     if tracebacks:
-        run.failures.append(f"{tracebacks} tracebacks in the server log ({run.log})")
+        first = text[text.index("Traceback") :].splitlines()[:40]
+        run.failures.append(f"{tracebacks} tracebacks in the server log; the first: " + "\n".join(first))
+    if run.failures:  # the run's directory goes: keep what explains the failure
+        kept = Path(tempfile.gettempdir()) / f"liftlog-fuzz-{seed}.log"
+        shutil.copyfile(run.log, kept)
+        run.failures.append(f"server log kept in {kept}")
     return {
         "seed": seed,
         "duration_s": duration,

@@ -38,6 +38,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
+from liftlog.api.cursors import CURSORS_STREAM, cursor_key, cursor_partition
 from liftlog.client.batches import Columns, Fetched, decode_batches
 from liftlog.client.cluster import (
     ClusterStatus,
@@ -52,6 +53,7 @@ from liftlog.client.errors import (
     ConfigurationError,
     InvalidArgumentError,
     LiftlogError,
+    NoSuchStreamError,
     StreamExistsError,
     UnavailableError,
     UnimplementedError,
@@ -648,6 +650,44 @@ class Client(Routing):
             offset = got.next_offset
 
     # ------------------------------------------------------------------ metadata
+
+    # ------------------------------------------------------------------ cursors
+
+    async def set_cursor(self, cursor_id: str, stream: str, offset: int, *, partition: int = 0) -> None:
+        """Store `offset` as cursor `cursor_id` of `stream`'s `partition`; durable when this returns.
+
+        Cursors live in the servers' compacted ``__cursors`` stream (servers need
+        ``cursors.stream.partitions`` > 0): the call goes to the leader of the
+        cursor's partition of it, as Liftbridge's clients send it. The newest
+        write wins. Store the offset of the last message you processed and
+        resume at the one after it.
+        """
+        req = api_pb2.SetCursorRequest(stream=stream, partition=partition, cursorId=cursor_id, offset=offset)
+        await self._cursor_call("set_cursor", req, cursor_key(cursor_id, stream, partition))
+
+    async def fetch_cursor(self, cursor_id: str, stream: str, *, partition: int = 0) -> int:
+        """The offset stored as cursor `cursor_id` of `stream`'s `partition`, -1 if none is."""
+        req = api_pb2.FetchCursorRequest(stream=stream, partition=partition, cursorId=cursor_id)
+        resp: api_pb2.FetchCursorResponse = await self._cursor_call(
+            "fetch_cursor", req, cursor_key(cursor_id, stream, partition)
+        )
+        return resp.offset
+
+    async def _cursor_call(self, method: str, req: Any, key: bytes) -> Any:
+        self.check_open()
+        info = self._cached_stream(CURSORS_STREAM)
+        if info is None:
+            try:
+                info = await self._refresh_stream(CURSORS_STREAM)
+            except NoSuchStreamError:
+                # No __cursors (yet): any server says why (cursors off, or about to be created).
+                return await self._call_any(method, req)
+        pid = cursor_partition(key, len(info.partitions))
+
+        async def call(stub: Stub) -> Any:
+            return await getattr(stub, method)(req, timeout=self.timeout)
+
+        return await self.call_leader(CURSORS_STREAM, pid, call)
 
     async def fetch_metadata(self, *streams: str) -> Metadata:
         """Describe the brokers and the given streams (all streams when none are given).

@@ -46,6 +46,7 @@ class Stub:
         "delete_stream",
         "elect_preferred_leaders",
         "fetch_batches",
+        "fetch_cursor",
         "fetch_metadata",
         "fetch_partition_metadata",
         "list_policies",
@@ -57,6 +58,7 @@ class Stub:
         "reassign",
         "reassignments",
         "revoke_policy",
+        "set_cursor",
         "set_stream_readonly",
         "subscribe",
     )
@@ -84,6 +86,8 @@ class Stub:
         self.publish_to_subject = unary(
             "PublishToSubject", api_pb2.PublishToSubjectRequest, api_pb2.PublishToSubjectResponse
         )
+        self.set_cursor = unary("SetCursor", api_pb2.SetCursorRequest, api_pb2.SetCursorResponse)
+        self.fetch_cursor = unary("FetchCursor", api_pb2.FetchCursorRequest, api_pb2.FetchCursorResponse)
         # liftlog's own service: a Liftbridge server answers it UNIMPLEMENTED.
         self.cluster_status = unary(
             "Status", cluster_pb2.ClusterStatusRequest, cluster_pb2.ClusterStatusResponse, "liftlog.Cluster"

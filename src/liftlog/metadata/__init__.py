@@ -38,7 +38,11 @@ from .model import (
     partition_subject,
 )
 from .names import (
+    ACTIVITY_STREAM,
+    CURSORS_STREAM,
     check_stream_usable,
+    internal_stream_subject,
+    is_internal_stream,
     subjects_overlap,
     validate_new_stream,
     validate_stream_name,
@@ -49,6 +53,8 @@ from .placement import PlacementError, ServerInfo, place_partitions
 from .store import CorruptMetadataError, MetadataFile
 
 __all__ = [
+    "ACTIVITY_STREAM",
+    "CURSORS_STREAM",
     "ChangeIsr",
     "ChangeLeader",
     "CompleteReassignment",
@@ -82,6 +88,8 @@ __all__ = [
     "StreamMeta",
     "StreamSettings",
     "check_stream_usable",
+    "internal_stream_subject",
+    "is_internal_stream",
     "partition_subject",
     "place_partitions",
     "subjects_overlap",

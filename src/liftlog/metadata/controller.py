@@ -30,7 +30,7 @@ from .model import (
     StreamSettings,
     partition_subject,
 )
-from .names import validate_new_stream
+from .names import internal_stream_subject, is_internal_stream, validate_new_stream
 from .placement import PlacementError, ServerInfo, place_partitions
 
 __all__ = ["CreateStreamRequest", "LivenessTracker", "plan_create_stream", "plan_policy_change"]
@@ -74,16 +74,22 @@ def plan_create_stream(
     *,
     namespace: str,
     limits: StreamLimits = StreamLimits(),  # noqa: B008 (frozen)
+    internal: bool = False,
 ) -> CreateStream:
     """Validate ``req`` against ``metadata`` and place its partitions; raises a MetadataError.
 
-    ``namespace`` is the cluster's clustering.namespace: stream subjects must stay clear of it.
+    ``namespace`` is the cluster's clustering.namespace: stream subjects must stay clear of it, except
+    the servers' own (``internal``) streams', which live exactly at theirs.
     ``limits`` bound the partitions and settings one stream may ask for (see ``limits``).
     """
     if req.partitions < 0:
         raise InvalidStreamError(f"partitions must be positive, got {req.partitions}")
     partitions = req.partitions or 1
-    validate_new_stream(req.name, req.subject, partitions, namespace)
+    if internal:
+        if not is_internal_stream(req.name) or req.subject != internal_stream_subject(req.name, namespace):
+            raise InvalidStreamError(f"{req.name!r} on {req.subject!r} is not one of the servers' own streams")
+    else:
+        validate_new_stream(req.name, req.subject, partitions, namespace)
     if req.name in metadata.streams:
         raise StreamExistsError(req.name)
     check_partition_count(partitions, limits)

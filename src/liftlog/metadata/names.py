@@ -22,9 +22,13 @@ from collections.abc import Iterable
 from .model import InvalidStreamError, partition_subject
 
 __all__ = [
+    "ACTIVITY_STREAM",
+    "CURSORS_STREAM",
     "INBOX_PREFIX",
     "STREAM_NAME_MAX_LEN",
     "check_stream_usable",
+    "internal_stream_subject",
+    "is_internal_stream",
     "reserved_subjects",
     "subjects_overlap",
     "validate_new_stream",
@@ -34,6 +38,22 @@ __all__ = [
 ]
 
 STREAM_NAME_MAX_LEN = 249
+#: The servers' own streams, as Liftbridge names them: consumers' cursors, and the cluster's activity.
+CURSORS_STREAM = "__cursors"
+ACTIVITY_STREAM = "__activity"
+#: Each internal stream's subject under the cluster's namespace (Liftbridge's: ``<namespace>.cursors``).
+_INTERNAL_SUFFIXES = {CURSORS_STREAM: "cursors", ACTIVITY_STREAM: "activity"}
+
+
+def is_internal_stream(name: str) -> bool:
+    return name in _INTERNAL_SUFFIXES
+
+
+def internal_stream_subject(name: str, namespace: str) -> str:
+    """The subject of internal stream ``name``: under the namespace, where no user stream may listen."""
+    return f"{namespace}.{_INTERNAL_SUFFIXES[name]}"
+
+
 #: Where NATS clients (nats-py's new_inbox, this server's AckRouter) put ack and reply inboxes.
 INBOX_PREFIX = "_INBOX"
 
@@ -135,6 +155,8 @@ def validate_stream_subject(subject: str, namespace: str) -> None:
 def validate_new_stream(name: str, subject: str, partitions: int, namespace: str) -> None:
     """Everything about a new stream's name and subject(s); ``partitions`` is its partition count."""
     validate_stream_name(name)
+    if is_internal_stream(name):
+        raise InvalidStreamError(f"stream name {name!r} is reserved for the servers' own stream of that name")
     validate_stream_subject(subject, namespace)
     if partitions > 1 and subject.endswith(">"):
         raise InvalidStreamError(
@@ -150,5 +172,11 @@ def validate_new_stream(name: str, subject: str, partitions: int, namespace: str
 def check_stream_usable(name: str, subjects: Iterable[str], namespace: str) -> None:
     """Raise InvalidStreamError if a committed stream's name or a partition subject breaks today's rules."""
     validate_stream_name(name)
+    if is_internal_stream(name):  # under the namespace by design: exactly its own subjects
+        base = internal_stream_subject(name, namespace)
+        for subject in subjects:
+            if subject != base and not (subject.startswith(base + ".") and subject[len(base) + 1 :].isdigit()):
+                raise InvalidStreamError(f"internal stream {name!r} has the foreign subject {subject!r}")
+        return
     for subject in subjects:
         validate_stream_subject(subject, namespace)

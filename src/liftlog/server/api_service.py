@@ -35,6 +35,7 @@ from liftlog.metadata import (
     MetadataError,
     PartitionMeta,
     StreamSettings,
+    is_internal_stream,
     validate_new_stream,
     validate_subject,
 )
@@ -45,6 +46,7 @@ from liftlog.storage.encryption import EncryptionError
 from .access import AccessControl
 from .acks import AckRouter
 from .cluster import MetadataService
+from .cursors import CursorService
 from .failures import RpcFailure, abort_with, async_error, encryption_failure, failure_from
 from .partition import Partition
 from .publish_async import serve_publish_async
@@ -110,6 +112,7 @@ class ApiService:
         limits: ApiLimits = ApiLimits(),
         nats_max_payload: Callable[[], int] = lambda: 1 << 20,
         access: AccessControl | None = None,
+        cursors_enabled: bool = False,
     ) -> None:
         #: Authorization: the guard checks whole calls; PublishAsync asks it for each request.
         self.access = access
@@ -119,6 +122,7 @@ class ApiService:
         self._streams = streams
         self._cluster = cluster
         self._acks = acks
+        self.cursors = CursorService(self, enabled=cursors_enabled)
         self._publish = publish
         self._ack_timeout = ack_timeout
         self._max_message_bytes = max_message_bytes
@@ -287,6 +291,14 @@ class ApiService:
             return RpcFailure(Code.FAILED_PRECONDITION, Reason.PAUSED, f"partition {stream}/{partition} was paused")
         return RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, reason)
 
+    @property
+    def streams(self) -> StreamManager:
+        return self._streams
+
+    @property
+    def cluster(self) -> MetadataService:
+        return self._cluster
+
     def hosted(self, stream: str, partition: int, allow_replica: bool = False) -> Partition:
         """This server's replica of a partition it leads (or, with ``allow_replica``, is in the ISR of).
 
@@ -399,6 +411,12 @@ class ApiService:
         """
         try:
             meta = self._streams.metadata.partition(stream, partition)
+            if is_internal_stream(stream):
+                raise RpcFailure(
+                    Code.INVALID_ARGUMENT,
+                    Reason.INVALID_ARGUMENT,
+                    f"stream {stream!r} is the servers' own: only they write it (SetCursor for cursors)",
+                )
             if meta.readonly:
                 raise RpcFailure(
                     Code.FAILED_PRECONDITION, Reason.READONLY, f"partition {stream}/{partition} is readonly"
@@ -410,7 +428,7 @@ class ApiService:
                 # Its leader is here and takes no writes: the publish would only wait out its ack timeout.
                 raise self._unavailable(local)
             if local is not None and meta.leader == self.server_id and not local.accepting:
-                await self._until_listening(local)
+                await self.until_listening(local)
             # Any server may publish: the message goes to the partition's subject, the leader acks.
             occ = self._streams.occ_enabled(stream)
             min_isr = self._streams.min_isr(stream)
@@ -442,7 +460,7 @@ class ApiService:
         await self._publish_envelope(meta.subject, message, future)
         return future
 
-    async def _until_listening(self, part: Partition) -> None:
+    async def until_listening(self, part: Partition) -> None:
         """Wait (up to the ack timeout) until a partition named to lead here listens on its subject.
 
         Right after an election or a resume the metadata names this server before its intake subscribes;
@@ -637,10 +655,18 @@ class ApiService:
         )
 
     async def SetCursor(self, request: Any, context: Any) -> api_pb2.SetCursorResponse:
-        await self._unimplemented(context, "cursors")
+        try:
+            await self.cursors.set(request)
+        except RpcFailure as failure:
+            await abort_with(context, failure)
+        return api_pb2.SetCursorResponse()
 
     async def FetchCursor(self, request: Any, context: Any) -> api_pb2.FetchCursorResponse:
-        await self._unimplemented(context, "cursors")
+        try:
+            offset = await self.cursors.fetch(request)
+        except RpcFailure as failure:
+            await abort_with(context, failure)
+        return api_pb2.FetchCursorResponse(offset=offset)
 
     async def JoinConsumerGroup(self, request: Any, context: Any) -> api_pb2.JoinConsumerGroupResponse:
         await self._unimplemented(context, "consumer groups")

@@ -38,6 +38,7 @@ from liftlog.metadata import (
     PartitionMeta,
     RefusedError,
     StreamExistsError,
+    is_internal_stream,
 )
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
 from liftlog.metadata.controller import (
@@ -278,8 +279,12 @@ class MetadataService:
         unclean_leader_election: bool = False,
         rebalance_delay: float = 10.0,
         limits: StreamLimits | None = None,
+        internal_streams: tuple[CreateStreamRequest, ...] = (),
     ) -> None:
         self.server_id = server_id
+        #: The servers' own streams this server creates when it leads and they are missing (cursors).
+        self._internal_streams = internal_streams
+        self._internal_waits: set[str] = set()
         self.advertise = advertise
         #: clustering.namespace: internal subjects live under it, so stream subjects must not.
         self.namespace = namespace
@@ -555,6 +560,8 @@ class MetadataService:
                 return [plan_create_stream(self.metadata, req, now, namespace=self.namespace, limits=self._limits)]
             case DeleteStreamChange(name):
                 self.metadata.stream(name)  # fail fast, without a log entry
+                if is_internal_stream(name):
+                    raise InvalidStreamError(f"stream {name!r} is the servers' own and cannot be deleted")
                 return [DeleteStream(name)]
             case PauseChange(name, partitions, pause, resume_all):
                 for p in partitions:
@@ -693,6 +700,7 @@ class MetadataService:
                     await self._failover.tick()
                 try:
                     await self._reassignment_round()
+                    await self._internal_streams_round()
                 except (NotLeader, ProposalDropped) as exc:
                     log.info("reassignment round: %s", exc)
         finally:
@@ -700,6 +708,36 @@ class MetadataService:
                 with contextlib.suppress(Exception):
                     await self._join_sub.unsubscribe()
                 self._join_sub = None
+
+    async def _internal_streams_round(self) -> None:
+        """Create the servers' own streams that are configured and missing, as Liftbridge's leader does.
+
+        One replicated to every server (-1) waits until every voter is alive: created while some are still
+        starting, it would have fewer replicas for good.
+        """
+        for req in self._internal_streams:
+            if req.name in self.metadata.streams:
+                self._internal_waits.discard(req.name)
+                continue
+            alive = {s.id for s in self.metadata.servers.values() if s.alive and not s.leaving}
+            missing = set(self.voters) - alive
+            if req.replication_factor == -1 and missing:
+                if req.name not in self._internal_waits:
+                    self._internal_waits.add(req.name)
+                    log.info("creating %s once servers %s are up", req.name, ", ".join(sorted(missing)))
+                continue
+            try:
+                op = plan_create_stream(
+                    self.metadata, req, self._clock(), namespace=self.namespace, limits=self._limits, internal=True
+                )
+            except MetadataError as exc:
+                log.warning("cannot create %s yet: %s", req.name, exc)
+                continue
+            result = await self._propose_result(op)
+            if isinstance(result, MetadataError):
+                log.info("creating %s: %s", req.name, result)
+            else:
+                log.info("created %s (%d partitions)", req.name, len(op.stream.partitions))
 
     async def _reassignment_round(self) -> None:
         """Move reassignments on (leader onto the new replicas, then completion), and let servers that

@@ -73,6 +73,13 @@ def _int(minimum: int) -> Callable[[Any], int]:
     return parse
 
 
+def _replicas(value: Any) -> int:
+    number = _int(-1)(value)
+    if number == 0:
+        raise ValueError("must be -1 (every server) or at least 1, got 0")
+    return number
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -349,8 +356,25 @@ SETTINGS: tuple[Setting, ...] = (
     _s("activity.stream.enabled", _bool, False, "publish cluster events to the activity stream"),
     _s("activity.stream.publish.timeout", parse_duration_ms, 5_000, "timeout of an activity publish"),
     _s("activity.stream.publish.ack.policy", _choice("leader", "all", "none"), "all", "ack policy of activity"),
-    _s("cursors.stream.partitions", _int(0), 0, "partitions of the cursors stream (0: cursors off)"),
-    _s("cursors.stream.auto.pause.time", parse_duration_ms, 60_000, "auto-pause time of the cursors stream"),
+    _s(
+        "cursors.stream.partitions",
+        _int(0),
+        0,
+        "partitions of __cursors, the stream SetCursor and FetchCursor keep cursors in (0: cursors off); fixed "
+        "once the controller created it",
+    ),
+    _s(
+        "cursors.stream.replication.factor",
+        _replicas,
+        -1,
+        "replicas of each __cursors partition (-1: every server of the cluster when it is created)",
+    ),
+    _s(
+        "cursors.stream.auto.pause.time",
+        parse_duration_ms,
+        60_000,
+        "pause an idle __cursors partition after this (0: never); a cursor call resumes it",
+    ),
     _s("groups.consumer.timeout", parse_duration_ms, 15_000, "drop a silent group consumer after this"),
     _s("groups.coordinator.timeout", parse_duration_ms, 15_000, "replace a silent group coordinator after this"),
 )

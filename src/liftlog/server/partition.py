@@ -86,6 +86,7 @@ class PartitionOptions:
         "descriptors",
         "encrypt",
         "file_io",
+        "local_only",
         "log_config",
         "min_isr",
         "occ",
@@ -106,8 +107,11 @@ class PartitionOptions:
         descriptors: DescriptorBudget | None = None,
         cipher: BatchCipher | None = None,
         encrypt: bool = False,
+        local_only: bool = False,
     ) -> None:
         self.log_config = log_config
+        #: A servers' own stream (cursors): written only by this server (``take_local``), never from NATS.
+        self.local_only = local_only
         #: The server's batch cipher (its master keys); ``encrypt``: the stream is encrypted at rest.
         self.cipher = cipher
         self.encrypt = encrypt
@@ -157,6 +161,7 @@ class Partition:
         #: ns of the last retention/compaction pass.
         self.last_cleaned = clock()
         self._sub: NatsSubscription | None = None
+        self._local_intake = False
         self._pending: list[Incoming] = []
         #: Why this replica refuses writes (its log failed to open, or fenced itself after a write it could
         #: not undo); None when healthy.
@@ -212,11 +217,21 @@ class Partition:
 
     async def start_intake(self, nats: NatsClient) -> None:
         """Subscribe to the partition's subject and start writing what arrives."""
-        if self._sub is None:
+        if self.options.local_only:
+            self._local_intake = True
+        elif self._sub is None:
             self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
+
+    def take_local(self, data: bytes) -> None:
+        """Write one Publish envelope this server made (a cursor), as if it had arrived on the subject."""
+        if not self.accepting:
+            raise PartitionClosed(self._closed_reason or f"{self} takes no writes here")
+        self._pending.append(incoming_from_nats(self.subject, "", data, self.subject))
+        self._write_pending()
 
     async def stop_intake(self) -> None:
         """Unsubscribe, then write every message already received."""
+        self._local_intake = False
         sub, self._sub = self._sub, None
         if sub is not None:
             try:
@@ -635,8 +650,9 @@ class Partition:
 
     @property
     def accepting(self) -> bool:
-        """Open and listening on NATS (not paused, not readonly)."""
-        return self._sub is not None
+        """Open and taking writes: listening on NATS, or locally for a servers' own stream (not paused, not
+        readonly)."""
+        return self._sub is not None or self._local_intake
 
     def wake_readers(self) -> None:
         waiter, self._data_waiter = self._data_waiter, None

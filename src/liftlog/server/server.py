@@ -34,7 +34,9 @@ import nats
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.metadata import CorruptMetadataError, MetadataFile
 from liftlog.metadata.codec import encode_operation
-from liftlog.metadata.model import CreateStream, ServerMeta
+from liftlog.metadata.controller import CreateStreamRequest
+from liftlog.metadata.model import CreateStream, ServerMeta, StreamSettings
+from liftlog.metadata.names import CURSORS_STREAM, internal_stream_subject
 from liftlog.metadata.protocol import ControlRequest, IsrChange, LeaderConfirmation, LeaderReport
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
@@ -421,6 +423,35 @@ class Server:
             unclean_leader_election=c.unclean_leader_election,
             rebalance_delay=c.leader_rebalance_delay / 1000,
             limits=self.config.stream_limits(),
+            internal_streams=self._internal_streams(),
+        )
+
+    def _internal_streams(self) -> tuple[CreateStreamRequest, ...]:
+        """The servers' own streams this configuration asks for: ``__cursors`` when cursors are on."""
+        values = self.config.values
+        partitions = int(values["cursors.stream.partitions"])
+        if partitions <= 0:
+            return ()
+        namespace = self.config.clustering.namespace
+        # Compacted (a cursor's newest value is all that matters) and never cut by retention: a cursor
+        # nobody moved for a week is still a checkpoint someone resumes from.
+        settings = StreamSettings(
+            compact_enabled=True,
+            auto_pause_time_ms=int(values["cursors.stream.auto.pause.time"]),
+            auto_pause_disable_if_subscribers=True,
+            retention_max_bytes=0,
+            retention_max_messages=0,
+            retention_max_age_ms=0,
+            encryption=False,
+        )
+        return (
+            CreateStreamRequest(
+                CURSORS_STREAM,
+                internal_stream_subject(CURSORS_STREAM, namespace),
+                partitions=partitions,
+                replication_factor=int(values["cursors.stream.replication.factor"]),
+                settings=settings,
+            ),
         )
 
     async def _start_metadata(self) -> None:
@@ -537,6 +568,7 @@ class Server:
             ),
             nats_max_payload=lambda: int(self._connected_nats.max_payload),
             access=self.access,
+            cursors_enabled=int(values["cursors.stream.partitions"]) > 0,
         )
         guard = self.access.guard
         server.add_methods(guard(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service)))

@@ -38,6 +38,7 @@ from liftlog.metadata import (
     StreamMeta,
     StreamSettings,
     check_stream_usable,
+    is_internal_stream,
 )
 from liftlog.server.config import StreamsConfig
 from liftlog.storage import FileIO, FsyncPolicy, LogConfig, StorageError
@@ -571,6 +572,7 @@ class StreamManager:
             descriptors=self.descriptors,
             cipher=self.cipher,
             encrypt=bool(s.encryption),
+            local_only=is_internal_stream(stream.name),
         )
         part = Partition(
             meta,

@@ -224,3 +224,15 @@ class ClusterStatusResponse(_message.Message):
     droppedInternal: _containers.ScalarMap[str, int]
     encryptionKeys: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, serverId: _Optional[str] = ..., controller: _Optional[str] = ..., term: _Optional[int] = ..., commitIndex: _Optional[int] = ..., appliedIndex: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerStatus, _Mapping]]] = ..., streamCount: _Optional[int] = ..., partitionCount: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., openFilesLimit: _Optional[int] = ..., fenced: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., segmentFilesOpen: _Optional[int] = ..., segmentFilesBudget: _Optional[int] = ..., clusterAuth: _Optional[bool] = ..., droppedInternal: _Optional[_Mapping[str, int]] = ..., encryptionKeys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Cursor(_message.Message):
+    __slots__ = ("stream", "partition", "cursorId", "offset")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    CURSORID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    cursorId: str
+    offset: int
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., cursorId: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
