@@ -10,6 +10,7 @@ import click
 
 from liftlog import __version__
 from liftlog.cli.acl import acl
+from liftlog.cli.activity import activity
 from liftlog.cli.bench import bench
 from liftlog.cli.cluster import cluster
 from liftlog.cli.common import CLIENT_ENV, ReportingGroup, fail, root_addr_option
@@ -211,6 +212,7 @@ main.add_command(bench)
 main.add_command(cluster)
 main.add_command(acl)
 main.add_command(cursor)
+main.add_command(activity)
 main.add_command(pipeline)
 
 

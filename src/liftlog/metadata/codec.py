@@ -19,6 +19,7 @@ from .model import (
     CompleteReassignment,
     CreateStream,
     DeleteStream,
+    MarkActivityPublished,
     Metadata,
     Operation,
     PartitionState,
@@ -93,6 +94,8 @@ def encode_operation(op: Operation) -> bytes:
             kind = "add_policy" if isinstance(op, AddPolicy) else "revoke_policy"
             p = op.policy
             body = {"op": kind, "subject": p.subject, "resource": p.resource, "action": p.action}
+        case MarkActivityPublished():
+            body = {"op": "mark_activity_published", "index": op.index}
         case _:  # pragma: no cover
             raise TypeError(f"unknown metadata operation {op!r}")
     return json.dumps(body, separators=(",", ":")).encode()
@@ -153,6 +156,8 @@ def decode_operation(data: bytes) -> Operation:
             return SetServerLeaving(str(body["id"]), bool(body["leaving"]))
         if kind == "remove_server":
             return RemoveServer(str(body["id"]))
+        if kind == "mark_activity_published":
+            return MarkActivityPublished(int(body["index"]))
         if kind in ("add_policy", "revoke_policy"):
             policy = Policy(str(body["subject"]), str(body["resource"]), str(body["action"]))
             return AddPolicy(policy) if kind == "add_policy" else RevokePolicy(policy)

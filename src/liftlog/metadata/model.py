@@ -15,16 +15,20 @@ Not safe to share between threads; the server uses it from its event loop.
 
 from __future__ import annotations
 
+import base64
 import enum
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "ActivityLog",
     "CreateStream",
     "DeleteStream",
     "EventTimestamps",
     "InvalidStreamError",
+    "MarkActivityPublished",
     "Metadata",
     "MetadataError",
     "NoSuchPartitionError",
@@ -430,6 +434,61 @@ class RevokePolicy:
     policy: Policy
 
 
+@dataclass(frozen=True, slots=True)
+class MarkActivityPublished:
+    """The controller published (or, with the activity stream off, skipped) every event up to ``index``."""
+
+    index: int
+
+
+#: Events the metadata keeps for the activity stream while they wait to be published; beyond that the
+#: oldest go (counted): a stream that stays unwritable must not grow every server's memory without bound.
+MAX_PENDING_ACTIVITY = 100_000
+
+
+@dataclass
+class ActivityLog:
+    """The activity stream's events not yet published: (Raft index, encoded ActivityStreamEvent).
+
+    Part of the replicated metadata, so a new controller goes on from the last event the old one marked
+    published: an event published but not yet marked is published again, with the same id (at least once).
+    """
+
+    published: int = 0
+    pending: deque[tuple[int, bytes]] = field(default_factory=deque)
+    dropped: int = 0
+
+    def record(self, index: int, event: bytes) -> None:
+        if index <= self.published or (self.pending and index <= self.pending[-1][0]):
+            return  # applied again (a restart replays the log): already recorded or published
+        self.pending.append((index, event))
+        if len(self.pending) > MAX_PENDING_ACTIVITY:
+            self.pending.popleft()
+            self.dropped += 1
+
+    def mark(self, index: int) -> None:
+        self.published = max(self.published, index)
+        while self.pending and self.pending[0][0] <= index:
+            self.pending.popleft()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "published": self.published,
+            "dropped": self.dropped,
+            "pending": [[i, base64.b64encode(e).decode()] for i, e in self.pending],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ActivityLog:
+        if not isinstance(data, dict):
+            raise TypeError(f"activity must be an object, got {type(data).__name__}")
+        entries = data.get("pending", [])
+        if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) == 2 for e in entries):
+            raise TypeError("activity.pending must be a list of [index, event] pairs")
+        pending = deque((int(i), base64.b64decode(str(e), validate=True)) for i, e in entries)
+        return cls(int(data.get("published", 0)), pending, int(data.get("dropped", 0)))
+
+
 Operation = (
     RegisterServer
     | SetServerLiveness
@@ -446,6 +505,7 @@ Operation = (
     | RemoveServer
     | AddPolicy
     | RevokePolicy
+    | MarkActivityPublished
 )
 
 
@@ -457,6 +517,8 @@ class Metadata:
         self.streams: dict[str, StreamMeta] = {}
         #: Authorization rules every server enforces (tls.client.authz.enabled), in the order they were added.
         self.policies: dict[Policy, None] = {}
+        #: The activity stream's events waiting to be published (recorded by ``activity.apply_entry``).
+        self.activity = ActivityLog()
 
     def stream(self, name: str) -> StreamMeta:
         try:
@@ -603,6 +665,9 @@ class Metadata:
             case RevokePolicy(policy=policy):
                 self.policies.pop(policy, None)
                 return []
+            case MarkActivityPublished(index=index):
+                self.activity.mark(index)
+                return []
         raise TypeError(f"unknown metadata operation {op!r}")  # pragma: no cover
 
     def _at_epoch(self, name: str, partition: int, epoch: int) -> PartitionMeta:
@@ -644,6 +709,7 @@ class Metadata:
             "servers": [s.to_dict() for s in self.servers.values()],
             "streams": [s.to_dict() for s in self.streams.values()],
             "policies": [[p.subject, p.resource, p.action] for p in self.policies],
+            "activity": self.activity.to_dict(),
         }
 
     @classmethod
@@ -659,4 +725,5 @@ class Metadata:
             meta.streams[stream.name] = stream
         for subject, resource, action in data.get("policies", []):  # snapshots before policies have none
             meta.policies[Policy(str(subject), str(resource), str(action))] = None
+        meta.activity = ActivityLog.from_dict(data.get("activity", {}))
         return meta

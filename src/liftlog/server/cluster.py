@@ -40,6 +40,7 @@ from liftlog.metadata import (
     StreamExistsError,
     is_internal_stream,
 )
+from liftlog.metadata.activity import apply_entry
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
 from liftlog.metadata.controller import (
     CreateStreamRequest,
@@ -112,6 +113,7 @@ from liftlog.metadata.reassignment import (
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
 
+from .activity import ActivityPublisher
 from .failover import Failover
 from .metadata_raft import MetadataRaft, RaftSettings
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
@@ -317,6 +319,9 @@ class MetadataService:
         self.registered = asyncio.Event()
         #: Called with every policy whenever the metadata's authorization policies change (access control).
         self.policies_changed: Callable[[tuple[Policy, ...]], None] | None = None
+        #: Publishes the activity stream while this server leads (set by the server; None: no stream).
+        self.activity: ActivityPublisher | None = None
+        self._activity_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -337,6 +342,8 @@ class MetadataService:
         await self._hand_over_leadership()
         for task in list(self._tasks):
             task.cancel()
+        if self._activity_task is not None:
+            self._activity_task.cancel()
         if self._leader_task is not None:
             self._leader_task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -367,7 +374,7 @@ class MetadataService:
     def apply(self, index: int, data: bytes) -> object:
         try:
             op = decode_operation(data)
-            changed = self.metadata.apply(op)
+            changed = apply_entry(self.metadata, index, op)
         except MetadataError as exc:
             result: object = exc
         else:
@@ -377,6 +384,8 @@ class MetadataService:
             elif isinstance(op, (AddPolicy, RevokePolicy)) and self.policies_changed is not None:
                 self.policies_changed(tuple(self.metadata.policies))
         self._streams.metadata_changed(index)
+        if self.activity is not None:
+            self.activity.applied()
         return result
 
     def applied_membership(self, index: int, voters: tuple[str, ...]) -> None:
@@ -410,10 +419,15 @@ class MetadataService:
                 rebalance_after_ns=int(self._rebalance_delay * 1e9),
             )
             self._leader_task = asyncio.get_running_loop().create_task(self._lead_cluster(), name="controller")
+            if self.activity is not None:
+                self._activity_task = asyncio.get_running_loop().create_task(self.activity.run(), name="activity")
         elif role is not Role.LEADER and self._leader_task is not None:
             self._leader_task.cancel()
             self._leader_task = None
             self._failover = None
+            if self._activity_task is not None:
+                self._activity_task.cancel()
+                self._activity_task = None
 
     # -- status ----------------------------------------------------------
 
@@ -621,6 +635,10 @@ class MetadataService:
 
     async def _propose_result(self, op: Operation) -> object:
         return (await self._propose(op))[1]
+
+    async def propose_result(self, op: Operation) -> object:
+        """Propose ``op`` as the leader; its apply result (a MetadataError if refused). Raises NotLeader."""
+        return await self._propose_result(op)
 
     async def _failover_request(self, change: LeaderReport | LeaderConfirmation) -> int:
         """A follower's report of a silent leader, or a candidate's confirmation (no operation of their own)."""

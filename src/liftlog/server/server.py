@@ -36,7 +36,7 @@ from liftlog.metadata import CorruptMetadataError, MetadataFile
 from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.metadata.model import CreateStream, ServerMeta, StreamSettings
-from liftlog.metadata.names import CURSORS_STREAM, internal_stream_subject
+from liftlog.metadata.names import ACTIVITY_STREAM, CURSORS_STREAM, internal_stream_subject
 from liftlog.metadata.protocol import ControlRequest, IsrChange, LeaderConfirmation, LeaderReport
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
@@ -52,6 +52,7 @@ from liftlog.storage.fileio import DEFAULT_FILE_IO
 from . import ratelimit
 from .access import AccessControl
 from .acks import AckRouter
+from .activity import ActivityPublisher, ActivitySettings
 from .api_service import ApiLimits, ApiService
 from .authenticated_nats import AuthenticatedNats, internal_subjects
 from .batches_service import BatchesService
@@ -69,6 +70,8 @@ from .streams import StreamManager
 from .tls_files import ReloadingTls, TlsFiles
 
 __all__ = ["Server"]
+
+_ACK_POLICIES: dict[str, api_pb2.AckPolicy] = {"leader": api_pb2.LEADER, "all": api_pb2.ALL, "none": api_pb2.NONE}
 
 log = logging.getLogger(__name__)
 #: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
@@ -150,7 +153,9 @@ class Server:
                 cipher=cipher,
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
-            await self.streams.start(self._connected_nats)  # hosts nothing until the metadata service starts, below
+            await self.streams.start(
+                self._connected_nats, self._internal_nats
+            )  # hosts nothing until the metadata service starts, below
             await self.replicator.start(self._internal_nats)
             self._create_metadata()
             self._bind_grpc()  # the port the metadata advertises
@@ -425,14 +430,35 @@ class Server:
             limits=self.config.stream_limits(),
             internal_streams=self._internal_streams(),
         )
+        values = self.config.values
+        assert self._acks is not None
+        cluster = self.cluster
+        self.cluster.activity = ActivityPublisher(
+            ActivitySettings(
+                enabled=bool(values["activity.stream.enabled"]),
+                timeout=values["activity.stream.publish.timeout"] / 1000,
+                ack_policy=_ACK_POLICIES[values["activity.stream.publish.ack.policy"]],
+            ),
+            metadata=lambda: cluster.metadata,
+            propose=cluster.propose_result,
+            nats=self._internal_nats,
+            acks=self._acks,
+        )
 
     def _internal_streams(self) -> tuple[CreateStreamRequest, ...]:
-        """The servers' own streams this configuration asks for: ``__cursors`` when cursors are on."""
+        """The servers' own streams this configuration asks for: ``__activity`` and ``__cursors`` when on."""
         values = self.config.values
+        namespace = self.config.clustering.namespace
+        wanted: list[CreateStreamRequest] = []
+        if values["activity.stream.enabled"]:
+            wanted.append(
+                CreateStreamRequest(
+                    ACTIVITY_STREAM, internal_stream_subject(ACTIVITY_STREAM, namespace), replication_factor=-1
+                )
+            )
         partitions = int(values["cursors.stream.partitions"])
         if partitions <= 0:
-            return ()
-        namespace = self.config.clustering.namespace
+            return tuple(wanted)
         # Compacted (a cursor's newest value is all that matters) and never cut by retention: a cursor
         # nobody moved for a week is still a checkpoint someone resumes from.
         settings = StreamSettings(
@@ -444,15 +470,16 @@ class Server:
             retention_max_age_ms=0,
             encryption=False,
         )
-        return (
+        wanted.append(
             CreateStreamRequest(
                 CURSORS_STREAM,
                 internal_stream_subject(CURSORS_STREAM, namespace),
                 partitions=partitions,
                 replication_factor=int(values["cursors.stream.replication.factor"]),
                 settings=settings,
-            ),
+            )
         )
+        return tuple(wanted)
 
     async def _start_metadata(self) -> None:
         assert self.cluster is not None

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from liftlog.metadata import (
+    CURSORS_STREAM,
     InvalidStreamError,
     Metadata,
     NoSuchPartitionError,
@@ -118,6 +119,7 @@ class StreamManager:
         self._ack_sink = ack_sink
         self._clock = clock
         self._nats: NatsClient
+        self._internal_nats: NatsClient
         #: The committed metadata; the metadata service replaces it when it restores a snapshot.
         self.metadata = Metadata()
         self.partitions: dict[tuple[str, int], Partition] = {}
@@ -146,8 +148,11 @@ class StreamManager:
 
     # -- lifecycle -------------------------------------------------------
 
-    async def start(self, nats: NatsClient) -> None:
+    async def start(self, nats: NatsClient, internal_nats: NatsClient | None = None) -> None:
+        """Follow the metadata; intake listens on ``nats``, the servers' own streams' on ``internal_nats``
+        (which, with a cluster secret, takes only what a server of the cluster signed)."""
         self._nats = nats
+        self._internal_nats = internal_nats or nats
         self._dir.mkdir(parents=True, exist_ok=True)
         self._task = asyncio.get_running_loop().create_task(self._reconcile_loop(), name="reconcile-partitions")
 
@@ -426,7 +431,7 @@ class StreamManager:
             part.isr_committed(self._clock())
         listen = leader and not meta.readonly
         if listen and not part.accepting:
-            await part.start_intake(self._nats)
+            await part.start_intake(self._internal_nats if is_internal_stream(part.stream) else self._nats)
         elif not listen and part.accepting:
             await part.stop_intake()
         if meta.readonly != hosted.readonly:
@@ -572,7 +577,7 @@ class StreamManager:
             descriptors=self.descriptors,
             cipher=self.cipher,
             encrypt=bool(s.encryption),
-            local_only=is_internal_stream(stream.name),
+            local_only=stream.name == CURSORS_STREAM,
         )
         part = Partition(
             meta,
