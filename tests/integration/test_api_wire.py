@@ -154,6 +154,14 @@ async def test_expected_offset_with_concurrency_control(api: api_pb2_grpc.APIStu
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and reason(err) == "incorrect_offset"
     ok = await api.Publish(api_pb2.PublishRequest(stream=name, value=b"second", expectedOffset=1))
     assert ok.ack.offset == 1
+    # Liftbridge refuses AckPolicy NONE here: a refused expected offset would go unnoticed
+    none = api_pb2.PublishRequest(stream=name, value=b"blind", expectedOffset=2, ackPolicy=api_pb2.NONE)
+    err = await rpc_error(api.Publish(none))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == "stream with concurrency control must have AckPolicy set"
+    none.correlationId = "n1"
+    (answer,) = [r async for r in api.PublishAsync(iter([none]))]
+    assert answer.correlationId == "n1" and answer.asyncError.code == api_pb2.PublishAsyncError.BAD_REQUEST
     assert [m.value for m in await read_all(api, name)] == [b"first", b"second"]
 
 

@@ -281,3 +281,34 @@ def test_the_harness_moves_a_first_start_off_a_port_taken_meanwhile(data_dir: Pa
                 server.start()
         finally:
             server.kill()
+
+
+def test_liftbridges_flags_and_the_listen_host_split(tmp_path: Path, nats_server: NatsProcess) -> None:
+    """Liftbridge's flag names, and listen (bound: every interface) apart from host (advertised)."""
+    port = free_port()
+    proc = LiftlogProcess(
+        tmp_path / "unused",
+        "-d",
+        str(tmp_path / "data"),
+        "--ns",
+        "flags-test",
+        "-l",
+        "debug",
+        "--set",
+        f"listen=0.0.0.0:{port}",
+        "--host",
+        "localhost",
+        nats_url=nats_server.url,
+        server_id=None,
+        bootstrap=None,
+    )
+    proc.args += ["--server-id", "lb-flags", "--raft-bootstrap-seed"]
+    proc.port, proc.address = port, f"127.0.0.1:{port}"  # reachable on loopback through the wildcard bind
+    proc.start()
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            meta = api_pb2_grpc.APIStub(channel).FetchMetadata(api_pb2.FetchMetadataRequest(), timeout=5)
+        assert [(b.id, b.host, b.port) for b in meta.brokers] == [("lb-flags", "localhost", port)]
+        assert (tmp_path / "data").is_dir() and "DEBUG" in proc.output()
+    finally:
+        proc.kill()

@@ -47,9 +47,18 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     assert (cfg.port, cfg.clustering.server_id, cfg.data_dir) == (3000, "from-env", Path("/from/file"))
 
 
-def test_listen_overrides_host_and_port() -> None:
-    cfg = load_config(overrides={"listen": "0.0.0.0:7000", "port": 1}, env={})
-    assert (cfg.host, cfg.port) == ("0.0.0.0", 7000)
+def test_listen_is_where_it_binds_and_host_what_it_advertises() -> None:
+    # Liftbridge's split: bind to every interface, tell clients the name they can reach
+    cfg = load_config(overrides={"listen": "0.0.0.0:7000", "host": "broker-1.example", "port": 1}, env={})
+    assert (cfg.bind_host, cfg.bind_port, cfg.host, cfg.port) == ("0.0.0.0", 7000, "broker-1.example", 7000)
+    assert cfg.listen == "0.0.0.0:7000"
+    # listen alone: advertised as bound, unless that is a wildcard (then the default host)
+    alone = load_config(overrides={"listen": "10.1.2.3:7001"}, env={})
+    assert (alone.host, alone.port, alone.bind_host) == ("10.1.2.3", 7001, "10.1.2.3")
+    wildcard = load_config(overrides={"listen": "0.0.0.0:7002"}, env={})
+    assert (wildcard.host, wildcard.port, wildcard.bind_host) == ("127.0.0.1", 7002, "0.0.0.0")
+    plain = load_config(overrides={"host": "10.9.9.9", "port": 7003}, env={})
+    assert plain.listen == "10.9.9.9:7003" and (plain.host, plain.port) == ("10.9.9.9", 7003)
 
 
 def test_units_for_durations_and_sizes(tmp_path: Path) -> None:

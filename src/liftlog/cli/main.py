@@ -63,22 +63,31 @@ def _server_overrides(settings: tuple[str, ...], flags: Mapping[str, Any]) -> di
 
 @main.command()
 @click.option("-c", "--config", "config_path", metavar="FILE", help="YAML config file with Liftbridge's keys.")
-@click.option("--id", "server_id", help="This server's id (clustering.server.id; default: random).")
-@click.option("--data-dir", metavar="DIR", help="Where streams and metadata are stored (data.dir; default ./data).")
+@click.option("--id", "--server-id", "server_id", help="This server's id (clustering.server.id; default: random).")
+@click.option(
+    "-d", "--data-dir", metavar="DIR", help="Where streams and metadata are stored (data.dir; default ./data)."
+)
 @click.option("--host", help="Interface of the gRPC API (host; default 127.0.0.1).")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port of the gRPC API (port; default 9292).")
+@click.option("-p", "--port", type=click.IntRange(0, 65535), help="Port of the gRPC API (port; default 9292).")
 @click.option(
     "--embedded-nats/--no-embedded-nats",
+    "-e/ ",
     default=None,
     help="Start and supervise a nats-server child process (nats.embedded).",
+)
+@click.option(
+    "--embedded-nats-config",
+    "--nc",
+    metavar="FILE",
+    help="nats-server config file for the embedded server; implies --embedded-nats (nats.embedded.config).",
 )
 @click.option(
     "--embedded-nats-port",
     type=click.IntRange(0, 65535),
     help="Port of the embedded nats-server, 0 for any free port (nats.embedded.port; default 4222).",
 )
-@click.option("--nats-servers", metavar="URLS", help="Comma-separated NATS URLs to connect to (nats.servers).")
-@click.option("--namespace", help="Cluster namespace, a prefix of internal subjects (clustering.namespace).")
+@click.option("-n", "--nats-servers", metavar="URLS", help="Comma-separated NATS URLs to connect to (nats.servers).")
+@click.option("--namespace", "--ns", help="Cluster namespace, a prefix of internal subjects (clustering.namespace).")
 @click.option(
     "--raft-bootstrap-seed",
     is_flag=True,
@@ -97,6 +106,9 @@ def _server_overrides(settings: tuple[str, ...], flags: Mapping[str, Any]) -> di
 @click.option("--tls-key", metavar="FILE", help="Private key of the server certificate (tls.key).")
 @click.option(
     "--log-level",
+    "-l",
+    "--level",
+    "log_level",
     type=click.Choice(_LOG_LEVELS, case_sensitive=False),
     help="Log level (logging.level; default info).",
 )
@@ -114,6 +126,7 @@ def server(
     host: str | None,
     port: int | None,
     embedded_nats: bool | None,
+    embedded_nats_config: str | None,
     embedded_nats_port: int | None,
     nats_servers: str | None,
     namespace: str | None,
@@ -129,7 +142,8 @@ def server(
 
     Settings come from, lowest precedence first: defaults, the --config file,
     LIFTLOG_<KEY> environment variables (LIFTLOG_STREAMS_RETENTION_MAX_AGE=24h),
-    then these flags.
+    then these flags. Liftbridge's flag names work too (--server-id, --ns,
+    -d, -p, -n, -e, --nc/--embedded-nats-config, -l/--level).
 
     A server with --embedded-nats and no Raft state founds its own cluster;
     otherwise give one server --raft-bootstrap-seed (the others join it) or
@@ -149,7 +163,8 @@ def server(
             "data.dir": data_dir,
             "host": host,
             "port": port,
-            "nats.embedded": embedded_nats,
+            "nats.embedded": True if embedded_nats_config and embedded_nats is None else embedded_nats,
+            "nats.embedded.config": embedded_nats_config,
             "nats.embedded.port": embedded_nats_port,
             "nats.servers": nats_servers,
             "clustering.namespace": namespace,

@@ -431,6 +431,13 @@ class ApiService:
                 await self.until_listening(local)
             # Any server may publish: the message goes to the partition's subject, the leader acks.
             occ = self._streams.occ_enabled(stream)
+            if occ and ack_policy == api_pb2.NONE:
+                # Liftbridge's rule and words: without an ack, a refused expected offset would go unnoticed.
+                raise RpcFailure(
+                    Code.INVALID_ARGUMENT,
+                    Reason.INVALID_ARGUMENT,
+                    "stream with concurrency control must have AckPolicy set",
+                )
             min_isr = self._streams.min_isr(stream)
             if ack_policy == api_pb2.ALL and len(meta.isr) < min_isr:
                 raise RpcFailure(

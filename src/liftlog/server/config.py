@@ -144,9 +144,15 @@ def _s(key: str, parse: Callable[[Any], Any], default: Any, help: str) -> Settin
 
 #: Every key the server accepts, with its parser, default and meaning.
 SETTINGS: tuple[Setting, ...] = (
-    _s("listen", _listen, "", "host:port of the gRPC API; overrides host and port"),
-    _s("host", _str, "127.0.0.1", "host of the gRPC API (loopback by default)"),
-    _s("port", _int(0), 9292, "port of the gRPC API"),
+    _s(
+        "listen",
+        _listen,
+        "",
+        "host:port the gRPC API binds to (0.0.0.0:9292: every interface); default host:port. As in Liftbridge, "
+        "host stays what the server advertises to clients and other servers",
+    ),
+    _s("host", _str, "127.0.0.1", "host clients and other servers reach the gRPC API at (and, without listen, binds)"),
+    _s("port", _int(0), 9292, "port of the gRPC API (without listen)"),
     _s("tls.key", _str, "", "private key of the server certificate"),
     _s("tls.cert", _str, "", "server certificate; with tls.key enables TLS"),
     _s("tls.client.auth.enabled", _bool, False, "require client certificates"),
@@ -475,6 +481,7 @@ class ClusteringConfig:
 class ServerConfig:
     """The whole configuration; pass each component only its section."""
 
+    #: Where clients and other servers reach the API (advertised in the metadata).
     host: str
     port: int
     data_dir: Path
@@ -484,10 +491,13 @@ class ServerConfig:
     clustering: ClusteringConfig
     #: Every key's final value, for keys no section models yet (tls, groups, ...).
     values: Mapping[str, Any] = field(repr=False)
+    #: Where the API binds (``listen``; by default host and port).
+    bind_host: str = ""
+    bind_port: int = 0
 
     @property
     def listen(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.bind_host or self.host}:{self.bind_port if self.bind_host else self.port}"
 
     def stream_limits(self) -> StreamLimits:
         """What one CreateStream may ask for, as the controller checks it."""
@@ -572,9 +582,13 @@ def load_config(
         except ValueError as exc:
             raise ConfigError(key, f"{exc} (from {source})") from None
 
+    bind_host, bind_port = values["host"], values["port"]
     if values["listen"]:
-        host, _, port = values["listen"].rpartition(":")
-        values["host"], values["port"] = host, int(port)
+        listen_host, _, listen_port = values["listen"].rpartition(":")
+        bind_host, bind_port = listen_host, int(listen_port)
+        values["port"] = bind_port  # one port: where it binds is where it is reached
+        if "host" not in raw and listen_host not in ("", "0.0.0.0", "::", "[::]"):
+            values["host"] = listen_host  # no host given: advertise the address bound to
     if values["tls.client.authz.enabled"] and not values["tls.client.auth.enabled"]:
         raise ConfigError(
             "tls.client.authz.enabled",
@@ -624,6 +638,8 @@ def load_config(
     return ServerConfig(
         host=values["host"],
         port=values["port"],
+        bind_host=bind_host,
+        bind_port=bind_port,
         data_dir=Path(values["data.dir"]),
         log_level=values["logging.level"],
         nats=_section(NatsConfig, "nats.", values),

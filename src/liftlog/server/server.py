@@ -564,10 +564,12 @@ class Server:
 
     def _bind_grpc(self) -> None:
         assert self.streams is not None and self._acks is not None and self.cluster is not None
-        address = f"{self.config.host}:{self.config.port}"
+        bind_host = self.config.bind_host or self.config.host
+        bind_port = self.config.bind_port if self.config.bind_host else self.config.port
+        address = f"{bind_host}:{bind_port}"
         server = RpcServer((), ServerOptions(limits=ConnectionLimits(max_message_bytes=GRPC_MAX_MESSAGE_BYTES)))
         try:
-            port = server.bind(self.config.host, self.config.port)
+            port = server.bind(bind_host, bind_port)
         except OSError as exc:
             raise ServerStartError(f"cannot listen on {address}: {exc} (is another server using the port?)") from exc
         self._grpc = server
