@@ -26,6 +26,7 @@ class Reason(enum.StrEnum):
     STREAM_EXISTS = "stream_exists"  # ALREADY_EXISTS
     NO_SUCH_STREAM = "no_such_stream"  # NOT_FOUND
     NO_SUCH_PARTITION = "no_such_partition"  # NOT_FOUND
+    NO_SUCH_GROUP = "no_such_group"  # NOT_FOUND: a consumer group
     NOT_LEADER = "not_leader"  # FAILED_PRECONDITION
     READONLY = "readonly"  # FAILED_PRECONDITION
     PAUSED = "paused"  # FAILED_PRECONDITION (subscribe without resume)

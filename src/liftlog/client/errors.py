@@ -284,6 +284,7 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.STREAM_EXISTS: StreamExistsError,
     Reason.NO_SUCH_STREAM: NoSuchStreamError,
     Reason.NO_SUCH_PARTITION: NoSuchPartitionError,
+    Reason.NO_SUCH_GROUP: NotFoundError,
     Reason.NOT_LEADER: NotLeaderError,
     Reason.READONLY: ReadonlyError,
     Reason.PAUSED: PartitionPausedError,

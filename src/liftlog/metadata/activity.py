@@ -16,6 +16,8 @@ from liftlog.api import api_pb2
 from .model import (
     CreateStream,
     DeleteStream,
+    JoinGroup,
+    LeaveGroup,
     Metadata,
     Operation,
     PartitionMeta,
@@ -52,6 +54,16 @@ def activity_event(op: Operation, index: int) -> api_pb2.ActivityStreamEvent | N
             event.setStreamReadonlyOp.stream = name
             event.setStreamReadonlyOp.partitions.extend(partitions)
             event.setStreamReadonlyOp.readonly = readonly
+        case JoinGroup(group=group, consumer=consumer, streams=streams):
+            event.op = api_pb2.JOIN_CONSUMER_GROUP
+            event.joinConsumerGroupOp.groupId = group
+            event.joinConsumerGroupOp.consumerId = consumer
+            event.joinConsumerGroupOp.streams.extend(streams)
+        case LeaveGroup(group=group, consumer=consumer, expired=expired):
+            event.op = api_pb2.LEAVE_CONSUMER_GROUP
+            event.leaveConsumerGroupOp.groupId = group
+            event.leaveConsumerGroupOp.consumerId = consumer
+            event.leaveConsumerGroupOp.expired = expired
         case _:
             return None
     return event

@@ -14,11 +14,14 @@ from typing import Any
 
 from .model import (
     AddPolicy,
+    ChangeGroupCoordinator,
     ChangeIsr,
     ChangeLeader,
     CompleteReassignment,
     CreateStream,
     DeleteStream,
+    JoinGroup,
+    LeaveGroup,
     MarkActivityPublished,
     Metadata,
     Operation,
@@ -96,6 +99,19 @@ def encode_operation(op: Operation) -> bytes:
             body = {"op": kind, "subject": p.subject, "resource": p.resource, "action": p.action}
         case MarkActivityPublished():
             body = {"op": "mark_activity_published", "index": op.index}
+        case JoinGroup():
+            body = {
+                "op": "join_group",
+                "group": op.group,
+                "consumer": op.consumer,
+                "streams": list(op.streams),
+                "coordinator": op.coordinator,
+            }
+        case LeaveGroup():
+            body = {"op": "leave_group", "group": op.group, "consumer": op.consumer, "expired": op.expired}
+        case ChangeGroupCoordinator():
+            body = {"op": "change_group_coordinator", "group": op.group, "coordinator": op.coordinator}
+            body["epoch"] = op.epoch
         case _:  # pragma: no cover
             raise TypeError(f"unknown metadata operation {op!r}")
     return json.dumps(body, separators=(",", ":")).encode()
@@ -158,6 +174,14 @@ def decode_operation(data: bytes) -> Operation:
             return RemoveServer(str(body["id"]))
         if kind == "mark_activity_published":
             return MarkActivityPublished(int(body["index"]))
+        if kind == "join_group":
+            return JoinGroup(
+                str(body["group"]), str(body["consumer"]), _names(body["streams"]), str(body["coordinator"])
+            )
+        if kind == "leave_group":
+            return LeaveGroup(str(body["group"]), str(body["consumer"]), bool(body["expired"]))
+        if kind == "change_group_coordinator":
+            return ChangeGroupCoordinator(str(body["group"]), str(body["coordinator"]), int(body["epoch"]))
         if kind in ("add_policy", "revoke_policy"):
             policy = Policy(str(body["subject"]), str(body["resource"]), str(body["action"]))
             return AddPolicy(policy) if kind == "add_policy" else RevokePolicy(policy)

@@ -24,13 +24,18 @@ from typing import Any
 
 __all__ = [
     "ActivityLog",
+    "ChangeGroupCoordinator",
     "CreateStream",
     "DeleteStream",
     "EventTimestamps",
+    "GroupMeta",
     "InvalidStreamError",
+    "JoinGroup",
+    "LeaveGroup",
     "MarkActivityPublished",
     "Metadata",
     "MetadataError",
+    "NoSuchGroupError",
     "NoSuchPartitionError",
     "NoSuchStreamError",
     "Operation",
@@ -79,6 +84,12 @@ class StaleEpochError(MetadataError):
         super().__init__(
             f"partition {name}/{partition} is at epoch {actual}, not {expected}: the change was based on stale metadata"
         )
+
+
+class NoSuchGroupError(MetadataError):
+    def __init__(self, group: str) -> None:
+        self.group = group
+        super().__init__(f"consumer group does not exist: {group!r}")
 
 
 class RefusedError(MetadataError):
@@ -434,6 +445,64 @@ class RevokePolicy:
     policy: Policy
 
 
+@dataclass
+class GroupMeta:
+    """A consumer group: its members (consumer id -> the streams it consumes, in join order), the server
+    that coordinates it, and its epoch, which every membership or coordinator change moves on."""
+
+    id: str
+    coordinator: str
+    epoch: int
+    members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "coordinator": self.coordinator,
+            "epoch": self.epoch,
+            "members": [[c, list(s)] for c, s in self.members.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GroupMeta:
+        if not isinstance(data, dict) or not isinstance(data.get("members", []), list):
+            raise TypeError("a consumer group must be an object with a list of members")
+        members: dict[str, tuple[str, ...]] = {}
+        for entry in data.get("members", []):
+            if not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[1], list):
+                raise TypeError("a group member must be [consumer id, [streams]]")
+            members[str(entry[0])] = tuple(str(x) for x in entry[1])
+        return cls(str(data["id"]), str(data["coordinator"]), int(data["epoch"]), members)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroup:
+    """``consumer`` joins ``group`` to consume ``streams``; a new group is coordinated by ``coordinator``."""
+
+    group: str
+    consumer: str
+    streams: tuple[str, ...]
+    coordinator: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroup:
+    """``consumer`` leaves ``group`` (``expired``: its coordinator heard nothing from it in time)."""
+
+    group: str
+    consumer: str
+    expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeGroupCoordinator:
+    """Most members found the coordinator of ``group`` (at ``epoch``) silent: ``coordinator`` takes over."""
+
+    group: str
+    coordinator: str
+    epoch: int
+
+
 @dataclass(frozen=True, slots=True)
 class MarkActivityPublished:
     """The controller published (or, with the activity stream off, skipped) every event up to ``index``."""
@@ -506,6 +575,9 @@ Operation = (
     | AddPolicy
     | RevokePolicy
     | MarkActivityPublished
+    | JoinGroup
+    | LeaveGroup
+    | ChangeGroupCoordinator
 )
 
 
@@ -519,6 +591,9 @@ class Metadata:
         self.policies: dict[Policy, None] = {}
         #: The activity stream's events waiting to be published (recorded by ``activity.apply_entry``).
         self.activity = ActivityLog()
+        #: Consumer groups by id, and the last epoch given to any group (each change takes the next one).
+        self.groups: dict[str, GroupMeta] = {}
+        self.group_epoch = 0
 
     def stream(self, name: str) -> StreamMeta:
         try:
@@ -565,7 +640,12 @@ class Metadata:
                 self.streams[s.name] = s
                 return list(s.partitions.values())
             case DeleteStream(name=name):
-                return list(self.streams.pop(self.stream(name).name).partitions.values())
+                gone = list(self.streams.pop(self.stream(name).name).partitions.values())
+                for group in self.groups.values():  # members stop consuming it: their assignments change
+                    if any(name in streams for streams in group.members.values()):
+                        group.members = {c: tuple(s for s in ss if s != name) for c, ss in group.members.items()}
+                        group.epoch = self._next_group_epoch()
+                return gone
             case SetPaused():
                 stream = self.stream(op.name)
                 targets = self._targets(stream, op.partitions)
@@ -668,7 +748,52 @@ class Metadata:
             case MarkActivityPublished(index=index):
                 self.activity.mark(index)
                 return []
+            case JoinGroup():
+                missing = [s for s in op.streams if s not in self.streams]
+                if missing:
+                    raise RefusedError(f"stream does not exist: {missing[0]!r}")
+                joined = self.groups.get(op.group)
+                if joined is None:
+                    self.groups[op.group] = GroupMeta(
+                        op.group, op.coordinator, self._next_group_epoch(), {op.consumer: op.streams}
+                    )
+                    return []
+                if op.consumer in joined.members:
+                    raise RefusedError(f"consumer is already a member of the consumer group {op.group!r}")
+                joined.members[op.consumer] = op.streams
+                joined.epoch = self._next_group_epoch()
+                return []
+            case LeaveGroup():
+                leaving = self.group(op.group)
+                if op.consumer not in leaving.members:
+                    raise RefusedError(f"consumer is not a member of the consumer group {op.group!r}")
+                del leaving.members[op.consumer]
+                if not leaving.members:
+                    del self.groups[op.group]
+                else:
+                    leaving.epoch = self._next_group_epoch()
+                return []
+            case ChangeGroupCoordinator():
+                coordinated = self.group(op.group)
+                if coordinated.epoch != op.epoch:
+                    raise RefusedError(
+                        f"consumer group {op.group!r} is at epoch {coordinated.epoch}, not {op.epoch}: its "
+                        "coordinator changed meanwhile"
+                    )
+                coordinated.coordinator = op.coordinator
+                coordinated.epoch = self._next_group_epoch()
+                return []
         raise TypeError(f"unknown metadata operation {op!r}")  # pragma: no cover
+
+    def _next_group_epoch(self) -> int:
+        self.group_epoch += 1
+        return self.group_epoch
+
+    def group(self, group_id: str) -> GroupMeta:
+        try:
+            return self.groups[group_id]
+        except KeyError:
+            raise NoSuchGroupError(group_id) from None
 
     def _at_epoch(self, name: str, partition: int, epoch: int) -> PartitionMeta:
         p = self.partition(name, partition)
@@ -710,6 +835,8 @@ class Metadata:
             "streams": [s.to_dict() for s in self.streams.values()],
             "policies": [[p.subject, p.resource, p.action] for p in self.policies],
             "activity": self.activity.to_dict(),
+            "groups": [g.to_dict() for g in self.groups.values()],
+            "group_epoch": self.group_epoch,
         }
 
     @classmethod
@@ -726,4 +853,11 @@ class Metadata:
         for subject, resource, action in data.get("policies", []):  # snapshots before policies have none
             meta.policies[Policy(str(subject), str(resource), str(action))] = None
         meta.activity = ActivityLog.from_dict(data.get("activity", {}))
+        groups = data.get("groups", [])
+        if not isinstance(groups, list):
+            raise TypeError("groups must be a list")
+        for g in groups:
+            group = GroupMeta.from_dict(g)
+            meta.groups[group.id] = group
+        meta.group_epoch = int(data.get("group_epoch", 0))
         return meta

@@ -51,6 +51,9 @@ __all__ = [
     "CreateStreamChange",
     "DecommissionChange",
     "DeleteStreamChange",
+    "GroupCoordinatorReport",
+    "GroupJoinChange",
+    "GroupLeaveChange",
     "Heartbeat",
     "IsrChange",
     "JoinAnswer",
@@ -196,6 +199,34 @@ class PolicyChange:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupJoinChange:
+    """``consumer`` joins consumer group ``group`` (created if new) to consume ``streams``."""
+
+    group: str
+    consumer: str
+    streams: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLeaveChange:
+    """``consumer`` leaves ``group``; ``expired`` when its coordinator stopped hearing from it."""
+
+    group: str
+    consumer: str
+    expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCoordinatorReport:
+    """Member ``consumer`` of ``group`` gets no answer from ``coordinator`` at group ``epoch``."""
+
+    group: str
+    consumer: str
+    coordinator: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class PreferredLeadersChange:
     """Hand leadership back to each partition's preferred replica where it can take it now."""
 
@@ -213,6 +244,9 @@ ControlRequest = (
     | DecommissionChange
     | PreferredLeadersChange
     | PolicyChange
+    | GroupJoinChange
+    | GroupLeaveChange
+    | GroupCoordinatorReport
 )
 
 
@@ -270,6 +304,18 @@ def _request_body(request: ControlRequest) -> dict[str, Any]:
             return {"kind": "elect_preferred"}
         case PolicyChange(subject, resource, action, add):
             return {"kind": "policy", "subject": subject, "resource": resource, "action": action, "add": add}
+        case GroupJoinChange(group, consumer, streams):
+            return {"kind": "join_group", "group": group, "consumer": consumer, "streams": list(streams)}
+        case GroupLeaveChange(group, consumer, expired):
+            return {"kind": "leave_group", "group": group, "consumer": consumer, "expired": expired}
+        case GroupCoordinatorReport(group, consumer, coordinator, epoch):
+            return {
+                "kind": "report_group_coordinator",
+                "group": group,
+                "consumer": consumer,
+                "coordinator": coordinator,
+                "epoch": epoch,
+            }
     raise TypeError(f"not a control request: {request!r}")
 
 
@@ -340,6 +386,12 @@ def decode_request(data: bytes) -> tuple[ControlRequest, float | None]:
         request = PreferredLeadersChange()
     elif kind == "policy":
         request = PolicyChange(f.text("subject"), f.text("resource"), f.text("action"), f.flag("add"))
+    elif kind == "join_group":
+        request = GroupJoinChange(f.text("group"), f.text("consumer"), f.texts("streams"))
+    elif kind == "leave_group":
+        request = GroupLeaveChange(f.text("group"), f.text("consumer"), f.flag("expired", False))
+    elif kind == "report_group_coordinator":
+        request = GroupCoordinatorReport(f.text("group"), f.text("consumer"), f.text("coordinator"), f.integer("epoch"))
     else:
         raise ProtocolError(f"unknown control request kind {kind!r}")
     return request, timeout
@@ -359,6 +411,7 @@ class RefusalKind(enum.Enum):
     STREAM_EXISTS = "stream_exists"
     NO_SUCH_STREAM = "no_such_stream"
     NO_SUCH_PARTITION = "no_such_partition"
+    NO_SUCH_GROUP = "no_such_group"
     INVALID = "invalid"
     REFUSED = "refused"  # valid, but the cluster's state does not allow it now
     NOT_LEADER = "not_leader"  # the server asked is not the controller: ask the new one

@@ -48,10 +48,18 @@ from .acks import AckRouter
 from .cluster import MetadataService
 from .cursors import CursorService
 from .failures import RpcFailure, abort_with, async_error, encryption_failure, failure_from
+from .groups import GroupService
 from .partition import Partition
 from .publish_async import serve_publish_async
 from .streams import StreamManager
-from .subscribe import BUFFER_MAX_BYTES, FETCH_MAX_MESSAGES, EndOfReadonly, PartitionGone, read_subscription
+from .subscribe import (
+    BUFFER_MAX_BYTES,
+    FETCH_MAX_MESSAGES,
+    EndOfReadonly,
+    PartitionGone,
+    Revoked,
+    read_subscription,
+)
 
 __all__ = ["ApiLimits", "ApiService", "RpcFailure", "abort_with", "failure_from"]
 
@@ -113,6 +121,7 @@ class ApiService:
         nats_max_payload: Callable[[], int] = lambda: 1 << 20,
         access: AccessControl | None = None,
         cursors_enabled: bool = False,
+        group_timeouts: tuple[float, float] = (15.0, 15.0),
     ) -> None:
         #: Authorization: the guard checks whole calls; PublishAsync asks it for each request.
         self.access = access
@@ -123,6 +132,8 @@ class ApiService:
         self._cluster = cluster
         self._acks = acks
         self.cursors = CursorService(self, enabled=cursors_enabled)
+        #: (groups.consumer.timeout, groups.coordinator.timeout) in seconds
+        self.groups = GroupService(self, consumer_timeout=group_timeouts[0], coordinator_timeout=group_timeouts[1])
         self._publish = publish
         self._ack_timeout = ack_timeout
         self._max_message_bytes = max_message_bytes
@@ -208,6 +219,9 @@ class ApiService:
             part = await self.readable(req.stream, req.partition, resume=req.resume, allow_replica=req.readISRReplica)
         except RpcFailure as failure:
             await abort_with(context, failure)
+        refusal = self.groups.check_subscription(req)
+        if refusal is not None:
+            await abort_with(context, refusal)
         peer = context.peer() or "unknown"
         refusal = self._subscription_refusal(peer)
         if refusal is not None:
@@ -227,6 +241,7 @@ class ApiService:
                 fetch_max_messages=self.limits.fetch_max_messages,
                 buffer_max_bytes=self.limits.buffer_max_bytes,
                 batched=batched,
+                revoked=(lambda: self.groups.check_subscription(req)) if req.consumer.groupId else None,
             )
             async for message in messages:
                 yield message
@@ -234,6 +249,8 @@ class ApiService:
             await abort_with(context, self.gone(req.stream, req.partition, str(exc)))
         except EndOfReadonly as exc:
             await abort_with(context, RpcFailure(Code.FAILED_PRECONDITION, Reason.READONLY, str(exc)))
+        except Revoked as exc:
+            await abort_with(context, exc.failure)
         except EncryptionError as exc:
             await abort_with(context, encryption_failure(req.stream, req.partition, exc))
         finally:
@@ -358,10 +375,15 @@ class ApiService:
             sm = out.streamMetadata.add(name=name, subject=stream.subject, creationTimestamp=stream.creation_timestamp)
             for pid, meta in stream.partitions.items():
                 sm.partitions[pid].CopyFrom(self._partition_metadata(meta, self._streams.partitions.get((name, pid))))
-        if req.groups:
-            for group in req.groups:
+        for group_id in req.groups:  # only those asked for, as Liftbridge answers
+            group = metadata.groups.get(group_id)
+            if group is None:
                 out.groupMetadata.append(
-                    api_pb2.ConsumerGroupMetadata(groupId=group, error=api_pb2.ConsumerGroupMetadata.UNKNOWN_GROUP)
+                    api_pb2.ConsumerGroupMetadata(groupId=group_id, error=api_pb2.ConsumerGroupMetadata.UNKNOWN_GROUP)
+                )
+            else:
+                out.groupMetadata.append(
+                    api_pb2.ConsumerGroupMetadata(groupId=group_id, coordinator=group.coordinator, epoch=group.epoch)
                 )
         return out
 
@@ -676,17 +698,31 @@ class ApiService:
         return api_pb2.FetchCursorResponse(offset=offset)
 
     async def JoinConsumerGroup(self, request: Any, context: Any) -> api_pb2.JoinConsumerGroupResponse:
-        await self._unimplemented(context, "consumer groups")
+        try:
+            return await self.groups.join(request)
+        except RpcFailure as failure:
+            await abort_with(context, failure)
 
     async def LeaveConsumerGroup(self, request: Any, context: Any) -> api_pb2.LeaveConsumerGroupResponse:
-        await self._unimplemented(context, "consumer groups")
+        try:
+            await self.groups.leave(request)
+        except RpcFailure as failure:
+            await abort_with(context, failure)
+        return api_pb2.LeaveConsumerGroupResponse()
 
     async def FetchConsumerGroupAssignments(
         self, request: Any, context: Any
     ) -> api_pb2.FetchConsumerGroupAssignmentsResponse:
-        await self._unimplemented(context, "consumer groups")
+        try:
+            return self.groups.assignments(request)
+        except RpcFailure as failure:
+            await abort_with(context, failure)
 
     async def ReportConsumerGroupCoordinator(
         self, request: Any, context: Any
     ) -> api_pb2.ReportConsumerGroupCoordinatorResponse:
-        await self._unimplemented(context, "consumer groups")
+        try:
+            await self.groups.report(request)
+        except RpcFailure as failure:
+            await abort_with(context, failure)
+        return api_pb2.ReportConsumerGroupCoordinatorResponse()

@@ -30,9 +30,12 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.metadata import (
+    ChangeGroupCoordinator,
     InvalidStreamError,
+    LeaveGroup,
     Metadata,
     MetadataError,
+    NoSuchGroupError,
     NoSuchPartitionError,
     NoSuchStreamError,
     PartitionMeta,
@@ -48,6 +51,7 @@ from liftlog.metadata.controller import (
     plan_create_stream,
     plan_policy_change,
 )
+from liftlog.metadata.groups import CoordinatorWitnesses, choose_coordinator, plan_join
 from liftlog.metadata.limits import StreamLimits
 from liftlog.metadata.model import (
     AddPolicy,
@@ -70,6 +74,9 @@ from liftlog.metadata.protocol import (
     CreateStreamChange,
     DecommissionChange,
     DeleteStreamChange,
+    GroupCoordinatorReport,
+    GroupJoinChange,
+    GroupLeaveChange,
     Heartbeat,
     IsrChange,
     JoinAnswer,
@@ -205,6 +212,11 @@ def _describe(change: ControlRequest) -> tuple[str, str]:
         case PolicyChange(subject, resource, action, add):
             verb = "adding" if add else "revoking"
             return f"{verb} the policy {subject}, {resource}, {action}", "`liftlog acl list`"
+        case GroupJoinChange(group, consumer) | GroupLeaveChange(group, consumer):
+            verb = "joining" if isinstance(change, GroupJoinChange) else "leaving"
+            return f"{consumer} {verb} consumer group {group!r}", f"`liftlog group describe {group}`"
+        case GroupCoordinatorReport(group):
+            return f"a coordinator report of consumer group {group!r}", f"`liftlog group describe {group}`"
     return f"{what} {name!r}", f"`liftlog stream describe {name}`"
 
 
@@ -220,6 +232,8 @@ def _refusal_of(exc: MetadataError) -> Refusal:
             return Refusal(RefusalKind.NO_SUCH_STREAM, name=exc.name)
         case NoSuchPartitionError():
             return Refusal(RefusalKind.NO_SUCH_PARTITION, name=exc.name, partition=exc.partition)
+        case NoSuchGroupError():
+            return Refusal(RefusalKind.NO_SUCH_GROUP, name=exc.group)
         case InvalidStreamError():
             return Refusal(RefusalKind.INVALID, message=str(exc))
         case RefusedError():
@@ -241,6 +255,8 @@ def _error_of(refusal: Refusal) -> MetadataError:
             return NoSuchStreamError(refusal.name)
         case RefusalKind.NO_SUCH_PARTITION:
             return NoSuchPartitionError(refusal.name, refusal.partition)
+        case RefusalKind.NO_SUCH_GROUP:
+            return NoSuchGroupError(refusal.name)
         case RefusalKind.INVALID:
             return InvalidStreamError(refusal.message)
         case RefusalKind.REFUSED:
@@ -282,11 +298,14 @@ class MetadataService:
         rebalance_delay: float = 10.0,
         limits: StreamLimits | None = None,
         internal_streams: tuple[CreateStreamRequest, ...] = (),
+        group_coordinator_timeout: float = 15.0,
     ) -> None:
         self.server_id = server_id
         #: The servers' own streams this server creates when it leads and they are missing (cursors).
         self._internal_streams = internal_streams
         self._internal_waits: set[str] = set()
+        #: Members' reports of silent group coordinators (kept while this server leads).
+        self._group_witnesses = CoordinatorWitnesses(int(group_coordinator_timeout * 1e9))
         self.advertise = advertise
         #: clustering.namespace: internal subjects live under it, so stream subjects must not.
         self.namespace = namespace
@@ -467,6 +486,15 @@ class MetadataService:
     async def elect_preferred_leaders(self) -> None:
         await self.request(PreferredLeadersChange())
 
+    async def join_group(self, group: str, consumer: str, streams: tuple[str, ...]) -> None:
+        await self.request(GroupJoinChange(group, consumer, streams))
+
+    async def leave_group(self, group: str, consumer: str, expired: bool = False) -> None:
+        await self.request(GroupLeaveChange(group, consumer, expired))
+
+    async def report_group_coordinator(self, group: str, consumer: str, coordinator: str, epoch: int) -> None:
+        await self.request(GroupCoordinatorReport(group, consumer, coordinator, epoch))
+
     async def change_policy(self, subject: str, resource: str, action: str, *, add: bool) -> None:
         await self.request(PolicyChange(subject, resource, action, add))
 
@@ -597,6 +625,23 @@ class MetadataService:
                 return list(preferred_leader_changes(self.metadata))
             case PolicyChange(subject, resource, action, add):
                 return [plan_policy_change(subject, resource, action, add=add)]
+            case GroupJoinChange(group, consumer, streams):
+                return [plan_join(self.metadata, group, consumer, streams)]
+            case GroupLeaveChange(group, consumer, expired):
+                self.metadata.group(group)  # fail fast, without a log entry
+                return [LeaveGroup(group, consumer, expired)]
+            case GroupCoordinatorReport(group, consumer, coordinator, epoch):
+                meta = self.metadata.group(group)
+                if not self._group_witnesses.report(meta, consumer, coordinator, epoch, now):
+                    return []
+                chosen = choose_coordinator(self.metadata, exclude=coordinator)
+                log.warning(
+                    "consumer group %s: most members find coordinator %s silent, %s takes over",
+                    group,
+                    coordinator,
+                    chosen,
+                )
+                return [ChangeGroupCoordinator(group, chosen, epoch)]
         raise MetadataError(f"{type(change).__name__} is not a metadata change of its own")
 
     async def _lead(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:

@@ -8,6 +8,7 @@ from liftlog.api import api_pb2
 from liftlog.api.errors import ERROR_KEY, Reason
 from liftlog.metadata import (
     MetadataError,
+    NoSuchGroupError,
     NoSuchPartitionError,
     NoSuchStreamError,
     RefusedError,
@@ -75,6 +76,8 @@ def failure_from(exc: MetadataError) -> RpcFailure:
         return RpcFailure(Code.ALREADY_EXISTS, Reason.STREAM_EXISTS, str(exc))
     if isinstance(exc, NoSuchPartitionError):
         return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_PARTITION, str(exc))
+    if isinstance(exc, NoSuchGroupError):
+        return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_GROUP, str(exc))
     if isinstance(exc, NoSuchStreamError):
         return RpcFailure(Code.NOT_FOUND, Reason.NO_SUCH_STREAM, str(exc))
     if isinstance(exc, RefusedError):

@@ -429,6 +429,7 @@ class Server:
             rebalance_delay=c.leader_rebalance_delay / 1000,
             limits=self.config.stream_limits(),
             internal_streams=self._internal_streams(),
+            group_coordinator_timeout=self.config.values["groups.coordinator.timeout"] / 1000,
         )
         values = self.config.values
         assert self._acks is not None
@@ -598,7 +599,9 @@ class Server:
             nats_max_payload=lambda: int(self._connected_nats.max_payload),
             access=self.access,
             cursors_enabled=int(values["cursors.stream.partitions"]) > 0,
+            group_timeouts=(values["groups.consumer.timeout"] / 1000, values["groups.coordinator.timeout"] / 1000),
         )
+        self._tasks.append(asyncio.get_running_loop().create_task(service.groups.run(), name="group-expiry"))
         guard = self.access.guard
         server.add_methods(guard(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service)))
         server.add_methods(

@@ -22,8 +22,11 @@ truncated after a leader change and never be committed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from liftlog.api import api_pb2
 from liftlog.api.subscribe_batches import batches_message
@@ -48,6 +51,18 @@ class PartitionGone(Exception):
 
 class EndOfReadonly(Exception):
     """The subscriber reached the end of a readonly partition: nothing more will come."""
+
+
+class Revoked(Exception):
+    """A group consumer's subscription no longer holds its partition (the group moved on to a new epoch)."""
+
+    def __init__(self, failure: Any) -> None:
+        self.failure = failure
+        super().__init__(str(failure))
+
+
+#: How often a waiting group subscription checks that its consumer still holds the partition.
+REVOKE_CHECK_S = 0.5
 
 
 def start_offset(part: Partition, req: api_pb2.SubscribeRequest, *, uncommitted: bool = False) -> int:
@@ -89,6 +104,7 @@ async def read_subscription(
     fetch_max_messages: int = FETCH_MAX_MESSAGES,
     buffer_max_bytes: int = BUFFER_MAX_BYTES,
     batched: bool = False,
+    revoked: Callable[[], Any | None] | None = None,
 ) -> AsyncIterator[list[bytes]]:
     """Encoded ``Message``s, a list per log read, from the start position until the stop position (or forever).
 
@@ -98,7 +114,9 @@ async def read_subscription(
     takes at most ``fetch_max_messages`` records and keeps at most
     ``buffer_max_bytes`` of them (one at least); the next read waits until
     the caller has taken them all. ``batched`` sends each read as one message
-    of whole batches (not with a stop timestamp: the caller checks that).
+    of whole batches (not with a stop timestamp: the caller checks that). ``revoked`` (group
+    subscriptions) says why the subscription may not go on, checked before every read and while waiting;
+    then it raises Revoked.
     """
     offset = start_offset(part, req, uncommitted=uncommitted)
     stop_after: int | None = None  # last offset to deliver
@@ -116,11 +134,18 @@ async def read_subscription(
         log = part.log
         if log is None or part.closed_reason is not None:
             raise PartitionGone(part.closed_reason or "closed")
+        if revoked is not None and (why := revoked()) is not None:
+            raise Revoked(why)
         hw = log.newest_offset if uncommitted else log.high_watermark
         if offset > hw:
             if part.meta.readonly and not part.accepting:
                 raise EndOfReadonly(f"end of readonly partition {stream}/{pid}")
-            await (part.wait_for_append() if uncommitted else part.wait_for_data())
+            waiting = part.wait_for_append() if uncommitted else part.wait_for_data()
+            if revoked is None:
+                await waiting
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiting, REVOKE_CHECK_S)
             continue
         limit = hw + 1 if stop_after is None else min(hw, stop_after) + 1
         try:
