@@ -3,6 +3,7 @@ fenced subscriptions, expiry of silent members, and coordinator failover by the 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import grpc
 import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.client import AckPolicy, Client, Consumer, LiftlogError, StartPosition
 
 from .harness import LiftlogProcess, NatsProcess, eventually
 from .test_cluster import Cluster, create, formed, rpc
@@ -225,3 +227,168 @@ def test_members_reports_move_a_silent_coordinator(tmp_path: Path, nats_server: 
         assert assignments(new, "gc", "m1", meta.epoch) or assignments(new, "gc", "m2", meta.epoch)
     finally:
         c.stop_all()
+
+
+# -- our client's Consumer, on a cluster where members and servers come and go ----------------------------
+
+
+class Ledger:
+    """Every message each member processed, in the order they were processed (one event loop: a total order)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, int, int]] = []  # (member, stream, partition, offset)
+
+    def runs(self, stream: str, partition: int) -> list[str]:
+        """The members that processed the partition, one entry per uninterrupted run."""
+        out: list[str] = []
+        for member, s, p, _ in self.events:
+            if (s, p) == (stream, partition) and (not out or out[-1] != member):
+                out.append(member)
+        return out
+
+    def offsets(self, stream: str, partition: int) -> set[int]:
+        return {o for _, s, p, o in self.events if (s, p) == (stream, partition)}
+
+
+async def consume(consumer: Consumer, name: str, ledger: Ledger) -> None:
+    async for msg in consumer:
+        ledger.events.append((name, msg.stream, msg.partition, msg.offset))
+        await asyncio.sleep(0.002)  # some work per message: handovers happen mid-stream
+
+
+def abandon(consumer: Consumer, task: asyncio.Task[None]) -> None:
+    """A member that dies: no leave, no last checkpoint; its coordinator must notice the silence."""
+    task.cancel()
+    for t in consumer._tasks:
+        t.cancel()
+    for reader in consumer._readers.values():
+        reader.task.cancel()
+    consumer._closed = True
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_group_shares_partitions_through_joins_deaths_and_a_coordinator_failover(
+    tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    c = Cluster(tmp_path, nats_server.url)
+    ids = ["a", "b", "c"]
+    settings = (
+        "cursors.stream.partitions=2",
+        "groups.consumer.timeout=3s",
+        "groups.coordinator.timeout=3s",
+        "clustering.replica.max.lag.time=2s",
+    )
+    for sid in ids:
+        c.add(sid, ",".join(ids), *(arg for s in settings for arg in ("--set", s)))
+    try:
+        c.start_all()
+        formed(c, set(ids))
+        create(c.servers["a"].address, "s1", partitions=4, rf=3)
+        create(c.servers["a"].address, "s2", partitions=2, rf=3)
+        eventually(
+            lambda: (
+                "__cursors"
+                in {
+                    s.name
+                    for s in rpc(c.servers["a"].address, "FetchMetadata", api_pb2.FetchMetadataRequest()).streamMetadata
+                }
+                or None
+            ),
+            30,
+            "__cursors",
+        )
+        asyncio.run(_group_scenario(c, ids))
+    finally:
+        c.stop_all()
+
+
+async def _group_scenario(c: Cluster, ids: list[str]) -> None:
+    ledger = Ledger()
+    published: dict[tuple[str, int], set[int]] = {}
+    addresses = [p.address for p in c.servers.values()]
+    stop = asyncio.Event()
+
+    async def publish(client: Client) -> None:
+        i = 0
+        while not stop.is_set():
+            stream, partition = ("s1", i % 4) if i % 3 else ("s2", i % 2)
+            try:
+                ack = await client.publish(stream, b"m%d" % i, partition=partition, ack_policy=AckPolicy.ALL)
+            except LiftlogError:
+                await asyncio.sleep(0.2)  # a leader is moving: the message may or may not be stored
+                continue
+            assert ack is not None
+            published.setdefault((stream, partition), set()).add(ack.offset)
+            i += 1
+            await asyncio.sleep(0.005)
+
+    async with Client(addresses, timeout=10) as client:
+        publisher = asyncio.create_task(publish(client))
+        members: dict[str, tuple[Consumer, asyncio.Task[None]]] = {}
+
+        async def start(name: str, streams: list[str]) -> None:
+            consumer = client.consumer(
+                "workers", streams, consumer_id=name, auto_checkpoint=0.5, start_position=StartPosition.EARLIEST
+            )
+            await consumer.start()
+            members[name] = (consumer, asyncio.create_task(consume(consumer, name, ledger)))
+
+        await start("m1", ["s1"])
+        await asyncio.sleep(2)
+        await start("m2", ["s1"])
+        await asyncio.sleep(2)
+        await start("m3", ["s1", "s2"])  # a stream added to the group
+        await asyncio.sleep(2)
+        abandon(*members.pop("m2"))  # a member dies
+        await asyncio.sleep(5)  # > groups.consumer.timeout: expired, its partitions move
+        coordinator = members["m1"][0].coordinator
+        c.servers[coordinator].kill()  # and then the coordinator
+        await asyncio.sleep(9)  # > groups.coordinator.timeout: the members report it and move on
+        stop.set()
+        await publisher
+
+        def caught_up() -> bool:
+            return all(offsets <= ledger.offsets(*key) for key, offsets in published.items())
+
+        deadline = asyncio.get_running_loop().time() + 40
+        while not caught_up():
+            assert asyncio.get_running_loop().time() < deadline, {
+                key: sorted(offsets - ledger.offsets(*key))[:5] for key, offsets in published.items()
+            }
+            await asyncio.sleep(0.5)
+        new_coordinator = members["m1"][0].coordinator
+        for consumer, task in members.values():
+            task.cancel()
+            await consumer.close()
+
+    assert new_coordinator != coordinator
+    for (stream, partition), offsets in published.items():
+        assert offsets <= ledger.offsets(stream, partition)  # at least once, nothing skipped
+        runs = ledger.runs(stream, partition)
+        # One member at a time: a partition changes hands only at rebalances (a handful), never back and
+        # forth message by message as two concurrent readers would make it.
+        assert len(runs) <= 6, (stream, partition, runs)
+    assert {m for m, *_ in ledger.events} >= {"m1", "m2", "m3"}
+
+
+def test_the_group_commands(server: LiftlogProcess) -> None:
+    from tests.cli.test_cli import assert_one_error_line, invoke
+
+    a = server.address
+    epoch = join(a, "g5", "c1", "orders").epoch
+    listed = invoke("group", "list", "-a", a)
+    assert listed.exit_code == 0 and "g5" in listed.stdout and "c1" in listed.stdout, listed.output
+    described = " ".join(invoke("group", "describe", "g5", "-a", a).stdout.split())
+    assert f"group g5 coordinator g epoch {epoch}" in described and "orders: 0,1,2,3" in described
+    assert "ghost" in assert_one_error_line(invoke("group", "describe", "ghost", "-a", a), 1)
+    leave(a, "g5", "c1")
+
+    with grpc.insecure_channel(a) as channel:
+        api = api_pb2_grpc.APIStub(channel)
+        for i in range(4):
+            api.Publish(api_pb2.PublishRequest(stream="orders", partition=i, value=b"v%d" % i), timeout=5)
+    result = invoke("subscribe", "orders", "--group", "g6", "--from", "earliest", "--count", "4", "-a", a)
+    assert result.exit_code == 0, result.output
+    assert sorted(line.split()[-1] for line in result.stdout.splitlines()) == ["v0", "v1", "v2", "v3"]
+    assert group_meta(a, "g6").error == api_pb2.ConsumerGroupMetadata.UNKNOWN_GROUP  # it left when done

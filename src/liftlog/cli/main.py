@@ -15,6 +15,7 @@ from liftlog.cli.bench import bench
 from liftlog.cli.cluster import cluster
 from liftlog.cli.common import CLIENT_ENV, ReportingGroup, fail, root_addr_option
 from liftlog.cli.cursors import cursor
+from liftlog.cli.groups import group
 from liftlog.cli.messages import publish, subscribe
 from liftlog.cli.pipeline import pipeline  # imports neither pyspark nor gRPC until a command runs
 from liftlog.cli.streams import stream
@@ -227,6 +228,7 @@ main.add_command(bench)
 main.add_command(cluster)
 main.add_command(acl)
 main.add_command(cursor)
+main.add_command(group)
 main.add_command(activity)
 main.add_command(pipeline)
 

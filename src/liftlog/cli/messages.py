@@ -273,6 +273,13 @@ async def _flatten(batches: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
 @click.option("-n", "--count", type=click.IntRange(min=1), help="Stop after this many messages.")
 @click.option("--resume", is_flag=True, help="Resume the partition if it is paused (else that is an error).")
 @click.option(
+    "-g",
+    "--group",
+    metavar="GROUP",
+    help="Read as a member of consumer GROUP: its share of STREAM's partitions, from the group's checkpoint, "
+    "checkpointing as it goes, until Ctrl-C (or --count).",
+)
+@click.option(
     "-o",
     "--output",
     type=click.Choice(["text", "json"], case_sensitive=False),
@@ -288,9 +295,10 @@ def subscribe(
     follow: bool,
     count: int | None,
     resume: bool,
+    group: str | None,
     output: str,
 ) -> None:
-    """Print messages of a partition of STREAM.
+    """Print messages of a partition of STREAM (or, with --group, of the partitions a group member holds).
 
     By default reads from the earliest message to the newest one and exits;
     --follow keeps printing new messages until Ctrl-C. Times T are ISO 8601
@@ -304,12 +312,35 @@ def subscribe(
       liftlog subscribe orders
       liftlog subscribe orders --from time:-1h --output json
       liftlog subscribe orders -p 2 --from new --follow
+      liftlog subscribe orders --group billing          # run it twice: the partitions are shared
     """
+    formatter = format_message_json if output.lower() == "json" else format_message_text
+    if group is not None:
+        if stop is not None or resume:
+            raise click.UsageError("--group reads until Ctrl-C (or --count): not with --until or --resume")
+        run(_consume(group, stream, start, count, formatter))
+        return
     if follow and stop is not None:
         raise click.UsageError("--follow and --until exclude each other")
     stop = StopSpec("STOP_ON_CANCEL") if follow else stop or StopSpec("STOP_LATEST")
-    formatter = format_message_json if output.lower() == "json" else format_message_text
     run(_subscribe(stream, partition, start, stop, count, resume, formatter, flush_each=follow))
+
+
+async def _consume(
+    group: str, stream: str, start: StartSpec, count: int | None, formatter: Callable[[MessageLike], str]
+) -> None:
+    from liftlog.client import StartPosition
+
+    position = StartPosition.NEW_ONLY if start.position == "NEW_ONLY" else StartPosition.EARLIEST
+    received = 0
+    async with connect() as client, client.consumer(group, [stream], start_position=position) as consumer:
+        print_note(f"consumer {consumer.consumer_id} of group {group} (coordinator {consumer.coordinator})")
+        async for msg in consumer:
+            sys.stdout.write(formatter(msg) + "\n")
+            sys.stdout.flush()
+            received += 1
+            if count is not None and received >= count:
+                break
 
 
 async def _subscribe(

@@ -27,6 +27,8 @@ from liftlog.client.batches import Columns, Fetched
 from liftlog.client.client import Client
 from liftlog.client.cluster import (
     ClusterStatus,
+    GroupInfo,
+    GroupMember,
     PartitionStatus,
     Policies,
     Reassignment,
@@ -34,6 +36,7 @@ from liftlog.client.cluster import (
     ReplicaProgress,
     ServerStatus,
 )
+from liftlog.client.consumer import Consumer
 from liftlog.client.errors import (
     AckTimeoutError,
     ClientClosedError,
@@ -92,12 +95,15 @@ __all__ = [
     "ClusterStatus",
     "Columns",
     "ConfigurationError",
+    "Consumer",
     "CorruptDataError",
     "DeadlineExceededError",
     "EncryptionFailedError",
     "EventTimestamps",
     "FailedPreconditionError",
     "Fetched",
+    "GroupInfo",
+    "GroupMember",
     "IncorrectOffsetError",
     "InternalError",
     "InvalidArgumentError",

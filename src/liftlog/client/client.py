@@ -42,12 +42,14 @@ from liftlog.api.cursors import CURSORS_STREAM, cursor_key, cursor_partition
 from liftlog.client.batches import Columns, Fetched, decode_batches
 from liftlog.client.cluster import (
     ClusterStatus,
+    GroupInfo,
     PartitionStatus,
     Policies,
     Reassignment,
     Reassignments,
     not_offered,
 )
+from liftlog.client.consumer import Consumer, RebalanceCallback
 from liftlog.client.errors import (
     AckTimeoutError,
     ConfigurationError,
@@ -517,6 +519,7 @@ class Client(Routing):
         resume: bool = False,
         read_uncommitted: bool = False,
         batched: bool = True,
+        consumer: api_pb2.Consumer | None = None,
     ) -> Subscription:
         """Subscribe to a stream partition; see :class:`Subscription`.
 
@@ -534,9 +537,14 @@ class Client(Routing):
         batches, which this client decodes into the same messages several
         times faster; `batched=False` asks for one gRPC message per record,
         which is what Liftbridge servers always send.
+
+        `consumer` names a consumer group member (group, epoch, consumer id): the
+        server then serves the partition only while that member holds it. Use
+        :meth:`consumer` rather than setting it yourself.
         """
         self.check_open()
         req = api_pb2.SubscribeRequest(
+            consumer=consumer,
             stream=stream,
             partition=partition,
             startPosition=int(start_position),  # type: ignore[arg-type]
@@ -650,6 +658,42 @@ class Client(Routing):
             offset = got.next_offset
 
     # ------------------------------------------------------------------ metadata
+
+    # ------------------------------------------------------------------ consumer groups
+
+    def consumer(
+        self,
+        group_id: str,
+        streams: Sequence[str],
+        *,
+        consumer_id: str | None = None,
+        auto_checkpoint: float | None = 5.0,
+        start_position: StartPosition = StartPosition.NEW_ONLY,
+        fetch_interval: float | None = None,
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+    ) -> Consumer:
+        """A member of consumer group `group_id` reading `streams`: see :class:`~liftlog.client.Consumer`.
+
+        The group shares the streams' partitions among its members, one member per
+        partition; each resumes after the group's last checkpoint (the cursor
+        ``__group:<group_id>``, stored every `auto_checkpoint` seconds and at close),
+        else at `start_position`. `on_assign` / `on_revoke` get the (stream,
+        partition) pairs gained or lost at each rebalance. Servers need cursors on
+        (``cursors.stream.partitions``) for checkpoints.
+        """
+        self.check_open()
+        return Consumer(
+            self,
+            group_id,
+            streams,
+            consumer_id=consumer_id,
+            auto_checkpoint=auto_checkpoint,
+            start_position=start_position,
+            fetch_interval=fetch_interval,
+            on_assign=on_assign,
+            on_revoke=on_revoke,
+        )
 
     # ------------------------------------------------------------------ cursors
 
@@ -831,6 +875,13 @@ class Client(Routing):
         )
         rules = tuple((p.subject, p.resource, p.action) for p in resp.policies)
         return Policies(rules, resp.enforced, resp.fromFiles)
+
+    async def groups(self, *names: str) -> list[GroupInfo]:
+        """Consumer groups (all, or those named; unknown names are left out): members and assignments."""
+        resp: cluster_pb2.GroupsResponse = await self._cluster_call(
+            "groups", cluster_pb2.GroupsRequest(groups=list(names))
+        )
+        return [GroupInfo.from_proto(g) for g in resp.groups]
 
     async def reassignments(self) -> Reassignments:
         """The reassignments under way, with each new replica's progress as its partition's leader reports it."""

@@ -249,6 +249,37 @@ class Policies:
     from_files: bool
 
 
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """A member of a consumer group: the streams it consumes and the partitions it holds now."""
+
+    consumer_id: str
+    streams: tuple[str, ...]
+    assignments: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A consumer group as a server's metadata has it."""
+
+    id: str
+    coordinator: str
+    epoch: int
+    members: tuple[GroupMember, ...]
+
+    @classmethod
+    def from_proto(cls, g: cluster_pb2.GroupStatus) -> GroupInfo:
+        members = tuple(
+            GroupMember(
+                m.consumerId,
+                tuple(m.streams),
+                {s: tuple(p.partitions) for s, p in sorted(m.assignments.items())},
+            )
+            for m in g.members
+        )
+        return cls(g.id, g.coordinator, g.epoch, members)
+
+
 def not_offered(err: UnimplementedError) -> UnimplementedError | None:
     """The error to raise for an UNIMPLEMENTED answer to a ``liftlog.Cluster`` call, or None to keep `err`.
 

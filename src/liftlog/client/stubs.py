@@ -46,9 +46,13 @@ class Stub:
         "delete_stream",
         "elect_preferred_leaders",
         "fetch_batches",
+        "fetch_consumer_group_assignments",
         "fetch_cursor",
         "fetch_metadata",
         "fetch_partition_metadata",
+        "groups",
+        "join_consumer_group",
+        "leave_consumer_group",
         "list_policies",
         "pause_stream",
         "publish",
@@ -57,6 +61,7 @@ class Stub:
         "publish_to_subject",
         "reassign",
         "reassignments",
+        "report_consumer_group_coordinator",
         "revoke_policy",
         "set_cursor",
         "set_stream_readonly",
@@ -88,6 +93,22 @@ class Stub:
         )
         self.set_cursor = unary("SetCursor", api_pb2.SetCursorRequest, api_pb2.SetCursorResponse)
         self.fetch_cursor = unary("FetchCursor", api_pb2.FetchCursorRequest, api_pb2.FetchCursorResponse)
+        self.join_consumer_group = unary(
+            "JoinConsumerGroup", api_pb2.JoinConsumerGroupRequest, api_pb2.JoinConsumerGroupResponse
+        )
+        self.leave_consumer_group = unary(
+            "LeaveConsumerGroup", api_pb2.LeaveConsumerGroupRequest, api_pb2.LeaveConsumerGroupResponse
+        )
+        self.fetch_consumer_group_assignments = unary(
+            "FetchConsumerGroupAssignments",
+            api_pb2.FetchConsumerGroupAssignmentsRequest,
+            api_pb2.FetchConsumerGroupAssignmentsResponse,
+        )
+        self.report_consumer_group_coordinator = unary(
+            "ReportConsumerGroupCoordinator",
+            api_pb2.ReportConsumerGroupCoordinatorRequest,
+            api_pb2.ReportConsumerGroupCoordinatorResponse,
+        )
         # liftlog's own service: a Liftbridge server answers it UNIMPLEMENTED.
         self.cluster_status = unary(
             "Status", cluster_pb2.ClusterStatusRequest, cluster_pb2.ClusterStatusResponse, "liftlog.Cluster"
@@ -109,6 +130,7 @@ class Stub:
         self.revoke_policy = unary(
             "RevokePolicy", cluster_pb2.PolicyRequest, cluster_pb2.PolicyResponse, "liftlog.Cluster"
         )
+        self.groups = unary("Groups", cluster_pb2.GroupsRequest, cluster_pb2.GroupsResponse, "liftlog.Cluster")
         self.list_policies = unary(
             "ListPolicies", cluster_pb2.ListPoliciesRequest, cluster_pb2.ListPoliciesResponse, "liftlog.Cluster"
         )

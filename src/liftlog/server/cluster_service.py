@@ -15,6 +15,7 @@ from typing import Any
 from liftlog.api import cluster_pb2
 from liftlog.api.errors import Reason
 from liftlog.metadata import MetadataError, PartitionState
+from liftlog.metadata.groups import assign
 from liftlog.metadata.protocol import PartitionMove
 from liftlog.metadata.reassignment import preferred_leader_changes
 from liftlog.rpc import StatusCode
@@ -192,6 +193,24 @@ class ClusterService:
             enforced=authorizer is not None,
             fromFiles=from_files,
         )
+
+    async def Groups(self, request: Any, context: Any) -> cluster_pb2.GroupsResponse:
+        req: cluster_pb2.GroupsRequest = request
+        metadata = self._cluster.metadata
+        names = list(req.groups) or sorted(metadata.groups)
+        out = cluster_pb2.GroupsResponse()
+        for name in names:
+            group = metadata.groups.get(name)
+            if group is None:
+                out.unknown.append(name)
+                continue
+            status = out.groups.add(id=group.id, coordinator=group.coordinator, epoch=group.epoch)
+            assigned = assign(group, metadata)
+            for consumer, streams in group.members.items():
+                member = status.members.add(consumerId=consumer, streams=list(streams))
+                for stream, partitions in assigned.get(consumer, {}).items():
+                    member.assignments[stream].partitions.extend(partitions)
+        return out
 
     def _reassignments(self) -> list[cluster_pb2.Reassignment]:
         """Every reassignment under way; with the replicas' progress where this server leads."""

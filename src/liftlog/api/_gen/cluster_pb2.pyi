@@ -6,6 +6,55 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GroupsRequest(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GroupMember(_message.Message):
+    __slots__ = ("consumerId", "streams", "assignments")
+    class AssignmentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: PartitionList
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[PartitionList, _Mapping]] = ...) -> None: ...
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    consumerId: str
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    assignments: _containers.MessageMap[str, PartitionList]
+    def __init__(self, consumerId: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., assignments: _Optional[_Mapping[str, PartitionList]] = ...) -> None: ...
+
+class PartitionList(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GroupStatus(_message.Message):
+    __slots__ = ("id", "coordinator", "epoch", "members")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    coordinator: str
+    epoch: int
+    members: _containers.RepeatedCompositeFieldContainer[GroupMember]
+    def __init__(self, id: _Optional[str] = ..., coordinator: _Optional[str] = ..., epoch: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ...) -> None: ...
+
+class GroupsResponse(_message.Message):
+    __slots__ = ("groups", "unknown")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
+    unknown: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., unknown: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Policy(_message.Message):
     __slots__ = ("subject", "resource", "action")
     SUBJECT_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,11 @@ class ClusterStub:
                 request_serializer=cluster__pb2.ListPoliciesRequest.SerializeToString,
                 response_deserializer=cluster__pb2.ListPoliciesResponse.FromString,
                 _registered_method=True)
+        self.Groups = channel.unary_unary(
+                '/liftlog.Cluster/Groups',
+                request_serializer=cluster__pb2.GroupsRequest.SerializeToString,
+                response_deserializer=cluster__pb2.GroupsResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -139,6 +144,14 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Groups(self, request, context):
+        """Consumer groups as the answering server's metadata has them: members, their streams and the
+        partitions each is assigned now (all groups when none are named).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -181,6 +194,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.ListPolicies,
                     request_deserializer=cluster__pb2.ListPoliciesRequest.FromString,
                     response_serializer=cluster__pb2.ListPoliciesResponse.SerializeToString,
+            ),
+            'Groups': grpc.unary_unary_rpc_method_handler(
+                    servicer.Groups,
+                    request_deserializer=cluster__pb2.GroupsRequest.FromString,
+                    response_serializer=cluster__pb2.GroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +417,33 @@ class Cluster:
             '/liftlog.Cluster/ListPolicies',
             cluster__pb2.ListPoliciesRequest.SerializeToString,
             cluster__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Groups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/liftlog.Cluster/Groups',
+            cluster__pb2.GroupsRequest.SerializeToString,
+            cluster__pb2.GroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
