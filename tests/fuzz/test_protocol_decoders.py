@@ -24,12 +24,16 @@ from liftlog.metadata import codec, protocol
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.metadata.model import (
     AddPolicy,
+    ChangeGroupCoordinator,
     ChangeIsr,
     ChangeLeader,
     CompleteReassignment,
     CreateStream,
     DeleteStream,
     EventTimestamps,
+    JoinGroup,
+    LeaveGroup,
+    MarkActivityPublished,
     Metadata,
     PartitionMeta,
     PartitionState,
@@ -110,6 +114,9 @@ control_requests = st.one_of(
     st.builds(protocol.DecommissionChange, names),
     st.just(protocol.PreferredLeadersChange()),
     st.builds(protocol.PolicyChange, names, names, names, st.booleans()),
+    st.builds(protocol.GroupJoinChange, names, names, name_lists),
+    st.builds(protocol.GroupLeaveChange, names, names, st.booleans()),
+    st.builds(protocol.GroupCoordinatorReport, names, names, names, I64),
 )
 replies = st.builds(protocol.Committed, I64) | st.builds(
     protocol.Refusal, st.sampled_from(protocol.RefusalKind), names, st.integers(-1, 2**31), names
@@ -242,6 +249,10 @@ operations = st.one_of(
     st.builds(RemoveServer, names),
     st.builds(AddPolicy, st.builds(Policy, names, names, names)),
     st.builds(RevokePolicy, st.builds(Policy, names, names, names)),
+    st.builds(MarkActivityPublished, I64),
+    st.builds(JoinGroup, names, names, name_lists, names),
+    st.builds(LeaveGroup, names, names, st.booleans()),
+    st.builds(ChangeGroupCoordinator, names, names, I64),
 )
 
 
