@@ -32,3 +32,28 @@ def test_bench_start_cluster_measures_replication_and_failover() -> None:
     assert failover["killed"] in {"s1", "s2", "s3"} and failover["new_leader"] not in {"", failover["killed"]}
     assert failover["acked_lost"] == 0
     assert report["comparison"]["failover_s"] == failover["failover_s"]
+
+
+@pytest.mark.timeout(120)
+def test_bench_times_the_failover_of_a_group_coordinator() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
+    command = [sys.executable, "-m", "liftlog.cli.main", "bench", "--start-cluster", "--servers", "3"]
+    command += ["--scenarios", "group-failover", "--json-only"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=110, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])["scenarios"]["group-failover"]
+    # groups.coordinator.timeout=3s: the members report after 3 s of silence, then the controller moves it. Their
+    # reading may resume sooner: subscriptions do not need the coordinator, only the partitions' leaders.
+    assert 3.0 <= result["coordinator_failover_s"] < 30 and 0 < result["resumed_s"] < 30, result
+    assert result["killed"] in {"s1", "s2", "s3"}
+
+
+def test_bench_measures_set_cursor_and_rebalance_on_its_own_server() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIFTLOG_")}
+    command = [sys.executable, "-m", "liftlog.cli.main", "bench", "--start-server"]
+    command += ["--scenarios", "cursor,rebalance", "--count", "3", "--json-only"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=110, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    scenarios = json.loads(done.stdout.strip().splitlines()[-1])["scenarios"]
+    assert scenarios["cursor"]["count"] == 3 and scenarios["cursor"]["latency_us"]["p50"] > 0
+    assert scenarios["rebalance"]["count"] == 3 and scenarios["rebalance"]["latency_us"]["p50"] > 0

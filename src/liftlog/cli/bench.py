@@ -29,7 +29,7 @@ from click.core import ParameterSource
 from rich.table import Table
 from rich.text import Text
 
-from liftlog.cli.bench_scenarios import DEFAULT_COUNTS, REFERENCE, RUNNERS, SCENARIOS, Settings
+from liftlog.cli.bench_scenarios import ALL_SCENARIOS, DEFAULT_COUNTS, REFERENCE, RUNNERS, SCENARIOS, Settings
 from liftlog.cli.common import CommandError, addr_option, addresses, client_tls
 from liftlog.cli.common import run as run_loop
 from liftlog.cli.messages import ack_policy_option
@@ -43,7 +43,9 @@ __all__ = ["bench"]
 _READY_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 15.0
 #: The scenarios of --start-cluster (liftlog.cli.bench_cluster.CLUSTER_SCENARIOS, which imports this module).
-CLUSTER_SCENARIOS = ("single", "rf3-all", "rf3-leader", "failover")
+CLUSTER_SCENARIOS = ("single", "rf3-all", "rf3-leader", "failover", "group-failover")
+#: What --start-cluster runs without --scenarios.
+CLUSTER_DEFAULT_SCENARIOS = ("single", "rf3-all", "rf3-leader", "failover")
 #: Options that mean nothing to --start-cluster's scenarios: given explicitly with it, they are an error.
 _NOT_FOR_CLUSTER = ("partitions", "ack_policy", "concurrency", "nats_url")
 
@@ -296,16 +298,16 @@ def _given(ctx: click.Context, name: str) -> bool:
 
 def choose_scenarios(scenarios: str | None, start_cluster: bool, servers: int) -> list[str]:
     """The --scenarios list for the mode, checked; raises click.BadParameter."""
-    valid = CLUSTER_SCENARIOS if start_cluster else SCENARIOS
+    valid = CLUSTER_SCENARIOS if start_cluster else ALL_SCENARIOS
     if scenarios is None:
-        return list(valid)
+        return list(CLUSTER_DEFAULT_SCENARIOS if start_cluster else SCENARIOS)
     chosen = [name.strip().lower() for name in scenarios.split(",") if name.strip()]
     chosen = list(dict.fromkeys(chosen))
     unknown = [name for name in chosen if name not in valid]
     if unknown or not chosen:
         mode = "with --start-cluster" if start_cluster else "without --start-cluster"
         hint = ""
-        if unknown and all(name in (SCENARIOS if start_cluster else CLUSTER_SCENARIOS) for name in unknown):
+        if unknown and all(name in (ALL_SCENARIOS if start_cluster else CLUSTER_SCENARIOS) for name in unknown):
             hint = " (those are the scenarios " + ("without" if start_cluster else "with") + " --start-cluster)"
         raise click.BadParameter(
             f"unknown scenario(s) {', '.join(unknown) or '(none given)'} {mode}{hint}; choose from {', '.join(valid)}",
@@ -426,7 +428,8 @@ def _goal_lines(summary: dict[str, Any]) -> list[str]:
     "--scenarios",
     help=(
         f"Comma-separated scenarios to run, in order [default: {','.join(SCENARIOS)}; "
-        f"with --start-cluster: {','.join(CLUSTER_SCENARIOS)}]."
+        f"with --start-cluster: {','.join(CLUSTER_DEFAULT_SCENARIOS)}]; also cursor, rebalance "
+        "(and group-failover with --start-cluster)."
     ),
 )
 @click.option(
@@ -483,6 +486,10 @@ def bench(
       nats        Publish envelopes over plain NATS, acks on one inbox, --window in flight (50,000)
       consume     read back a prefilled stream, EARLIEST to STOP_LATEST (50,000)
       e2e         publish to receive latency of a following subscriber (3,000)
+      cursor      SetCursor calls, one after another (2,000; only when named; servers need cursors on,
+                  --start-server's has them)
+      rebalance   a member joins a consumer group of a 4-partition stream under load: time from its
+                  join to its first message (5 joins; only when named)
 
     --count N sets every scenario's message count (split among the
     publishers in 'concurrent'). Latencies run from sending to the ack (to
@@ -501,6 +508,9 @@ def bench(
       rf3-leader  the same with ack LEADER (20,000)
       failover    sequential ack-ALL publishes; halfway, kill -9 the leader and
                   time the first ack of a new leader (2,000 acks; runs last)
+      group-failover  a 2-member consumer group on a cluster of its own: kill -9 the
+                  group's coordinator and time until another coordinates it and until both
+                  members process messages again (only when named)
 
     \b
       liftlog bench --start-server
@@ -572,7 +582,8 @@ def bench(
             for policy in policies:
                 show(f"starting a server (fsync {policy})")
                 keyed = encryption != "off"
-                async with spawned_server((f"streams.fsync.policy={policy}",), keyed) as (address, url):
+                server_settings = (f"streams.fsync.policy={policy}", "cursors.stream.partitions=1")
+                async with spawned_server(server_settings, keyed) as (address, url):
                     settings.nats_url = nats_url or url
                     if encryption == "compare":
                         by_policy[policy] = await _compare_encryption(address, settings, chosen, show, compared)

@@ -67,8 +67,23 @@ __all__ = [
 ]
 
 #: Messages per scenario by default (failover: acknowledged publishes, half before the kill, half after).
-CLUSTER_DEFAULT_COUNTS = {"single": 20_000, "rf3-all": 20_000, "rf3-leader": 20_000, "failover": 2000}
+CLUSTER_DEFAULT_COUNTS = {
+    "single": 20_000,
+    "rf3-all": 20_000,
+    "rf3-leader": 20_000,
+    "failover": 2000,
+    "group-failover": 1,
+}
 CLUSTER_SCENARIOS = tuple(CLUSTER_DEFAULT_COUNTS)
+#: group-failover's servers, unless --server-set says else: cursors on (checkpoints), short group timeouts,
+#: and a short replica lag time, so that the dead server leaves the ISRs (and commits resume) quickly and what
+#: is timed is the group's recovery, not the partitions'.
+GROUP_FAILOVER_SETTINGS = (
+    "cursors.stream.partitions=1",
+    "groups.consumer.timeout=6s",
+    "groups.coordinator.timeout=3s",
+    "clustering.replica.max.lag.time=2s",
+)
 #: Issue goals: ack ALL at >= half the single-node throughput; a new leader acks within 5 s.
 THROUGHPUT_GOAL = 0.5
 FAILOVER_GOAL_S = 5.0
@@ -415,6 +430,85 @@ async def _single(s: Settings, count: int, status: Callable[[str], None]) -> dic
     return result
 
 
+async def _group_failover(
+    servers: int, s: Settings, status: Callable[[str], None], overrides: tuple[str, ...]
+) -> dict[str, Any]:
+    """Kill the coordinator of a 2-member group under load, on a cluster of its own; time the recovery."""
+    from liftlog.client import AckPolicy, Client, LiftlogError, StartPosition
+
+    given = {o.partition("=")[0] for o in overrides}
+    settings = (*overrides, *(g for g in GROUP_FAILOVER_SETTINGS if g.partition("=")[0] not in given))
+    async with spawned_cluster(servers, status, settings) as cluster, Client(cluster.addresses, timeout=5) as client:
+        stream = "bench-groups"
+        await client.create_stream(stream, stream, partitions=2, replication_factor=servers)
+        stop = asyncio.Event()
+        padding = os.urandom(max(0, s.size - 8))
+
+        async def publish() -> None:
+            i = 0
+            while not stop.is_set():
+                value = struct.pack(">q", time.perf_counter_ns()) + padding
+                with contextlib.suppress(LiftlogError):
+                    await client.publish(stream, value, partition=i % 2, ack_policy=AckPolicy.ALL)
+                i += 1
+                await asyncio.sleep(0.002)
+
+        newest: dict[str, int] = {}  # member -> publish time (ns) of the newest message it processed
+
+        async def consume(member: Any) -> None:
+            async for msg in member:
+                newest[member.consumer_id] = max(
+                    newest.get(member.consumer_id, 0), struct.unpack_from(">q", msg.value)[0]
+                )
+
+        publisher = asyncio.create_task(publish())
+        members = [
+            client.consumer(
+                "bench", [stream], consumer_id=m, auto_checkpoint=1.0, start_position=StartPosition.EARLIEST
+            )
+            for m in ("m1", "m2")
+        ]
+        for member in members:
+            await member.start()
+        readers = [asyncio.create_task(consume(m)) for m in members]
+        try:
+            deadline = time.perf_counter() + 30
+            while len(newest) < 2:
+                if time.perf_counter() > deadline:
+                    raise CommandError("group-failover: the two members did not both get messages within 30 s")
+                await asyncio.sleep(0.1)
+            killed = (await client.fetch_group_metadata("bench"))[0]
+            status(f"group-failover: killing coordinator {killed}")
+            cluster.kill(killed)
+            kill_ns = time.perf_counter_ns()
+            coordinator_s = resumed_s = None
+            deadline = time.perf_counter() + 60
+            while coordinator_s is None or resumed_s is None:
+                if time.perf_counter() > deadline:
+                    raise CommandError(f"group-failover: no recovery within 60 s of killing {killed}")
+                now_s = (time.perf_counter_ns() - kill_ns) / 1e9
+                if coordinator_s is None:
+                    with contextlib.suppress(LiftlogError):
+                        coordinator, _epoch = await client.fetch_group_metadata("bench")
+                        if coordinator and coordinator != killed:
+                            coordinator_s = now_s
+                if resumed_s is None and all(newest.get(m.consumer_id, 0) > kill_ns for m in members):
+                    resumed_s = now_s
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            for task in (publisher, *readers):
+                task.cancel()
+            await asyncio.gather(publisher, *readers, return_exceptions=True)
+            for member in members:
+                with contextlib.suppress(LiftlogError):
+                    await member.close()
+    notes = [f"new coordinator after {coordinator_s:.2f} s", f"both members processing again after {resumed_s:.2f} s"]
+    notes.append("server settings: " + ", ".join(settings))
+    extra = {"coordinator_failover_s": round(coordinator_s, 3), "resumed_s": round(resumed_s, 3), "killed": killed}
+    return Result(1, resumed_s, None, notes, extra).to_json()
+
+
 async def run_cluster_bench(
     servers: int,
     s: Settings,
@@ -434,6 +528,12 @@ async def run_cluster_bench(
         except errors as exc:
             results["single"] = error_result(exc)
         ordered.remove("single")
+    if "group-failover" in ordered:
+        try:
+            results["group-failover"] = await _group_failover(servers, s, status, overrides)
+        except errors as exc:
+            results["group-failover"] = error_result(exc)
+        ordered.remove("group-failover")
     if not ordered:
         return results
     run_id = uuid.uuid4().hex[:8]

@@ -26,8 +26,19 @@ __all__ = ["DEFAULT_COUNTS", "REFERENCE", "RUNNERS", "SCENARIOS", "Result", "Set
 
 #: Messages per scenario by default: the whole run, server start included, takes about half a minute on
 #: 2 cores at today's gRPC speed (the consume prefill through PublishAsync dominates).
-DEFAULT_COUNTS = {"sync": 3000, "async": 20_000, "concurrent": 8000, "nats": 50_000, "consume": 50_000, "e2e": 3000}
-SCENARIOS = tuple(DEFAULT_COUNTS)
+DEFAULT_COUNTS = {
+    "sync": 3000,
+    "async": 20_000,
+    "concurrent": 8000,
+    "nats": 50_000,
+    "consume": 50_000,
+    "e2e": 3000,
+    "cursor": 2000,
+    "rebalance": 5,
+}
+#: What runs without --scenarios; cursor (SetCursor calls) and rebalance (members joining) run when named.
+SCENARIOS = ("sync", "async", "concurrent", "nats", "consume", "e2e")
+ALL_SCENARIOS = tuple(DEFAULT_COUNTS)
 
 #: Liftbridge on the same machine class, 256-byte values, for comparison.
 REFERENCE: dict[str, dict[str, Any]] = {
@@ -341,6 +352,82 @@ async def _e2e(client: Client, s: Settings, stream: str, subject: str, count: in
     return Result(count, elapsed, latencies, notes)
 
 
+async def _cursors_ready(client: Client, stream: str) -> None:
+    """Wait (up to 20 s) until the server's __cursors stream exists: it is created after the server starts."""
+    from liftlog.client import UnavailableError
+
+    for _ in range(200):
+        try:
+            await client.fetch_cursor("bench", stream)
+            return
+        except UnavailableError:
+            await asyncio.sleep(0.1)
+
+
+async def _cursor(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    """SetCursor calls one after another (16 cursors), each durable (ack ALL) before the next."""
+    await _cursors_ready(client, stream)
+    latencies = []
+    started = time.perf_counter()
+    for i in range(count):
+        t0 = time.perf_counter_ns()
+        await client.set_cursor(f"bench-{i % 16}", stream, i, partition=i % s.partitions)
+        latencies.append(time.perf_counter_ns() - t0)
+    return Result(count, time.perf_counter() - started, latencies, ["SetCursor, 1 caller, 16 cursors"])
+
+
+async def _rebalance(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
+    """A member joins a group whose one member reads a 4-partition stream under load: join to its first message.
+
+    ``count`` joins, one after another (each member leaves before the next joins); the latencies are
+    the join-to-first-message times.
+    """
+    from liftlog.client import AckPolicy, StartPosition
+
+    shared = f"{stream}-g"
+    await client.create_stream(f"{subject}.g", shared, partitions=4)
+    value = os.urandom(s.size)
+    stop = asyncio.Event()
+
+    async def publish() -> None:
+        i = 0
+        while not stop.is_set():
+            await client.publish(shared, value, partition=i % 4, ack_policy=AckPolicy.LEADER)
+            i += 1
+            await asyncio.sleep(0.001)
+
+    async def drain(consumer: Any) -> None:
+        async for _ in consumer:
+            pass
+
+    publisher = asyncio.create_task(publish())
+    first = client.consumer(f"{stream}-group", [shared], auto_checkpoint=None, start_position=StartPosition.NEW_ONLY)
+    await first.start()
+    reader = asyncio.create_task(drain(first))
+    latencies: list[int] = []
+    started = time.perf_counter()
+    try:
+        for _ in range(count):
+            t0 = time.perf_counter_ns()
+            joiner = client.consumer(
+                f"{stream}-group", [shared], auto_checkpoint=None, start_position=StartPosition.NEW_ONLY
+            )
+            await joiner.start()
+            await joiner.__anext__()
+            latencies.append(time.perf_counter_ns() - t0)
+            await joiner.close()
+            await asyncio.sleep(0.3)
+        elapsed = time.perf_counter() - started
+    finally:
+        stop.set()
+        reader.cancel()
+        await asyncio.gather(publisher, reader, return_exceptions=True)
+        await first.close()
+        with contextlib.suppress(Exception):
+            await client.delete_stream(shared)
+    return Result(count, elapsed, latencies, ["join of a 2nd member to its first message, 4 partitions"])
+
+
 RUNNERS: dict[str, Callable[[Client, Settings, str, str, int], Awaitable[Result]]] = {
     "sync": _sync,
     "async": _async,
@@ -348,4 +435,6 @@ RUNNERS: dict[str, Callable[[Client, Settings, str, str, int], Awaitable[Result]
     "nats": _nats,
     "consume": _consume,
     "e2e": _e2e,
+    "cursor": _cursor,
+    "rebalance": _rebalance,
 }

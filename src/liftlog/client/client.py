@@ -56,6 +56,7 @@ from liftlog.client.errors import (
     InvalidArgumentError,
     LiftlogError,
     NoSuchStreamError,
+    NotFoundError,
     StreamExistsError,
     UnavailableError,
     UnimplementedError,
@@ -740,6 +741,19 @@ class Client(Routing):
         """
         self.check_open()
         return await self._fetch_metadata(*streams)
+
+    async def fetch_group_metadata(self, group_id: str) -> tuple[str, int]:
+        """(coordinator, epoch) of consumer group `group_id` (Liftbridge's FetchMetadata of a group).
+
+        Raises :class:`NotFoundError` when the group does not exist.
+        """
+        self.check_open()
+        req = api_pb2.FetchMetadataRequest(groups=[group_id])
+        resp: api_pb2.FetchMetadataResponse = await self._call_any("fetch_metadata", req)
+        for meta in resp.groupMetadata:
+            if meta.groupId == group_id and meta.error == api_pb2.ConsumerGroupMetadata.OK:
+                return meta.coordinator, meta.epoch
+        raise NotFoundError(f"consumer group does not exist: {group_id!r}")
 
     async def fetch_partition_metadata(self, stream: str, partition: int = 0) -> PartitionInfo:
         """Up-to-date metadata of one partition (high watermark, newest offset), asked of its leader."""
