@@ -173,3 +173,17 @@ def test_encryption_settings_nested_as_the_readme_writes_them(tmp_path: Path) ->
     assert flags.values["encryption.previous.key.files"] == ("/a.key", "/b.key")
     # Liftbridge's variable is not a LIFTLOG_* one: the configuration leaves it to the server
     assert load_config(env={"LIFTBRIDGE_ENCRYPTION_KEY": "x" * 16}).values["encryption.key.file"] == ""
+
+
+def test_liftbridge_keys_without_effect_say_so() -> None:
+    from liftlog.server.config import NO_EFFECT, SETTING_HELP, ignored_settings
+
+    for key in NO_EFFECT:
+        assert SETTING_HELP[key].startswith("accepted for Liftbridge configs; no effect"), key
+    cfg = load_config(None, {"clustering.raft.cache.size": 64, "batch.max.time": "5ms"}, env={})
+    assert ignored_settings(cfg.values) == ["batch.max.time", "clustering.raft.cache.size"]
+    assert ignored_settings(load_config(env={}).values) == []
+    # the keys issue 16 names all act now: none of them is documented as doing nothing
+    for key in SETTING_HELP:
+        if key.startswith(("cursors.", "groups.", "activity.")):
+            assert "no effect" not in SETTING_HELP[key] and key not in NO_EFFECT

@@ -172,7 +172,7 @@ SETTINGS: tuple[Setting, ...] = (
         "check the TLS files this often; changed ones serve new connections without a restart (0: never)",
     ),
     _s("logging.level", _choice("debug", "info", "warn", "error"), "info", "log level"),
-    _s("logging.recovery", _bool, False, "log what recovery does at start"),
+    _s("logging.recovery", _bool, False, "accepted for Liftbridge configs; no effect (recovery always logs at info)"),
     _s("logging.raft", _bool, False, "log Raft internals"),
     _s("logging.nats", _bool, False, "log the embedded NATS server's output"),
     _s(
@@ -184,7 +184,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _s("data.dir", _str, "./data", "where streams and metadata are stored"),
     _s("batch.max.messages", _int(1), 1024, "most messages written to a partition in one batch"),
-    _s("batch.max.time", parse_duration_ms, 0, "how long to wait to fill a batch"),
+    _s(
+        "batch.max.time",
+        parse_duration_ms,
+        0,
+        "accepted for Liftbridge configs; no effect: a partition writes what arrived together at once",
+    ),
     _s(
         "subscribe.fetch.max.messages",
         _int(1),
@@ -218,7 +223,12 @@ SETTINGS: tuple[Setting, ...] = (
         "PublishAsync requests that arrive together for one partition go to NATS as one liftlog record batch "
         "(false: one Liftbridge envelope each, for NATS subscribers that read envelopes)",
     ),
-    _s("metadata.cache.max.age", parse_duration_ms, 120_000, "how long clients may cache metadata"),
+    _s(
+        "metadata.cache.max.age",
+        parse_duration_ms,
+        120_000,
+        "accepted for Liftbridge configs; no effect: servers answer from their committed metadata",
+    ),
     _s("nats.servers", _list, (), "NATS URLs to connect to (empty with nats.embedded: the embedded one)"),
     _s("nats.user", _str, "", "NATS user"),
     _s("nats.password", _str, "", "NATS password"),
@@ -246,7 +256,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("streams.max.partitions", _int(1), DEFAULT_MAX_PARTITIONS, "most partitions one stream may have"),
     _s("streams.segment.max.age", parse_duration_ms, 0, "roll a segment this old (0: size only)"),
     _s("streams.compact.enabled", _bool, False, "keep only the newest message per key"),
-    _s("streams.compact.max.goroutines", _int(1), 10, "compactions run at once (Liftbridge's name)"),
+    _s(
+        "streams.compact.max.goroutines",
+        _int(1),
+        10,
+        "accepted for Liftbridge configs; no effect: each log is compacted by one worker thread",
+    ),
     _s("streams.auto.pause.time", parse_duration_ms, 0, "pause partitions idle this long (0: never)"),
     _s("streams.auto.pause.disable.if.subscribers", _bool, False, "do not auto-pause partitions with subscribers"),
     _s("streams.concurrency.control", _bool, False, "enable expectedOffset checks on publish"),
@@ -284,10 +299,20 @@ SETTINGS: tuple[Setting, ...] = (
     _s("clustering.namespace", _name, "liftbridge-default", "cluster namespace, a prefix of internal subjects"),
     _s("clustering.raft.snapshot.retain", _int(1), 2, "Raft snapshots kept on disk"),
     _s("clustering.raft.snapshot.threshold", _int(1), 8192, "Raft entries between snapshots"),
-    _s("clustering.raft.cache.size", _int(0), 512, "Raft entries kept in memory"),
+    _s(
+        "clustering.raft.cache.size",
+        _int(0),
+        512,
+        "accepted for Liftbridge configs; no effect: the metadata log since the last snapshot stays in memory",
+    ),
     _s("clustering.raft.bootstrap.seed", _bool, False, "found a new cluster with this server"),
     _s("clustering.raft.bootstrap.peers", _list, (), "found a new cluster with these server ids"),
-    _s("clustering.raft.max.quorum.size", _int(0), 0, "most voters in the metadata group (0: all)"),
+    _s(
+        "clustering.raft.max.quorum.size",
+        _int(0),
+        0,
+        "accepted for Liftbridge configs; no effect: every server is a voter of the metadata group",
+    ),
     _s(
         "clustering.raft.heartbeat.interval",
         parse_duration_ms,
@@ -385,6 +410,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("groups.coordinator.timeout", parse_duration_ms, 15_000, "replace a silent group coordinator after this"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
+#: Each key's help text.
+SETTING_HELP = {s.key: s.help for s in SETTINGS}
 _BY_ENV = {ENV_PREFIX + re.sub(r"[.\-]", "_", s.key).upper(): s.key for s in SETTINGS}
 
 
@@ -506,6 +533,24 @@ class ServerConfig:
             max_partitions_per_server=self.clustering.max_partitions_per_server,
             min_segment_bytes=self.streams.segment_max_bytes_min,
         )
+
+
+#: Keys Liftbridge's configs may hold that change nothing here; a server given one warns at start.
+NO_EFFECT: frozenset[str] = frozenset(
+    {
+        "logging.recovery",
+        "batch.max.time",
+        "metadata.cache.max.age",
+        "streams.compact.max.goroutines",
+        "clustering.raft.cache.size",
+        "clustering.raft.max.quorum.size",
+    }
+)
+
+
+def ignored_settings(values: Mapping[str, Any]) -> list[str]:
+    """The no-effect keys (``NO_EFFECT``) set to something other than their default."""
+    return sorted(k for k in NO_EFFECT if values.get(k, _BY_KEY[k].default) != _BY_KEY[k].default)
 
 
 # -- loading ------------------------------------------------------------------

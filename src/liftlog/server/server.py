@@ -58,7 +58,7 @@ from .authenticated_nats import AuthenticatedNats, internal_subjects
 from .batches_service import BatchesService
 from .cluster import MetadataService
 from .cluster_service import ClusterService
-from .config import ServerConfig
+from .config import SETTING_HELP, ServerConfig, ignored_settings
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
 from .metadata_raft import RaftSettings
@@ -126,6 +126,8 @@ class Server:
 
     async def start(self) -> None:
         ratelimit.configure(self.config.values["logging.warnings.interval"] / 1000)
+        for key in ignored_settings(self.config.values):
+            log.warning("%s is set but has no effect in liftlog: %s", key, SETTING_HELP[key])
         try:
             self._open_data_dir()
             auth = self._cluster_auth()
