@@ -8,7 +8,14 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from liftlog.cli.bench import CLUSTER_SCENARIOS, choose_fsync, choose_scenarios, cluster_report, fsync_comparison
+from liftlog.cli.bench import (
+    CLUSTER_DEFAULT_SCENARIOS,
+    CLUSTER_SCENARIOS,
+    choose_fsync,
+    choose_scenarios,
+    cluster_report,
+    fsync_comparison,
+)
 from liftlog.cli.bench_cluster import CLUSTER_DEFAULT_COUNTS, comparison, order_scenarios, server_ids
 from liftlog.cli.bench_scenarios import SCENARIOS
 from liftlog.cli.main import main
@@ -70,7 +77,9 @@ def test_addr_from_the_environment_does_not_conflict_with_start_cluster() -> Non
 
 
 def test_choose_scenarios() -> None:
-    assert choose_scenarios(None, True, 3) == list(CLUSTER_SCENARIOS)
+    assert choose_scenarios(None, True, 3) == list(CLUSTER_DEFAULT_SCENARIOS)
+    assert choose_scenarios("group-failover", True, 3) == ["group-failover"]
+    assert choose_scenarios("cursor,rebalance", False, 3) == ["cursor", "rebalance"]
     assert choose_scenarios(None, False, 3) == list(SCENARIOS)
     assert choose_scenarios(" Failover, rf3-all,rf3-all ", True, 5) == ["failover", "rf3-all"]
     assert choose_scenarios("rf3-all,rf3-leader", True, 1) == ["rf3-all", "rf3-leader"]

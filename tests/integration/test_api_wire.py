@@ -390,18 +390,19 @@ async def test_fetch_metadata(api: api_pb2_grpc.APIStub, server: LiftlogProcess,
     assert name in {s.name for s in every.streamMetadata}
 
 
-async def test_cursors_and_groups_are_unimplemented(api: api_pb2_grpc.APIStub) -> None:
-    calls = [
-        api.SetCursor(api_pb2.SetCursorRequest(stream="s", cursorId="c", offset=1)),
-        api.FetchCursor(api_pb2.FetchCursorRequest(stream="s", cursorId="c")),
-        api.JoinConsumerGroup(api_pb2.JoinConsumerGroupRequest(groupId="g", consumerId="c", streams=["s"])),
-        api.LeaveConsumerGroup(api_pb2.LeaveConsumerGroupRequest(groupId="g", consumerId="c")),
-        api.FetchConsumerGroupAssignments(api_pb2.FetchConsumerGroupAssignmentsRequest(groupId="g", consumerId="c")),
-        api.ReportConsumerGroupCoordinator(api_pb2.ReportConsumerGroupCoordinatorRequest(groupId="g")),
-    ]
-    for call in calls:
-        err = await rpc_error(call)
-        assert err.code() == grpc.StatusCode.UNIMPLEMENTED and "not implemented" in (err.details() or "")
+async def test_cursors_and_groups_answer_on_liftbridges_wire(api: api_pb2_grpc.APIStub, name: str) -> None:
+    """Nothing UNIMPLEMENTED any more: cursors off is a FAILED_PRECONDITION naming the setting; groups work."""
+    err = await rpc_error(api.SetCursor(api_pb2.SetCursorRequest(stream=name, cursorId="c", offset=1)))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "cursors.stream.partitions" in (err.details() or "")
+    await create(api, name)
+    joined = await api.JoinConsumerGroup(
+        api_pb2.JoinConsumerGroupRequest(groupId=f"{name}-g", consumerId="c", streams=[name])
+    )
+    got = await api.FetchConsumerGroupAssignments(
+        api_pb2.FetchConsumerGroupAssignmentsRequest(groupId=f"{name}-g", consumerId="c", epoch=joined.epoch)
+    )
+    assert [(a.stream, list(a.partitions)) for a in got.assignments] == [(name, [0])]
+    await api.LeaveConsumerGroup(api_pb2.LeaveConsumerGroupRequest(groupId=f"{name}-g", consumerId="c"))
 
 
 async def test_retention_per_stream(api: api_pb2_grpc.APIStub, name: str) -> None:

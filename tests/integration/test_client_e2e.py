@@ -5,26 +5,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import grpc
 import pytest
 
-from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.client import (
     AckPolicy,
     Client,
+    FailedPreconditionError,
     IncorrectOffsetError,
     InvalidArgumentError,
     MessageTooLargeError,
     NoSuchPartitionError,
     NoSuchStreamError,
+    NotFoundError,
     PartitionPausedError,
     ReadonlyError,
     StartPosition,
     StopPosition,
     StreamExistsError,
     UnavailableError,
-    UnimplementedError,
-    error_from_rpc,
 )
 
 from .harness import LiftlogProcess, NatsProcess, free_port
@@ -111,11 +109,11 @@ async def test_errors_are_specific(client: Client, name: str) -> None:
     with pytest.raises(PartitionPausedError):
         async with client.subscribe(name):
             pass
-    # Cursors have no client method yet; the raw RPC's error maps to UnimplementedError.
-    async with grpc.aio.insecure_channel(client.addresses[0]) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await api_pb2_grpc.APIStub(channel).FetchCursor(api_pb2.FetchCursorRequest(stream=name))
-    assert isinstance(error_from_rpc(info.value), UnimplementedError)
+    # Cursors off on this server: a FAILED_PRECONDITION naming the setting, not a generic error.
+    with pytest.raises(FailedPreconditionError, match=r"cursors\.stream\.partitions"):
+        await client.fetch_cursor("c", name)
+    with pytest.raises(NotFoundError, match="consumer group does not exist"):
+        await client.fetch_group_metadata("no-such-group")
 
 
 async def test_nats_publish_with_ack(client: Client, name: str) -> None:

@@ -178,6 +178,8 @@ def test_cursors_off_is_a_clear_refusal(tmp_path: Path, nats_server: NatsProcess
             async with Client(proc.address) as client:
                 with pytest.raises(FailedPreconditionError, match=r"cursors\.stream\.partitions"):
                     await client.set_cursor("c", "s", 1)
+                with pytest.raises(FailedPreconditionError, match=r"cursors\.stream\.partitions"):
+                    await client.consumer("g", ["s"]).start()  # a group member could not resume anywhere
 
         asyncio.run(ours())
     finally:

@@ -27,6 +27,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, nats_server: NatsProcess) -
         "groups-test",
         "--set",
         "groups.consumer.timeout=2s",
+        "--set",
+        "cursors.stream.partitions=1",
         nats_url=nats_server.url,
         server_id="g",
     ).start()

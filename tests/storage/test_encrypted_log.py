@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from liftlog.storage import CommitLog, LogConfig, NewRecord
-from liftlog.storage.encryption import ATTR_ENCRYPTED, BatchCipher, MasterKey, MissingMasterKey
+from liftlog.storage.encryption import ATTR_ENCRYPTED, BatchCipher, MasterKey, MissingMasterKey, UndecryptableBatch
 from liftlog.storage.records import encode_records, iter_batch_headers
 
 from .conftest import FakeClock
@@ -169,3 +169,40 @@ def test_a_log_of_an_unencrypted_stream_stores_clear_batches(tmp_path: Path, clo
     assert SECRET in log.read_raw(0, 1 << 20)
     assert log.read_clear(0, 1 << 20) == log.read_raw(0, 1 << 20)
     log.close()
+
+
+def test_a_clear_batch_slipped_into_an_encrypted_log_is_refused_not_served(tmp_path: Path, clock: FakeClock) -> None:
+    """Someone with the disk could put forged clear records in place of ciphertext (the CRC has no key)."""
+    clear = CommitLog.open(tmp_path / "clear", clock=clock)
+    fill(clear, 5)
+    forged = clear.read_raw(0, 1 << 20)
+    clear.close()
+    log = open_encrypted(tmp_path / "log", clock)
+    log.append_raw(forged)  # a follower stores what its leader sends (checked by the CRC only)
+    log.set_high_watermark(log.newest_offset)
+    with pytest.raises(UndecryptableBatch, match="not encrypted"):
+        log.read(0)
+    with pytest.raises(UndecryptableBatch, match="not encrypted"):
+        log.read_clear(0)
+    log.close()
+
+
+def test_a_refused_truncation_leaves_a_consistent_log(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_encrypted(tmp_path / "log", clock, segment_max_bytes=1024)
+    fill(log, 60)
+    log.set_high_watermark(log.newest_offset)
+    log.close()
+    keyless = CommitLog.open(
+        tmp_path / "log", LogConfig(segment_max_bytes=1024), clock=clock, cipher=BatchCipher(None), encrypt=True
+    )
+    keyless.set_high_watermark(keyless.newest_offset)
+    with pytest.raises(MissingMasterKey):
+        keyless.truncate_to(15)
+    assert keyless.high_watermark <= keyless.newest_offset
+    assert keyless.epoch_cache.latest_epoch is not None
+    end = keyless.log_end_offset
+    assert 15 < end <= 60
+    keyless.close()
+    reopened = open_encrypted(tmp_path / "log", clock, segment_max_bytes=1024)
+    assert reopened.log_end_offset == end and len(values(reopened)) == end
+    reopened.close()

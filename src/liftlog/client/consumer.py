@@ -21,7 +21,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from liftlog.api import api_pb2
 from liftlog.api.cursors import group_cursor_id
@@ -70,7 +70,7 @@ class Consumer:
         fetch_interval: float | None = None,
         on_assign: RebalanceCallback | None = None,
         on_revoke: RebalanceCallback | None = None,
-        queue_size: int = 1000,
+        queue_size: int = 256,
     ) -> None:
         if not streams:
             raise ValueError("a consumer needs at least one stream")
@@ -92,6 +92,8 @@ class Consumer:
         self.assignments: set[Partition] = set()
         self._readers: dict[Partition, _Reader] = {}
         self._revoked: set[Partition] = set()
+        #: When each partition's reader last ended, so that a restart at the same epoch waits a little.
+        self._ended_at: dict[Partition, float] = {}
         #: Offset of the last message processed per partition, and the last one stored in the cursor.
         self._positions: dict[Partition, int] = {}
         self._committed: dict[Partition, int] = {}
@@ -99,11 +101,18 @@ class Consumer:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._closed = False
+        #: Why the member cannot go on (raised by the iteration), e.g. cursors turned off.
+        self._failure: LiftlogError | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Join the group and start following assignments."""
+        """Join the group and start following assignments.
+
+        Raises :class:`FailedPreconditionError` when the servers keep no cursors (cursors.stream.partitions
+        is 0): without them a member could not tell where the group stopped.
+        """
+        await self._client.fetch_cursor(self.cursor_id, self.streams[0])  # cursors on? (an error says not)
         await self._join()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._follow_assignments(), name=f"consumer {self.consumer_id}"))
@@ -146,7 +155,9 @@ class Consumer:
             if self._closed:
                 raise StopAsyncIteration
             epoch, msg = await self._queue.get()
-            if msg is None:  # close() wakes a waiting reader
+            if msg is None:  # close() or a failure wakes a waiting reader
+                if self._failure is not None:
+                    raise self._failure
                 raise StopAsyncIteration
             key = (msg.stream, msg.partition)
             reader = self._readers.get(key)
@@ -188,7 +199,9 @@ class Consumer:
         self.coordinator, self.epoch = resp.coordinator, resp.epoch
         self._coordinator_timeout = resp.coordinatorTimeout / 1e9 or 15.0
         if self._fetch_interval is None:
-            self._fetch_interval = max(0.2, 0.4 * (resp.consumerTimeout / 1e9 or 15.0))
+            # Liftbridge's clients fetch every 0.4 x the consumer timeout; at most every second here: a fetch
+            # is also how a member learns it lost a partition, and the sooner the better.
+            self._fetch_interval = max(0.2, min(1.0, 0.4 * (resp.consumerTimeout / 1e9 or 15.0)))
 
     async def _follow_assignments(self) -> None:
         loop = asyncio.get_running_loop()
@@ -202,7 +215,10 @@ class Consumer:
                 await self._pause(1.0)
                 continue
             last_ok = loop.time()
-            await self._reconcile(resp.epoch, {(a.stream, p) for a in resp.assignments for p in a.partitions})
+            try:
+                await self._reconcile(resp.epoch, {(a.stream, p) for a in resp.assignments for p in a.partitions})
+            except Exception:  # a bug here must not stop the heartbeat, which would get this member expired
+                log.exception("consumer %s: rebalancing to epoch %d failed", self.consumer_id, resp.epoch)
             await self._pause(self._fetch_interval or 1.0)
 
     async def _pause(self, seconds: float) -> None:
@@ -263,6 +279,9 @@ class Consumer:
             await self._stop_readers(lost)
             with contextlib.suppress(LiftlogError):  # the next owner starts after what was processed here
                 await self.checkpoint()
+            for key in lost:  # regained later, a partition starts from the group's cursor, not from here
+                self._positions.pop(key, None)
+                self._committed.pop(key, None)
             await _call(self._on_revoke, lost)
         self.epoch = epoch
         self.assignments = held
@@ -285,39 +304,84 @@ class Consumer:
     async def _read(self, key: Partition, epoch: int) -> None:
         """Subscribe to one held partition under ``epoch`` from where the group is, until revoked."""
         stream, partition = key
+        loop = asyncio.get_running_loop()
+        ended = self._ended_at.get(key)
+        if ended is not None and loop.time() - ended < 1.0:  # restarted at once: the group may not agree yet
+            await asyncio.sleep(1.0 - (loop.time() - ended))
         consumer = api_pb2.Consumer(groupId=self.group_id, groupEpoch=epoch, consumerId=self.consumer_id)
-        while True:
-            start = self._positions.get(key)
-            if start is None:
+        try:
+            while True:
+                last = self._positions.get(key)
+                if last is None:
+                    last = await self._group_position(stream, partition)
+                sub = self._client.subscribe(
+                    stream,
+                    partition=partition,
+                    consumer=consumer,
+                    start_position=StartPosition.OFFSET,
+                    start_offset=last + 1,
+                    resume=True,
+                )
                 try:
-                    cursor = await self._client.fetch_cursor(self.cursor_id, stream, partition=partition)
+                    async with sub:
+                        async for msg in sub:
+                            await self._queue.put((epoch, msg))
+                    return
+                except FailedPreconditionError as exc:
+                    if "not currently assigned" not in str(exc):
+                        log.info("consumer %s: %s/%d: %s; again shortly", self.consumer_id, stream, partition, exc)
+                        await asyncio.sleep(1.0)
+                        continue
+                    # No longer held at this epoch: the fetch loop learns the new assignment now.
+                    log.info("consumer %s: %s/%d ended: %s", self.consumer_id, stream, partition, exc)
+                    self._revoked.add(key)
+                    self._wake.set()
+                    return
                 except LiftlogError as exc:
-                    log.warning("consumer %s: cursor of %s/%d: %s", self.consumer_id, stream, partition, exc)
-                    cursor = -1
-                start = cursor if cursor >= 0 else None
-            kwargs: dict[str, Any] = (
-                {"start_position": StartPosition.OFFSET, "start_offset": start + 1}
-                if start is not None
-                else {"start_position": self._start_position}
-            )
-            sub = self._client.subscribe(stream, partition=partition, consumer=consumer, **kwargs)
+                    log.info("consumer %s: %s/%d: %s; subscribing again", self.consumer_id, stream, partition, exc)
+                    await asyncio.sleep(0.5)
+        finally:
+            self._ended_at[key] = loop.time()
+
+    def _fail(self, exc: LiftlogError) -> None:
+        if self._failure is None:
+            self._failure = exc
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait((-1, None))
+
+    async def _group_position(self, stream: str, partition: int) -> int:
+        """The offset the group processed last in a partition: its cursor, else (pinned into the cursor, so
+        that whoever takes the partition next starts there too) the start position's offset - 1."""
+        backoff = 0.2
+        while True:
             try:
-                async with sub:
-                    async for msg in sub:
-                        await self._queue.put((epoch, msg))
-                return
-            except FailedPreconditionError as exc:  # no longer held at this epoch: the fetch loop catches up
-                log.info("consumer %s: %s/%d ended: %s", self.consumer_id, stream, partition, exc)
-                self._revoked.add(key)
-                self._wake.set()
-                return
-            except LiftlogError as exc:
-                log.info("consumer %s: %s/%d: %s; subscribing again", self.consumer_id, stream, partition, exc)
-                await asyncio.sleep(0.5)
+                cursor = await self._client.fetch_cursor(self.cursor_id, stream, partition=partition)
+                if cursor >= 0:
+                    return cursor
+                info = await self._client.fetch_partition_metadata(stream, partition)
+                if self._start_position is StartPosition.EARLIEST:
+                    return -1  # from the log's start: nothing to pin
+                last = (
+                    info.high_watermark if self._start_position is StartPosition.NEW_ONLY else info.high_watermark - 1
+                )
+                await self._client.set_cursor(self.cursor_id, stream, last, partition=partition)
+                self._committed[(stream, partition)] = last
+                return last
+            except (FailedPreconditionError, NotFoundError) as exc:  # cursors off, stream gone: waiting won't help
+                self._fail(exc)
+                raise
+            except LiftlogError as exc:  # never guess: starting past what the group processed would skip it
+                log.warning("consumer %s: position in %s/%d: %s; retrying", self.consumer_id, stream, partition, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
 
 async def _call(callback: RebalanceCallback | None, partitions: list[Partition]) -> None:
-    if callback is not None:
+    if callback is None:
+        return
+    try:
         result = callback(partitions)
         if result is not None:
             await result
+    except Exception:  # the user's code: reported, and the member goes on
+        log.exception("a rebalance callback failed for %s", partitions)

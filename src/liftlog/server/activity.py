@@ -56,8 +56,11 @@ class ActivityPublisher:
         propose: Callable[[Operation], Awaitable[object]],
         nats: NatsClient,
         acks: AckRouter,
+        resume: Callable[[str, int], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
+        #: Resumes a paused partition (a pause of __activity, manual or automatic, must not stall events).
+        self._resume = resume
         self._metadata = metadata
         self._propose = propose
         self._nats = nats
@@ -117,6 +120,8 @@ class ActivityPublisher:
         stream = metadata.streams.get(ACTIVITY_STREAM)
         if stream is None or 0 not in stream.partitions:
             raise RuntimeError(f"{ACTIVITY_STREAM} does not exist")
+        if stream.partitions[0].paused and self._resume is not None:
+            await self._resume(ACTIVITY_STREAM, 0)
         subject = partition_subject(stream.subject, 0)
         policy = self.settings.ack_policy
         message = api_pb2.Message(value=event)

@@ -37,7 +37,7 @@ from liftlog.metadata import (
     StreamSettings,
     is_internal_stream,
     validate_new_stream,
-    validate_subject,
+    validate_stream_subject,
 )
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.rpc import StatusCode
@@ -626,7 +626,8 @@ class ApiService:
         req: api_pb2.PublishToSubjectRequest = request
         try:
             try:
-                validate_subject(req.subject)
+                # Not the cluster's own subjects (Raft, replication, __activity, inboxes): clients do not speak there.
+                validate_stream_subject(req.subject, self._cluster.namespace)
             except InvalidStreamError as exc:
                 raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc)) from exc
             if "*" in req.subject.split(".") or req.subject.endswith(">"):

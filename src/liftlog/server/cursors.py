@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 #: Records a table build reads between two turns of the event loop.
 _SCAN_RECORDS = 2000
+#: How long a table build waits for a new leader's high watermark to reach its log end.
+CATCH_UP_S = 5.0
 
 
 @dataclass
@@ -80,9 +82,9 @@ class CursorService:
         _check(req.stream, req.cursorId)
         if req.offset < -1:
             raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, f"cursor offset {req.offset} is negative")
-        self._check_target(req.stream, req.partition)
         key = cursor_key(req.cursorId, req.stream, req.partition)
-        pid, part = await self._leader(key)
+        pid, part = await self._leader(key)  # first: "cursors are off" says more than anything about the stream
+        self._check_target(req.stream, req.partition)
         inbox, correlation_id, future = self._api.expect_ack("", "")
         message = api_pb2.Message(
             key=key,
@@ -177,6 +179,9 @@ class CursorService:
         table = _Table(log_, part.meta.leader_epoch)
         self._tables[pid] = table
         try:
+            # A new leader's high watermark lags until its followers fetch again; what the old leader
+            # acknowledged is in this log below its end now. Wait until that is committed, then read it all.
+            await self._committed_to(pid, part, log_.log_end_offset)
             await self._scan(pid, part, table)
         except BaseException:
             if self._tables.get(pid) is table:
@@ -184,6 +189,19 @@ class CursorService:
             raise
         table.complete = True
         return table
+
+    async def _committed_to(self, pid: int, part: Partition, end: int) -> None:
+        log_ = part.log
+        try:
+            async with asyncio.timeout(CATCH_UP_S):
+                while log_ is not None and part.log is log_ and log_.high_watermark + 1 < end:
+                    await part.wait_for_data()
+        except TimeoutError:
+            raise RpcFailure(
+                Code.UNAVAILABLE,
+                Reason.UNAVAILABLE,
+                f"cursors partition {pid} has a new leader whose followers have not caught up yet; try again",
+            ) from None
 
     async def _scan(self, pid: int, part: Partition, table: _Table) -> None:
         log_ = table.log

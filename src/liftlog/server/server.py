@@ -446,6 +446,7 @@ class Server:
             propose=cluster.propose_result,
             nats=self._internal_nats,
             acks=self._acks,
+            resume=cluster.resume,
         )
 
     def _internal_streams(self) -> tuple[CreateStreamRequest, ...]:
@@ -456,7 +457,10 @@ class Server:
         if values["activity.stream.enabled"]:
             wanted.append(
                 CreateStreamRequest(
-                    ACTIVITY_STREAM, internal_stream_subject(ACTIVITY_STREAM, namespace), replication_factor=-1
+                    ACTIVITY_STREAM,
+                    internal_stream_subject(ACTIVITY_STREAM, namespace),
+                    replication_factor=-1,
+                    settings=StreamSettings(auto_pause_time_ms=0),  # never idle-paused: events must flow
                 )
             )
         partitions = int(values["cursors.stream.partitions"])
@@ -658,6 +662,10 @@ class Server:
                 if current is None and self.streams.cipher.can_encrypt:
                     log.warning("the encryption master key is gone from the configuration: keeping the previous one")
                 else:
+                    outgoing = self.streams.cipher.current
+                    if outgoing is not None and (current is None or outgoing.id != current.id):
+                        # What the outgoing key encrypted stays readable until a restart drops it.
+                        previous = [*previous, outgoing]
                     self.streams.cipher.set_keys(current, previous)
                     log.info("encryption master keys reloaded: %s", ", ".join(self.streams.cipher.key_ids) or "none")
 

@@ -151,6 +151,11 @@ class BatchCipher:
             self._unwrapped.clear()
 
     @property
+    def current(self) -> MasterKey | None:
+        """The master key new batches are encrypted under."""
+        return self._current
+
+    @property
     def can_encrypt(self) -> bool:
         return self._current is not None
 

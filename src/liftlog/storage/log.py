@@ -49,7 +49,7 @@ from .checkpoint import CorruptCheckpoint, EpochEntry, LeaderEpochCache, OffsetC
 from .compaction import build_key_map, clean_segment, discard_cleaning_dir, swap_in
 from .config import FsyncPolicy, LogConfig
 from .descriptors import DescriptorBudget
-from .encryption import ATTR_ENCRYPTED, BatchCipher, MissingMasterKey
+from .encryption import ATTR_ENCRYPTED, BatchCipher, EncryptionError, MissingMasterKey, UndecryptableBatch
 from .errors import (
     InvalidBatch,
     LogClosed,
@@ -351,8 +351,17 @@ class CommitLog:
         return self.cipher.encrypt(batch)
 
     def plain(self, data: bytes | memoryview, header: BatchHeader) -> tuple[memoryview, BatchHeader]:
-        """One batch (header at ``header.position``) and its header, decrypted if it is encrypted."""
+        """One batch (header at ``header.position``) and its header, decrypted if it is encrypted.
+
+        An encrypted stream's log holds only encrypted batches (and empty fillers): a clear batch with records
+        there was not written by a server, and is refused rather than served.
+        """
         if not header.attributes & ATTR_ENCRYPTED:
+            if self.encrypt and header.record_count:
+                raise UndecryptableBatch(
+                    f"{self.directory}: the batch at base offset {header.base_offset} is not encrypted, in the log "
+                    "of an encrypted stream"
+                )
             return memoryview(data), header
         if self.cipher is None:
             raise self._no_key()
@@ -684,7 +693,7 @@ class CommitLog:
                 if header.base_offset >= limit:
                     return
                 seg.check_crc(data, header)
-                yield self.plain(data, header) if header.attributes & ATTR_ENCRYPTED else (data, header)
+                yield self.plain(data, header) if self.encrypt or header.attributes & ATTR_ENCRYPTED else (data, header)
             if seg.next_offset >= limit:
                 break
 
@@ -728,10 +737,16 @@ class CommitLog:
         data = self.read_raw(offset, max_bytes, max_offset)
         if not self.encrypt or not data:  # only an encrypted stream's logs hold encrypted batches
             return data
-        if self.cipher is None:
-            if any(h.attributes & ATTR_ENCRYPTED for h in iter_batch_headers(data)):
-                raise self._no_key()
+        encrypted = False
+        for h in iter_batch_headers(data):
+            if h.attributes & ATTR_ENCRYPTED:
+                encrypted = True
+            else:
+                self.plain(data, h)  # raises for a clear batch with records
+        if not encrypted:
             return data
+        if self.cipher is None:
+            raise self._no_key()
         return self.cipher.decrypt_batches(data)
 
     def iter_records(self, start: int, end: int | None = None, chunk_bytes: int = 1 << 20) -> Iterator[Record]:
@@ -793,7 +808,8 @@ class CommitLog:
             self._retire(seg)
         try:
             self._segments[-1].truncate_to(offset, self.cipher)
-        except WriteFailed:
+        except (WriteFailed, EncryptionError):
+            # Newer segments may be gone already: the log ends where it ends now, caches follow it.
             self._after_truncation(self.log_end_offset)
             raise
         except TornWrite as exc:
