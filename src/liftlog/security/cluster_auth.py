@@ -193,13 +193,19 @@ def load_key(path: Path) -> bytes:
 def generate_key_file(path: Path) -> bool:
     """Write a new random secret (64 hex digits) to ``path``, readable by its owner only, unless the file
     exists. True if it wrote one."""
+    return write_new_private_file(path, secrets.token_hex(32) + "\n")
+
+
+def write_new_private_file(path: Path, text: str) -> bool:
+    """Create ``path`` (and its folder) readable by its owner only, holding ``text``, fsynced; False (and
+    nothing written) if it exists."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32) + "\n")
+        out.write(text)
         out.flush()
         os.fsync(out.fileno())
     return True

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from liftlog.security.cluster_auth import write_new_private_file
 from liftlog.storage.encryption import MasterKey
 
 __all__ = ["ENV_VAR", "MasterKeyError", "generate_master_key_file", "load_master_keys", "parse_master_key"]
@@ -78,13 +79,4 @@ def load_master_keys(
 
 def generate_master_key_file(path: Path) -> bool:
     """Write a new random 32-byte master key to ``path`` (owner-only), unless it exists. True if it wrote."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as out:
-        out.write("base64:" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    return True
+    return write_new_private_file(path, "base64:" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
