@@ -42,9 +42,10 @@ def test_bench_times_the_failover_of_a_group_coordinator() -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=110, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])["scenarios"]["group-failover"]
-    # groups.coordinator.timeout=3s: the members report after 3 s of silence, then the controller moves it. Their
-    # reading may resume sooner: subscriptions do not need the coordinator, only the partitions' leaders.
-    assert 3.0 <= result["coordinator_failover_s"] < 30 and 0 < result["resumed_s"] < 30, result
+    # groups.coordinator.timeout=3s: members report once 3 s passed since their last answer (up to a fetch
+    # interval, 1 s, before the kill), then the controller moves the group. Their reading may resume sooner:
+    # subscriptions need the partitions' leaders, not the coordinator.
+    assert 1.5 <= result["coordinator_failover_s"] < 30 and 0 < result["resumed_s"] < 30, result
     assert result["killed"] in {"s1", "s2", "s3"}
 
 

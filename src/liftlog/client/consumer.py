@@ -29,6 +29,8 @@ from liftlog.client.errors import (
     FailedPreconditionError,
     LiftlogError,
     NotFoundError,
+    NotLeaderError,
+    UnavailableError,
     error_from_rpc,
 )
 from liftlog.client.types import Message, StartPosition
@@ -112,12 +114,25 @@ class Consumer:
         Raises :class:`FailedPreconditionError` when the servers keep no cursors (cursors.stream.partitions
         is 0): without them a member could not tell where the group stopped.
         """
-        await self._client.fetch_cursor(self.cursor_id, self.streams[0])  # cursors on? (an error says not)
+        await self._cursors_on()
         await self._join()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._follow_assignments(), name=f"consumer {self.consumer_id}"))
         if self._auto_checkpoint:
             self._tasks.append(loop.create_task(self._checkpoint_loop(), name=f"checkpoints {self.consumer_id}"))
+
+    async def _cursors_on(self) -> None:
+        """Raise unless the servers keep cursors; wait (up to 10 s) while ``__cursors`` is being set up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while True:
+            try:
+                await self._client.fetch_cursor(self.cursor_id, self.streams[0])
+                return
+            except (NotLeaderError, UnavailableError):  # just created, or its leader is taking over
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         """Checkpoint what was processed (the message in hand included), leave the group, stop reading."""

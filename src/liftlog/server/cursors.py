@@ -140,6 +140,8 @@ class CursorService:
         try:
             if meta.paused:
                 await self._api.cluster.resume(CURSORS_STREAM, pid)
+            if meta.leader == self._api.server_id:
+                await self._until_leading(pid)  # named, but maybe still taking the leadership up
             part = self._api.hosted(CURSORS_STREAM, pid)
         except MetadataError as exc:
             raise failure_from(exc) from exc
@@ -152,6 +154,17 @@ class CursorService:
         if not part.accepting:
             await self._api.until_listening(part)
         return pid, part
+
+    async def _until_leading(self, pid: int) -> None:
+        """Wait (up to CATCH_UP_S) until this server, named leader of a cursors partition, leads it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_S
+        streams = self._api.streams
+        while not streams.is_leading(CURSORS_STREAM, pid) and loop.time() < deadline:
+            meta = streams.metadata.streams.get(CURSORS_STREAM)
+            if meta is None or pid not in meta.partitions or meta.partitions[pid].leader != self._api.server_id:
+                return  # not named any more: hosted() answers NOT_LEADER, the client goes elsewhere
+            await asyncio.sleep(0.02)
 
     # -- the table ---------------------------------------------------------------------------------
 
