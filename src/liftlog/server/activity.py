@@ -66,7 +66,6 @@ class ActivityPublisher:
         self._nats = nats
         self._acks = acks
         self._wake = asyncio.Event()
-        self.published = 0
 
     def applied(self) -> None:
         """An operation was applied: there may be a new event."""
@@ -112,8 +111,6 @@ class ActivityPublisher:
             result = await self._propose(MarkActivityPublished(index))
             if isinstance(result, Exception):
                 log.info("marking activity event %d published: %s", index, result)
-            else:
-                self.published += 1
 
     async def _publish(self, event: bytes) -> None:
         metadata = self._metadata()

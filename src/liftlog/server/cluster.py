@@ -430,7 +430,7 @@ class MetadataService:
             self._liveness.reset(self._clock())
             self._failover = Failover(
                 metadata=lambda: self.metadata,
-                propose=self._propose_result,
+                propose=self.propose_result,
                 nats=self._nats,
                 prefix=self._prefix,
                 clock=self._clock,
@@ -678,12 +678,9 @@ class MetadataService:
     async def _propose(self, op: Operation) -> tuple[int, object]:
         return await self.raft.propose(encode_operation(op))
 
-    async def _propose_result(self, op: Operation) -> object:
-        return (await self._propose(op))[1]
-
     async def propose_result(self, op: Operation) -> object:
         """Propose ``op`` as the leader; its apply result (a MetadataError if refused). Raises NotLeader."""
-        return await self._propose_result(op)
+        return (await self._propose(op))[1]
 
     async def _failover_request(self, change: LeaderReport | LeaderConfirmation) -> int:
         """A follower's report of a silent leader, or a candidate's confirmation (no operation of their own)."""
@@ -796,7 +793,7 @@ class MetadataService:
             except MetadataError as exc:
                 log.warning("cannot create %s yet: %s", req.name, exc)
                 continue
-            result = await self._propose_result(op)
+            result = await self.propose_result(op)
             if isinstance(result, MetadataError):
                 log.info("creating %s: %s", req.name, result)
             else:
@@ -806,7 +803,7 @@ class MetadataService:
         """Move reassignments on (leader onto the new replicas, then completion), and let servers that
         were decommissioned and hold nothing any more leave: first the Raft group, then the metadata."""
         for op in reassignment_steps(self.metadata):
-            result = await self._propose_result(op)
+            result = await self.propose_result(op)
             if isinstance(result, MetadataError):
                 log.info("reassignment step %s not applied: %s", type(op).__name__, result)
             else:
@@ -816,7 +813,7 @@ class MetadataService:
                 log.warning("server %s is decommissioned: removing it from the metadata group", server_id)
                 await self.raft.remove_voter(server_id)
                 return  # one membership change at a time; this server may have just removed itself
-            result = await self._propose_result(RemoveServer(server_id))
+            result = await self.propose_result(RemoveServer(server_id))
             if not isinstance(result, MetadataError):
                 log.warning("server %s is decommissioned and has left the cluster", server_id)
 

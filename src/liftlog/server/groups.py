@@ -13,7 +13,6 @@ while that consumer holds the partition at the group's current epoch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -187,8 +186,7 @@ class GroupService:
             log.info("expiring consumer %s of group %s: %s", consumer, group, exc)
         finally:
             self._expiring.discard((group, consumer))
-            with contextlib.suppress(KeyError):
-                self._seen[(group, consumer)] = self._clock()  # if it stays (a refusal), wait a timeout again
+            self._seen[(group, consumer)] = self._clock()  # if it stays (a refusal), wait a timeout again
 
 
 def _check_ids(group_id: str, consumer_id: str) -> None:
