@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-dev
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,plot]'
 	touch $@
 
 install: $(STAMP)

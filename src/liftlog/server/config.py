@@ -172,6 +172,26 @@ SETTINGS: tuple[Setting, ...] = (
         "check the TLS files this often; changed ones serve new connections without a restart (0: never)",
     ),
     _s("logging.level", _choice("debug", "info", "warn", "error"), "info", "log level"),
+    _s(
+        "logging.format",
+        _choice("text", "json"),
+        "text",
+        "text: one readable line per record; json: one JSON object per line, for log shippers",
+    ),
+    _s(
+        "metrics.listen",
+        lambda v: "" if _str(v) == "" else _listen(v),
+        "",
+        "host:port of the HTTP endpoint serving Prometheus metrics (/metrics) and health (/healthz, /readyz); "
+        "empty: off",
+    ),
+    _s(
+        "metrics.partitions.max",
+        _int(0),
+        1000,
+        "most partitions given their own stream/partition labels in metrics; the rest are summed under "
+        'stream="_other" (bounds the series a scrape returns)',
+    ),
     _s("logging.recovery", _bool, False, "accepted for Liftbridge configs; no effect (recovery always logs at info)"),
     _s("logging.raft", _bool, False, "log Raft internals"),
     _s("logging.nats", _bool, False, "log the embedded NATS server's output"),
