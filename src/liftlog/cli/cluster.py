@@ -10,16 +10,28 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich import box
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from liftlog.cli.common import addr_option, connect, run
 from liftlog.cli.output import out_console
+from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watch_options
 
 if TYPE_CHECKING:
-    from liftlog.client import Client, ClusterStatus, Reassignment, Reassignments, ServerStatus
+    from liftlog.client import Client, ClusterStatus, PartitionInfo, Reassignment, Reassignments, ServerStatus
 
-__all__ = ["cluster", "reassignments_table", "status_json", "status_summary", "status_table"]
+__all__ = [
+    "PartitionRow",
+    "cluster",
+    "partitions_table",
+    "reassignments_table",
+    "status_json",
+    "status_notes",
+    "status_summary",
+    "status_table",
+    "watch_view",
+]
 
 _NONE = "—"
 
@@ -119,10 +131,171 @@ def status_json(status: ClusterStatus) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
+def status_notes(result: ClusterStatus) -> list[RenderableType]:
+    """What the status shows below the servers: partitions needing attention, fenced replicas, warnings."""
+    notes: list[RenderableType] = []
+    if result.attention:
+        notes.append(attention_table(result))
+    if result.fenced:
+        notes.append(fenced_table(result))
+    if result.segment_files_budget:
+        limit = result.open_files_limit or "unlimited"
+        notes.append(
+            Text(
+                f"{result.server_id}: open-file limit {limit}; sealed segments hold {result.segment_files_open} "
+                f"of {result.segment_files_budget} descriptors (streams.segment.files.max)",
+                style="dim",
+            )
+        )
+    if result.unreachable:
+        notes.append(
+            Text(f"fenced replicas unknown for {', '.join(result.unreachable)} (did not answer)", style="yellow")
+        )
+    if result.without_secret:
+        notes.append(
+            Text(
+                f"no cluster secret on {', '.join(result.without_secret)}: anyone who can publish on NATS can act "
+                "as a server (clustering.auth.key.file; docs/security.md)",
+                style="yellow",
+            )
+        )
+    if result.dropped:
+        per_server: dict[str, list[str]] = {}
+        for server, reason, count in result.dropped:
+            per_server.setdefault(server, []).append(f"{count} {reason}")
+        parts = "; ".join(f"{server}: {', '.join(counts)}" for server, counts in per_server.items())
+        notes.append(
+            Text(f"server-to-server messages dropped since start ({parts}): see the servers' logs", style="yellow")
+        )
+    if result.encryption_keys_differ:
+        parts = "; ".join(f"{server}: {keys[0] if keys else 'none'}" for server, keys in result.encryption_keys)
+        notes.append(
+            Text(
+                f"servers encrypt with different master keys ({parts}): every server of an encrypted stream needs "
+                "the same key (encryption.key.file; docs/security.md)",
+                style="yellow",
+            )
+        )
+    return notes
+
+
+# -- cluster status --watch ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartitionRow:
+    """A partition as the watch shows it; ``fresh``: its offsets come from its leader, not from metadata."""
+
+    stream: str
+    info: PartitionInfo
+    fresh: bool
+    #: The controller's state of the partition ("online", "election", "candidate-found", "offline").
+    state: str = "online"
+
+    @property
+    def lag(self) -> int:
+        """Messages the leader has written but not yet committed (newest offset minus high watermark)."""
+        return max(0, self.info.newest_offset - self.info.high_watermark)
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.info.isr) < len(self.info.replicas)
+
+
+def partition_state(row: PartitionRow) -> Text:
+    """``online``, or what is not as it should be: the controller's state (red when offline, yellow in an
+    election), paused, readonly, under-replicated."""
+    text = Text()
+    if row.state != "online":
+        text.append(row.state, style="red" if row.state == "offline" else "yellow")
+    for flag, on in (("paused", row.info.paused), ("readonly", row.info.readonly)):
+        if on:
+            text.append(", " if text else "").append(flag, style="yellow")
+    if row.under_replicated:
+        text.append(", " if text else "").append("under-replicated", style="yellow")
+    return text or Text("online", style="green")
+
+
+def _isr(p: PartitionInfo) -> Text:
+    """The in-sync replicas, then the replicas out of sync, marked: no separate column of replicas repeats the
+    (long) server ids."""
+    text = Text(",".join(p.isr))
+    out = [r for r in p.replicas if r not in p.isr]
+    if out:
+        text.append(f" (out: {','.join(out)})", style="yellow")
+    return text
+
+
+def partitions_table(rows: Sequence[PartitionRow]) -> Table:
+    """One row per partition: leader, in-sync replicas, high watermark, newest offset, lag and state."""
+    table = Table(title="Partitions", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("STREAM", overflow="fold")
+    table.add_column("PART.", justify="right")
+    for heading in ("LEADER", "ISR"):
+        table.add_column(heading, overflow="fold")
+    for heading in ("HW", "NEWEST", "LAG"):
+        table.add_column(heading, justify="right")
+    table.add_column("STATE")
+    for row in rows:
+        p = row.info
+        # Offsets from the metadata, not the leader, may be stale or -1: dim, and no lag is claimed.
+        offsets = "" if row.fresh else "dim"
+        table.add_row(
+            Text(row.stream),
+            str(p.id),
+            Text(p.leader or _NONE, style="" if p.leader else "red"),
+            _isr(p),
+            Text(str(p.high_watermark), style=offsets),
+            Text(str(p.newest_offset), style=offsets),
+            Text(str(row.lag), style="yellow" if row.lag else "") if row.fresh else Text("?", style="dim"),
+            partition_state(row),
+        )
+    return table
+
+
+async def _partition_rows(client: Client, status: ClusterStatus) -> list[PartitionRow]:
+    """Every partition, its offsets asked of its leader (a few at a time), its state from the status."""
+    from liftlog.client import LiftlogError
+
+    metadata = await client.fetch_metadata()
+    states = {(p.stream, p.partition): p.state for p in status.attention}
+    at_once = asyncio.Semaphore(16)
+
+    async def row(stream: str, info: PartitionInfo) -> PartitionRow:
+        state = states.get((stream, info.id), "online")
+        async with at_once:
+            try:
+                return PartitionRow(stream, await client.fetch_partition_metadata(stream, info.id), True, state)
+            except LiftlogError:  # leaderless, or its leader is gone: what the metadata says
+                return PartitionRow(stream, info, False, state)
+
+    return list(
+        await asyncio.gather(
+            *(
+                row(name, metadata.streams[name].partitions[pid])
+                for name in sorted(metadata.streams)
+                for pid in sorted(metadata.streams[name].partitions)
+            )
+        )
+    )
+
+
+def watch_view(result: ClusterStatus, rows: Sequence[PartitionRow]) -> Group:
+    """The summary line, the servers, every partition, then what needs attention."""
+    parts: list[RenderableType] = [status_summary(result), status_table(result)]
+    if rows:
+        parts.append(partitions_table(rows))
+    # The partitions table already shows the states; the attention table would repeat them.
+    parts.extend(status_notes(dataclasses.replace(result, attention=())))
+    return Group(*parts)
+
+
 @cluster.command()
 @addr_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def status(as_json: bool) -> None:
+@watch_options
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, watch: bool, interval: float, watch_count: int | None) -> None:
     """Show the servers of the cluster and who leads it, as the answering server sees it.
 
     Each server's role (controller = metadata leader, voter = member of the
@@ -130,10 +303,23 @@ def status(as_json: bool) -> None:
     partitions it holds and leads. It works while no controller is known,
     which it reports. Liftbridge servers do not offer this.
 
+    With --watch it also lists every partition (leader, ISR, high watermark,
+    newest offset, lag = messages written but not yet committed, state) and
+    refreshes every --interval seconds until Ctrl-C; a server that stops
+    answering shows as an error line until one answers again.
+
     \b
       liftlog cluster status -a 127.0.0.1:9292
+      liftlog cluster status --watch --interval 1
       liftlog cluster status --json | jq '.servers[] | select(.alive | not) | .id'
     """
+    options = WatchOptions(watch, interval, watch_count)
+    check_watch_options(ctx, options)
+    if watch:
+        if as_json:
+            raise click.UsageError("--json and --watch exclude each other")
+        _watch_status(options)
+        return
 
     async def go() -> ClusterStatus:
         # No `async with connect()`: its FetchMetadata is not needed, and this must answer
@@ -151,48 +337,27 @@ def status(as_json: bool) -> None:
     console = out_console()
     console.print(status_summary(result), soft_wrap=True)
     console.print(status_table(result))
-    if result.attention:
-        console.print(attention_table(result))
-    if result.fenced:
-        console.print(fenced_table(result))
-    if result.segment_files_budget:
-        limit = result.open_files_limit or "unlimited"
-        console.print(
-            Text(
-                f"{result.server_id}: open-file limit {limit}; sealed segments hold {result.segment_files_open} "
-                f"of {result.segment_files_budget} descriptors (streams.segment.files.max)",
-                style="dim",
-            )
-        )
-    if result.unreachable:
-        console.print(
-            Text(f"fenced replicas unknown for {', '.join(result.unreachable)} (did not answer)", style="yellow")
-        )
-    if result.without_secret:
-        console.print(
-            Text(
-                f"no cluster secret on {', '.join(result.without_secret)}: anyone who can publish on NATS can act "
-                "as a server (clustering.auth.key.file; docs/security.md)",
-                style="yellow",
-            )
-        )
-    if result.dropped:
-        per_server: dict[str, list[str]] = {}
-        for server, reason, count in result.dropped:
-            per_server.setdefault(server, []).append(f"{count} {reason}")
-        parts = "; ".join(f"{server}: {', '.join(counts)}" for server, counts in per_server.items())
-        console.print(
-            Text(f"server-to-server messages dropped since start ({parts}): see the servers' logs", style="yellow")
-        )
-    if result.encryption_keys_differ:
-        parts = "; ".join(f"{server}: {keys[0] if keys else 'none'}" for server, keys in result.encryption_keys)
-        console.print(
-            Text(
-                f"servers encrypt with different master keys ({parts}): every server of an encrypted stream needs "
-                "the same key (encryption.key.file; docs/security.md)",
-                style="yellow",
-            )
-        )
+    for note in status_notes(result):
+        console.print(note)
+
+
+def _watch_status(options: WatchOptions) -> None:
+    client: Client | None = None
+
+    async def fetch() -> RenderableType:
+        nonlocal client
+        if client is None:
+            # One client for the whole watch: its channels reconnect once a server answers again. Short
+            # deadlines and one retry: a refresh that cannot get through says so instead of hanging.
+            client = connect(timeout=max(2.0, options.interval), retries=1)
+        result = await client.cluster_status()
+        return watch_view(result, await _partition_rows(client, result))
+
+    async def close() -> None:
+        if client is not None:
+            await client.close()
+
+    run_watch("liftlog cluster status", fetch, options, close)
 
 
 def _replicas(value: str) -> list[str]:

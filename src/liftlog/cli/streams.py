@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import click
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from liftlog.cli.common import CommandError, addr_option, connect, run
 from liftlog.cli.output import format_time_ns, local_utc_offset, out_console, print_note
 from liftlog.cli.params import DURATION, SIZE
+from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watch_options
 
 if TYPE_CHECKING:
     from liftlog.client import Client, PartitionInfo, StreamInfo
@@ -208,31 +210,17 @@ def list_streams() -> None:
     out_console().print(table)
 
 
-@stream.command()
-@addr_option
-@click.argument("name")
-def describe(name: str) -> None:
-    """Show stream NAME's partitions: replicas, offsets, state and when events last happened.
-
-    Offsets are -1 on an empty partition. Times are local.
-    """
-
-    async def go() -> tuple[StreamInfo, list[PartitionInfo]]:
-        async with connect() as client:
-            return (await _describe(client, (name,)))[0]
-
-    info, parts = run(go())
-    console = out_console()
-    console.print(
-        Text.assemble(("stream ", "bold"), info.name, ("  subject ", "bold"), info.subject),
-        Text.assemble(("  created ", "bold"), format_time_ns(info.creation_timestamp)),
-        soft_wrap=True,
+def describe_view(info: StreamInfo, parts: Sequence[PartitionInfo]) -> list[RenderableType]:
+    """The stream's name, subject and creation time, a row per partition, and a row per event that happened."""
+    heading = Text.assemble(
+        ("stream ", "bold"), info.name, ("  subject ", "bold"), info.subject, ("  created ", "bold")
     )
+    heading.append(format_time_ns(info.creation_timestamp))
     table = Table("Part.", title="Partitions")
-    for heading in ("Leader", "Replicas", "ISR"):  # server ids are long; show them whole
-        table.add_column(heading, overflow="fold")
-    for heading in ("HW", "Newest", "State"):
-        table.add_column(heading)
+    for column in ("Leader", "Replicas", "ISR"):  # server ids are long; show them whole
+        table.add_column(column, overflow="fold")
+    for column in ("HW", "Newest", "State"):
+        table.add_column(column)
     for p in parts:
         table.add_row(
             str(p.id),
@@ -243,7 +231,7 @@ def describe(name: str) -> None:
             str(p.newest_offset),
             _state(p),
         )
-    console.print(table)
+    view: list[RenderableType] = [heading, table]
     # Events get a table of their own, a row per event that happened: ISO times do not fit in 80
     # columns next to the offsets.
     events = Table("Part.", "Event", "First", "Latest", title=f"Events (local time, {local_utc_offset()})")
@@ -257,7 +245,58 @@ def describe(name: str) -> None:
                 first, latest = (format_time_ns(t, offset=False) for t in (event.first, event.latest))
                 events.add_row(str(p.id), label, first, latest)
     if events.row_count:
-        console.print(events)
+        view.append(events)
+    return view
+
+
+@stream.command()
+@addr_option
+@click.argument("name")
+@watch_options
+@click.pass_context
+def describe(ctx: click.Context, name: str, watch: bool, interval: float, watch_count: int | None) -> None:
+    """Show stream NAME's partitions: replicas, offsets, state and when events last happened.
+
+    Offsets are -1 on an empty partition. Times are local. With --watch the
+    view refreshes every --interval seconds until Ctrl-C.
+
+    \b
+      liftlog stream describe orders
+      liftlog stream describe orders --watch --interval 1
+    """
+    options = WatchOptions(watch, interval, watch_count)
+    check_watch_options(ctx, options)
+    if watch:
+        _watch_describe(name, options)
+        return
+
+    async def go() -> tuple[StreamInfo, list[PartitionInfo]]:
+        async with connect() as client:
+            return (await _describe(client, (name,)))[0]
+
+    heading, *tables = describe_view(*run(go()))
+    console = out_console()
+    console.print(heading, soft_wrap=True)  # one line, however narrow the terminal
+    for table in tables:
+        console.print(table)
+
+
+def _watch_describe(name: str, options: WatchOptions) -> None:
+    client: Client | None = None
+
+    async def fetch() -> RenderableType:
+        nonlocal client
+        if client is None:
+            # One client for the whole watch (no connect(): a server that does not answer yet is an
+            # error line to retry, not the end); short deadlines so a refresh does not hang.
+            client = connect(timeout=max(2.0, options.interval), retries=1)
+        return Group(*describe_view(*(await _describe(client, (name,)))[0]))
+
+    async def close() -> None:
+        if client is not None:
+            await client.close()
+
+    run_watch(f"liftlog stream describe {name}", fetch, options, close)
 
 
 # -- pause / resume / readonly -------------------------------------------------
