@@ -94,7 +94,10 @@ class BatchesService:
                         raise self._api.gone(req.stream, req.partition, str(exc)) from exc
                     except EncryptionError as exc:
                         raise encryption_failure(req.stream, req.partition, exc) from exc
-                    return self._response(data, hw, start, batches_end(data, offset, end), part.subject)
+                    next_offset = batches_end(data, offset, end)
+                    part.messages_out += next_offset - offset
+                    part.bytes_out += len(data)
+                    return self._response(data, hw, start, next_offset, part.subject)
                 stop = req.endOffset and offset >= req.endOffset
                 left = deadline - loop.time()
                 if stop or left <= 0 or (part.meta.readonly and not part.accepting):

@@ -21,11 +21,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from liftlog.histogram import Histogram
 from liftlog.raft import (
     ConfChange,
     ConfChangeOp,
@@ -80,6 +82,39 @@ class _Pending:
     future: asyncio.Future[tuple[int, object]]
 
 
+class RaftStats:
+    """What metrics report of the group's history as this server saw it."""
+
+    __slots__ = ("_leaderless_since", "_seen_leader", "elections", "leader_changes", "leaderless")
+
+    def __init__(self) -> None:
+        #: Elections this server started (it became a candidate; pre-votes that failed are not counted).
+        self.elections = 0
+        #: Times this server learnt of a new leader (itself included).
+        self.leader_changes = 0
+        #: Seconds from losing sight of a leader to knowing the next one, per such gap: the controller's
+        #: unavailability as this server lived it.
+        self.leaderless = Histogram()
+        self._leaderless_since: float | None = None
+        self._seen_leader = False  # the wait for the first leader at start is no failover
+
+    def changed(
+        self, before: tuple[Role, str | None, int] | None, after: tuple[Role, str | None, int], now: float
+    ) -> None:
+        role, leader, _term = after
+        if role is Role.CANDIDATE and (before is None or before[0] is not Role.CANDIDATE or before[2] != after[2]):
+            self.elections += 1
+        if leader is None:
+            if self._leaderless_since is None:
+                self._leaderless_since = now
+        elif before is None or before[1] != leader:
+            self.leader_changes += 1
+            if self._leaderless_since is not None and self._seen_leader:
+                self.leaderless.observe(now - self._leaderless_since)
+            self._leaderless_since = None
+            self._seen_leader = True
+
+
 class MetadataRaft:
     def __init__(
         self,
@@ -113,6 +148,7 @@ class MetadataRaft:
         self._on_failure = on_failure
         self._reads: dict[bytes, asyncio.Future[int]] = {}
         self._read_seq = 0
+        self.stats = RaftStats()
 
     # -- lifecycle -------------------------------------------------------
 
@@ -331,5 +367,6 @@ class MetadataRaft:
     def _report_role(self, node: RaftNode) -> None:
         now = (node.role, node.leader_id, node.term)
         if now != self._role:
+            self.stats.changed(self._role, now, time.monotonic())
             self._role = now
             self._sm.role_changed(*now)

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from liftlog.api import api_pb2
+from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
@@ -47,6 +48,14 @@ from liftlog.storage.fileio import DEFAULT_FILE_IO
 from .messages import Incoming, incoming_from_nats, record_size
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
+
+#: Write-to-ack seconds per ack policy (LEADER, ALL).
+AckLatency = dict[int, Histogram]
+
+
+def new_ack_latency() -> AckLatency:
+    return {api_pb2.LEADER: Histogram(), api_pb2.ALL: Histogram()}
+
 
 __all__ = ["AckSink", "Partition", "PartitionClosed", "PartitionOptions"]
 
@@ -143,6 +152,7 @@ class Partition:
         on_fenced: FencedSink | None = None,
         group_commit: SyncSink | None = None,
         leader_actions: LeaderActionSink | None = None,
+        ack_latency: AckLatency | None = None,
     ) -> None:
         self.meta = meta
         self.stream = meta.stream
@@ -189,6 +199,18 @@ class Partition:
         self._leader_actions = leader_actions
         #: Stepped down from leading: intake that still arrives must not be written (see ``append``).
         self._deposed = False
+        #: For metrics, read at scrape time: plain ints, one add per batch or read on the hot path.
+        self.messages_in = 0  # written as leader (published)
+        self.bytes_in = 0
+        self.messages_out = 0  # delivered to subscribers and batch fetches
+        self.bytes_out = 0
+        self.fetches_served = 0  # followers' replication fetches answered as leader
+        self.fetch_bytes_served = 0
+        self.messages_replicated = 0  # copied from the leader as a follower
+        self.bytes_replicated = 0
+        #: Seconds from a message's write to its ack, per ack policy (shared by the server's partitions).
+        self._ack_latency = ack_latency if ack_latency is not None else new_ack_latency()
+        self._acked_now = 0
 
     # -- lifecycle -------------------------------------------------------
 
@@ -331,6 +353,9 @@ class Partition:
             self.last_activity = now
         for item, last_offset in written:
             self._written(item, last_offset, now)  # a batch is acknowledged with its last offset
+        if self._acked_now:
+            self._ack_latency[api_pb2.LEADER].observe(0.0, self._acked_now)
+            self._acked_now = 0
         for item, error in rejected:
             self._refused(item, error, now)
         if log_.unsynced and self._group_commit is not None:
@@ -394,6 +419,8 @@ class Partition:
         answer = self.leader.fetch(follower, offset, epoch, self._clock())
         # Only what is durable: a batch waiting for its group fsync may still be taken back if that fails.
         data = b"" if answer.empty else self.log.read_raw(offset, max_bytes, max_offset=self.log.durable_end)
+        self.fetches_served += 1
+        self.fetch_bytes_served += len(data)
         self._leader_did(list(answer.actions))
         return answer, data
 
@@ -480,6 +507,8 @@ class Partition:
                 rejected.extend((item, api_pb2.Ack.UNKNOWN) for later in runs[i:] for item in later)
                 break
             self.write_succeeded()
+            self.messages_in += log_.log_end_offset - start
+            self.bytes_in += log_.last_append_bytes
             offset = start
             for item in run:
                 offset += _count(item)
@@ -505,6 +534,8 @@ class Partition:
                     rejected.append((item, api_pb2.Ack.UNKNOWN))
                 continue
             self.write_succeeded()
+            self.messages_in += 1 + len(item.more)
+            self.bytes_in += self.log.last_append_bytes
             written.append((item, self.log.log_end_offset - 1))
         return written
 
@@ -518,6 +549,7 @@ class Partition:
                 self._unsynced_acks.append(ack)
             else:
                 self._ack_sink(ack)
+                self._acked_now += 1
 
     # -- group commit ------------------------------------------------------
 
@@ -540,9 +572,12 @@ class Partition:
                 self._ack_sink(ack)
             self._fail_waiters_from(log_.log_end_offset, f"the fsync of partition {self.stream}/{self.id} failed")
             return
+        now = self._clock()
         for ack in held:
             self._ack_sink(ack)
-        self._log_grew(self._clock())
+        if held:
+            self._ack_latency[api_pb2.LEADER].observe((now - held[0].receptionTimestamp) / 1e9, len(held))
+        self._log_grew(now)
 
     def _sync_now(self) -> None:
         if self.log is not None and self.log.unsynced:
@@ -632,10 +667,20 @@ class Partition:
         waiters = self._commit_waiters
         if waiters:
             now = self._clock()
+            received, count = 0, 0
+            latency = self._ack_latency[api_pb2.ALL]
             while waiters and waiters[0].offset <= offset:
                 ack = waiters.popleft()
                 ack.commitTimestamp = now
                 self._ack_sink(ack)
+                # Acks of one batch share their reception time: one observation per batch.
+                if ack.receptionTimestamp != received:
+                    if count:
+                        latency.observe((now - received) / 1e9, count)
+                    received, count = ack.receptionTimestamp, 0
+                count += 1
+            if count:
+                latency.observe((now - received) / 1e9, count)
         self.wake_readers()
 
     # -- readers ---------------------------------------------------------

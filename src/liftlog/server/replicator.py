@@ -204,6 +204,9 @@ class Replicator:
     ) -> None:
         self.server_id = server_id
         self._ns = namespace
+        #: Replication fetches this server made as a follower, and the bytes of their answers (metrics).
+        self.fetches = 0
+        self.fetched_bytes = 0
         self.settings = settings
         self._propose_isr = propose_isr
         self._report_leader = report_leader
@@ -612,6 +615,8 @@ class Replicator:
                 fetch_subject(self._ns, loop.leader), encode_fetch_request(req), timeout=self.settings.fetch_timeout_s
             )
             resp = decode_fetch_response(msg.data)
+            self.fetches += 1
+            self.fetched_bytes += len(msg.data)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -647,8 +652,11 @@ class Replicator:
             actions = core.fetched(answer.leader_epoch, answer.hw, sent.offset, not answer.batches, self._clock())
             if actions and isinstance(actions[0], Append):
                 assert part.log is not None
+                before = part.log.log_end_offset
                 with _storage():
                     part.log.append_raw(answer.batches)
+                part.messages_replicated += part.log.log_end_offset - before
+                part.bytes_replicated += part.log.last_append_bytes
                 part.write_succeeded()
                 part.appended()
                 actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())

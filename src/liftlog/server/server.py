@@ -62,7 +62,9 @@ from .config import SETTING_HELP, ServerConfig, ignored_settings
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
 from .metadata_raft import RaftSettings
+from .metrics import LoopLagMonitor, ServerCollector, new_registry
 from .nats_types import NatsClient
+from .ops_http import Check, OpsEndpoint
 from .partition import Partition
 from .ratelimit import LogLimiter
 from .replicator import Replicator, ReplicatorSettings
@@ -112,6 +114,12 @@ class Server:
         #: Set when a part the server cannot run without broke (the metadata Raft loop); see ``failure``.
         self.failed = asyncio.Event()
         self.failure = ""
+        #: Messages the NATS client dropped for a full subscription queue (it reports each as an error).
+        self.nats_slow_consumer_drops = 0
+        #: Set once ``start`` finished: the server serves and may be reported ready.
+        self._serving = False
+        self._ops: OpsEndpoint | None = None
+        self._loop_lag = LoopLagMonitor()
 
     @property
     def _connected_nats(self) -> nats.aio.client.Client:
@@ -122,6 +130,15 @@ class Server:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    @property
+    def nats_connection(self) -> nats.aio.client.Client | None:
+        return self._nc
+
+    @property
+    def metrics_address(self) -> str | None:
+        """host:port of /metrics, /healthz and /readyz (``metrics.listen``); None when off."""
+        return self._ops.address if self._ops is not None else None
+
     # -- start -----------------------------------------------------------
 
     async def start(self) -> None:
@@ -130,6 +147,7 @@ class Server:
             log.warning("%s is set but has no effect in liftlog: %s", key, SETTING_HELP[key])
         try:
             self._open_data_dir()
+            await self._start_ops_endpoint()  # liveness answers while the server catches up
             auth = self._cluster_auth()
             cipher = self._batch_cipher()
             await self._start_nats()
@@ -171,6 +189,7 @@ class Server:
         except BaseException:
             await self.stop()
             raise
+        self._serving = True
         log.info("liftlog server %s listening on %s (NATS %s)", self.server_id, self.address, self.nats_url)
 
     def _open_data_dir(self) -> None:
@@ -525,6 +544,8 @@ class Server:
         log.info("imported %d streams from %s into the metadata log", len(legacy.streams), path)
 
     async def _on_nats_error(self, exc: Exception) -> None:
+        if isinstance(exc, nats.errors.SlowConsumerError):
+            self.nats_slow_consumer_drops += 1
         _warn.warning("NATS: %s", exc or type(exc).__name__, key=f"nats:{type(exc).__name__}")
 
     async def _on_nats_disconnected(self) -> None:
@@ -534,6 +555,65 @@ class Server:
     async def _on_nats_reconnected(self) -> None:
         url = self._nc.connected_url if self._nc is not None else None
         log.info("reconnected to NATS at %s", url.netloc if url is not None else "?")
+
+    # -- operations: metrics and health -------------------------------------
+
+    async def _start_ops_endpoint(self) -> None:
+        self._loop_lag.start()
+        listen = self.config.values["metrics.listen"]
+        if not listen:
+            return
+        collector = ServerCollector(
+            self, self._loop_lag, int(self.config.values["metrics.partitions.max"]), clock=self._clock
+        )
+        self._ops = OpsEndpoint(listen, new_registry(collector), self.health, self.readiness)
+        try:
+            await self._ops.start()
+        except OSError as exc:
+            self._ops = None
+            raise ServerStartError(f"metrics.listen: cannot listen on {listen}: {exc}") from exc
+        log.info("metrics and health on http://%s/metrics (/healthz, /readyz)", self._ops.address)
+
+    def health(self) -> Check:
+        """Alive: the loop answers (this very call runs on it) and no part the server needs has failed."""
+        details: dict[str, object] = {
+            "server_id": self.server_id,
+            "event_loop_lag_seconds": round(self._loop_lag.lag, 6),
+        }
+        if self.failure:
+            details["failure"] = self.failure
+        return Check(not self.failure, details)
+
+    def readiness(self) -> Check:
+        """Ready for clients: started, NATS connected, metadata caught up, every hosted partition open."""
+        problems: list[str] = []
+        if not self._serving:
+            problems.append("stopping" if self._stopping else "starting")
+        if self._nc is None or not self._nc.is_connected:
+            problems.append("not connected to NATS")
+        cluster, streams = self.cluster, self.streams
+        node = cluster.raft.node if cluster is not None else None
+        if cluster is None or node is None:
+            problems.append("no metadata service")
+        else:
+            if cluster.leader_id is None:
+                problems.append("no metadata leader known")
+            if node.applied_index < node.commit_index:
+                problems.append(f"metadata applied to {node.applied_index} of {node.commit_index} committed")
+        if cluster is not None and streams is not None:
+            closed = []
+            for stream in cluster.metadata.streams.values():
+                for p in stream.partitions.values():
+                    if self.server_id not in p.replicas or p.paused:
+                        continue
+                    part = streams.partitions.get((stream.name, p.id))
+                    if part is None or part.log is None:
+                        closed.append(f"{stream.name}/{p.id} not open")
+                    elif part.fenced is not None:
+                        closed.append(f"{stream.name}/{p.id} fenced")
+            if closed:
+                problems.append(f"{len(closed)} hosted partition(s) not open: {', '.join(closed[:10])}")
+        return Check(not problems, {"server_id": self.server_id, "problems": problems})
 
     async def _catch_up_locally(self) -> None:
         """Serve only once the metadata this server had committed is replayed and its partitions reopened."""
@@ -736,6 +816,7 @@ class Server:
     async def stop(self, grace: float = 2.0) -> None:
         """Stop serving, write everything received, close logs, NATS and nats-server. Idempotent."""
         self._stopping = True
+        self._serving = False
         for task in self._tasks:
             task.cancel()
         self._tasks = []
@@ -766,6 +847,10 @@ class Server:
         if self._embedded is not None:
             await self._embedded.stop()
             self._embedded = None
+        await self._loop_lag.stop()
+        if self._ops is not None:
+            await self._ops.stop()
+            self._ops = None
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None

@@ -49,7 +49,7 @@ from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .group_commit import GroupCommitter
 from .nats_types import NatsClient
-from .partition import AckSink, Partition, PartitionOptions
+from .partition import AckSink, Partition, PartitionOptions, new_ack_latency
 from .ratelimit import LogLimiter
 from .replicator import Replicator
 from .rlimits import segment_files_budget
@@ -109,6 +109,8 @@ class StreamManager:
         self.descriptors = DescriptorBudget(segment_files_budget(segment_files))
         #: One fsync per log per event-loop turn for partitions with the "always" fsync policy.
         self.committer = GroupCommitter()
+        #: Write-to-ack seconds per ack policy, over every partition this server leads (metrics).
+        self.ack_latency = new_ack_latency()
         self._dir = data_dir / "streams"
         self._namespace = namespace
         #: Streams (name, creation time) skipped because an older version let in a name or subject
@@ -589,6 +591,7 @@ class StreamManager:
             on_fenced=self._fenced_while_leading,
             group_commit=self.committer.add if options.log_config.fsync is FsyncPolicy.ALWAYS else None,
             leader_actions=self.replicator.on_leader_actions if self.replicator is not None else None,
+            ack_latency=self.ack_latency,
         )
         return part
 

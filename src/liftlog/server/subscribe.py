@@ -148,6 +148,7 @@ async def read_subscription(
                     await asyncio.wait_for(waiting, REVOKE_CHECK_S)
             continue
         limit = hw + 1 if stop_after is None else min(hw, stop_after) + 1
+        first = offset
         try:
             if batched:
                 batch, offset = _read_batches(log, offset, limit, reads)
@@ -166,6 +167,8 @@ async def read_subscription(
         except LogClosed as exc:
             raise PartitionGone(str(exc)) from exc
         if batch:
+            part.messages_out += offset - first
+            part.bytes_out += sum(map(len, batch))
             yield batch
         if done:
             return

@@ -128,6 +128,8 @@ class CommitLog:
         #: With ``defer_fsync`` (and the ``always`` policy) appends leave the fsync to ``sync``, so that the
         #: batches of one event-loop turn share one (group commit); the log end before the first of them.
         self.defer_fsync = False
+        #: Bytes the last append wrote (its batches, as stored): counted by the partition for metrics.
+        self.last_append_bytes = 0
         self._unsynced_from: int | None = None
         self._segments: list[Segment] = []
         self._bases: list[int] = []
@@ -393,6 +395,7 @@ class CommitLog:
         end = self.log_end_offset
         try:
             seg.append(data, headers, now)
+            self.last_append_bytes = len(data)
         except TornWrite as exc:
             self._restore_epochs(epochs)
             raise self._fenced_by(exc.operation, exc.segment.log_path, exc.cause, exc.segment.repair) from exc

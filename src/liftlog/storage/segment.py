@@ -21,8 +21,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from liftlog.histogram import FSYNC_SECONDS
 
 from .descriptors import DescriptorBudget
 from .encryption import BatchCipher, MissingMasterKey, is_encrypted
@@ -358,7 +361,9 @@ class Segment:
     def flush(self) -> None:
         """fsync the log file (the indexes are rebuilt from it, see ``seal``)."""
         if self._fd is not None:  # without one nothing was written since it was sealed (and fsynced)
+            started = time.perf_counter()
             self.io.fsync(self._fd)
+            FSYNC_SECONDS.observe(time.perf_counter() - started)
 
     def seal(self) -> None:
         """The segment stops being the active one: make its data durable and write its indexes."""

@@ -1,0 +1,420 @@
+"""Prometheus metrics of one server, gathered when scraped.
+
+Nothing here runs on the hot path. Partitions, the replicator, the Raft shell
+and the NATS client keep plain counters (an int add per batch or read) and
+cheap histograms (``liftlog.histogram``); ``ServerCollector.collect`` reads
+them, and the current state (offsets, ISR, follower lag, Raft indexes), when
+Prometheus asks. So metrics cost the publish path almost nothing whether or
+not anyone scrapes; docs/operations.md lists every metric.
+
+Per-partition series carry ``stream`` and ``partition`` labels. Past
+``metrics.partitions.max`` partitions (sorted by name), the rest are summed
+under ``stream="_other"``: a server hosting 50,000 partitions must not return
+a million series per scrape. Offsets and lag are not summable, so they are
+left out for those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from liftlog import __version__
+from liftlog.api import api_pb2
+from liftlog.histogram import FSYNC_SECONDS, Histogram
+from liftlog.metadata import PartitionState
+
+from .rlimits import open_files_limit
+
+if TYPE_CHECKING:
+    from .partition import Partition
+    from .server import Server
+
+__all__ = ["LoopLagMonitor", "ServerCollector", "new_registry"]
+
+OTHER = "_other"
+_ACK_POLICY_NAMES: dict[int, str] = {api_pb2.LEADER: "leader", api_pb2.ALL: "all"}
+
+
+class LoopLagMonitor:
+    """How late the event loop runs a timer: the time every other callback waits, at worst.
+
+    A timer every ``interval`` seconds; its lateness is the lag. One wake-up per interval costs nothing
+    measurable, and a stuck loop shows in ``/healthz`` as a growing ``since_last_tick``.
+    """
+
+    def __init__(self, interval: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self._clock = clock
+        self.lag = 0.0
+        self.histogram = Histogram()
+        self.last_tick = clock()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def since_last_tick(self) -> float:
+        return self._clock() - self.last_tick
+
+    async def _run(self) -> None:
+        while True:
+            due = self._clock() + self.interval
+            await asyncio.sleep(self.interval)
+            now = self._clock()
+            self.lag = max(0.0, now - due)
+            self.histogram.observe(self.lag)
+            self.last_tick = now
+
+
+@dataclass
+class _Families:
+    """The families of one scrape, created once and filled per partition."""
+
+    items: dict[str, Metric] = field(default_factory=dict)
+
+    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+        family = self.items.get(name)
+        if family is None:
+            family = self.items[name] = CounterMetricFamily(name, doc, labels=list(labels))
+        assert isinstance(family, CounterMetricFamily)
+        return family
+
+    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+        family = self.items.get(name)
+        if family is None:
+            family = self.items[name] = GaugeMetricFamily(name, doc, labels=list(labels))
+        assert isinstance(family, GaugeMetricFamily)
+        return family
+
+
+_PARTITION = ("stream", "partition")
+
+
+def _histogram(name: str, doc: str, histograms: Iterable[tuple[list[str], Histogram]], labels: list[str]) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for values, h in histograms:
+        buckets, _count, total = h.cumulative()
+        family.add_metric(values, buckets, total)
+    return family
+
+
+class ServerCollector(Collector):
+    """Everything ``/metrics`` reports about one server (see the module docstring)."""
+
+    def __init__(
+        self, server: Server, loop_lag: LoopLagMonitor, partitions_max: int, clock: Callable[[], int] = time.time_ns
+    ) -> None:
+        self._server = server
+        self._clock = clock
+        self._loop_lag = loop_lag
+        self._partitions_max = partitions_max
+
+    def collect(self) -> Iterator[Metric]:
+        server = self._server
+        yield from self._server_info(server)
+        if server.streams is not None:
+            yield from self._partitions(server)
+        if server.cluster is not None:
+            yield from self._metadata(server)
+        yield from self._nats(server)
+        yield from self._latencies(server)
+        yield from self._resources(server)
+
+    # -- families ----------------------------------------------------------
+
+    def _server_info(self, server: Server) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "liftlog_build_info", "Always 1: this server's id and version", labels=["server_id", "version"]
+        )
+        info.add_metric([server.server_id, __version__], 1)
+        yield info
+        ready = GaugeMetricFamily("liftlog_ready", "1 when /readyz answers 200 (metadata caught up, NATS, partitions)")
+        ready.add_metric([], 1 if server.readiness().ok else 0)
+        yield ready
+
+    def _partitions(self, server: Server) -> Iterator[Metric]:
+        streams = server.streams
+        assert streams is not None
+        fam = _Families()
+        parts = sorted(streams.partitions.items())
+        labelled, summed = parts[: self._partitions_max], parts[self._partitions_max :]
+        led = under_replicated = under_min_isr = fenced = followers = 0
+        for (name, pid), part in labelled:
+            self._partition(fam, [name, str(pid)], part, detailed=True)
+        if summed:
+            for _key, part in summed:
+                self._partition(fam, [OTHER, OTHER], part, detailed=False)
+        for _key, part in parts:
+            if part.leader is not None:
+                led += 1
+                isr = len(part.leader.isr)
+                under_replicated += isr < len(part.meta.replicas)
+                under_min_isr += isr < part.options.min_isr
+            elif part.follower is not None:
+                followers += 1
+            fenced += part.fenced is not None
+        yield from _summed(fam.items.values())
+        roles = GaugeMetricFamily("liftlog_partitions", "Partitions this server hosts, by role", labels=["role"])
+        roles.add_metric(["leader"], led)
+        roles.add_metric(["follower"], followers)
+        roles.add_metric(["other"], len(parts) - led - followers)
+        yield roles
+        yield _gauge(
+            "liftlog_partitions_under_replicated",
+            "Partitions led here whose ISR is short of replicas",
+            under_replicated,
+        )
+        yield _gauge(
+            "liftlog_partitions_under_min_isr",
+            "Partitions led here with fewer in-sync replicas than min.insync.replicas (ack-ALL publishes refused)",
+            under_min_isr,
+        )
+        yield _gauge(
+            "liftlog_partitions_fenced", "Partitions hosted here whose log refuses writes after a failed write", fenced
+        )
+
+    def _partition(self, fam: _Families, labels: list[str], part: Partition, *, detailed: bool) -> None:
+        fam.counter("liftlog_partition_messages_in", "Messages written as leader", _PARTITION).add_metric(
+            labels, part.messages_in
+        )
+        fam.counter(
+            "liftlog_partition_bytes_in", "Bytes of batches written as leader, as stored", _PARTITION
+        ).add_metric(labels, part.bytes_in)
+        fam.counter(
+            "liftlog_partition_messages_out", "Offsets delivered to subscribers and batch fetches", _PARTITION
+        ).add_metric(labels, part.messages_out)
+        fam.counter(
+            "liftlog_partition_bytes_out", "Bytes sent to subscribers and batch fetches", _PARTITION
+        ).add_metric(labels, part.bytes_out)
+        fam.counter(
+            "liftlog_partition_messages_replicated", "Messages copied from the leader as a follower", _PARTITION
+        ).add_metric(labels, part.messages_replicated)
+        fam.counter(
+            "liftlog_partition_bytes_replicated", "Bytes copied from the leader as a follower", _PARTITION
+        ).add_metric(labels, part.bytes_replicated)
+        fam.counter(
+            "liftlog_partition_fetches_served", "Followers' replication fetches answered as leader", _PARTITION
+        ).add_metric(labels, part.fetches_served)
+        fam.counter(
+            "liftlog_partition_fetch_bytes_served", "Bytes of batches sent to followers as leader", _PARTITION
+        ).add_metric(labels, part.fetch_bytes_served)
+        fam.gauge("liftlog_partition_subscriptions", "Subscriptions open on this partition", _PARTITION).add_metric(
+            labels, part.subscribers
+        )
+        log = part.log
+        segments = len(log.segments) if log is not None else 0
+        fam.gauge("liftlog_partition_segments", "Segments of the log", _PARTITION).add_metric(labels, segments)
+        fam.gauge("liftlog_partition_size_bytes", "Bytes of the log's segments", _PARTITION).add_metric(
+            labels, log.size_bytes if log is not None else 0
+        )
+        if not detailed:
+            return
+        fam.gauge("liftlog_partition_high_watermark", "Newest committed offset (-1: none)", _PARTITION).add_metric(
+            labels, part.high_watermark
+        )
+        fam.gauge(
+            "liftlog_partition_log_end_offset", "Offset the next message gets (newest offset + 1)", _PARTITION
+        ).add_metric(labels, log.log_end_offset if log is not None else part.newest_offset + 1)
+        if log is not None:
+            fam.gauge("liftlog_partition_log_start_offset", "Oldest offset retention kept", _PARTITION).add_metric(
+                labels, log.log_start_offset
+            )
+        fam.gauge("liftlog_partition_leader", "1 where this server leads the partition", _PARTITION).add_metric(
+            labels, 1 if part.leader is not None else 0
+        )
+        fam.gauge(
+            "liftlog_partition_fenced", "1 while the log refuses writes after a failed write", _PARTITION
+        ).add_metric(labels, 1 if part.fenced is not None else 0)
+        core = part.leader
+        if core is None:
+            return
+        fam.gauge(
+            "liftlog_partition_replicas", "Replicas in the metadata (reported by the leader)", _PARTITION
+        ).add_metric(labels, len(part.meta.replicas))
+        fam.gauge(
+            "liftlog_partition_isr_size", "In-sync replicas, the leader included (reported by the leader)", _PARTITION
+        ).add_metric(labels, len(core.isr))
+        lag_labels = [*_PARTITION, "follower"]
+        now = self._clock()
+        leo = log.log_end_offset if log is not None else core.leo
+        for follower, progress in sorted(core.followers.items()):
+            if follower == core.replica_id:
+                continue
+            fam.gauge(
+                "liftlog_partition_follower_lag_messages",
+                "Messages the follower's log is behind the leader's",
+                lag_labels,
+            ).add_metric([*labels, follower], max(0, leo - progress.leo))
+            fam.gauge(
+                "liftlog_partition_follower_lag_seconds",
+                "Seconds since the follower was last caught up with the leader (ISR removal past replica.max.lag.time)",
+                lag_labels,
+            ).add_metric([*labels, follower], 0 if progress.leo >= leo else max(0, now - progress.caught_up_at) / 1e9)
+
+    def _metadata(self, server: Server) -> Iterator[Metric]:
+        cluster = server.cluster
+        assert cluster is not None
+        raft = cluster.raft
+        node = raft.node
+        yield _gauge("liftlog_raft_term", "Current term of the metadata Raft group", node.term if node else 0)
+        yield _gauge(
+            "liftlog_raft_commit_index", "Newest committed index of the metadata log", node.commit_index if node else 0
+        )
+        yield _gauge(
+            "liftlog_raft_applied_index",
+            "Newest index applied to this server's metadata",
+            node.applied_index if node else 0,
+        )
+        yield _gauge(
+            "liftlog_controller",
+            "1 while this server is the controller (the metadata group's leader)",
+            1 if raft.is_leader else 0,
+        )
+        yield _gauge(
+            "liftlog_raft_leader_known", "1 while this server knows a metadata leader", 1 if cluster.leader_id else 0
+        )
+        yield _counter("liftlog_raft_elections", "Elections this server started as a candidate", raft.stats.elections)
+        yield _counter(
+            "liftlog_raft_leader_changes",
+            "Times this server learnt of a new metadata leader",
+            raft.stats.leader_changes,
+        )
+        yield _histogram(
+            "liftlog_controller_failover_seconds",
+            "Time without a known controller, from losing the old one to knowing the new one, as this server saw it",
+            [([], raft.stats.leaderless)],
+            [],
+        )
+        metadata = cluster.metadata
+        states = {s.value: 0 for s in PartitionState}
+        total = 0
+        for stream in metadata.streams.values():
+            for p in stream.partitions.values():
+                states[p.state.value] += 1
+                total += 1
+        by_state = GaugeMetricFamily(
+            "liftlog_cluster_partitions",
+            "Partitions of the cluster by leader-election state (this server's metadata)",
+            labels=["state"],
+        )
+        for state, count in states.items():
+            by_state.add_metric([state], count)
+        yield by_state
+        yield _gauge(
+            "liftlog_cluster_streams", "Streams of the cluster (this server's metadata)", len(metadata.streams)
+        )
+        servers = GaugeMetricFamily(
+            "liftlog_cluster_servers", "Servers of the cluster by liveness (this server's metadata)", labels=["alive"]
+        )
+        alive = sum(1 for s in metadata.servers.values() if s.alive)
+        servers.add_metric(["true"], alive)
+        servers.add_metric(["false"], len(metadata.servers) - alive)
+        yield servers
+
+    def _nats(self, server: Server) -> Iterator[Metric]:
+        nc = server.nats_connection
+        stats: dict[str, int] = dict(nc.stats) if nc is not None else {}
+        yield _gauge(
+            "liftlog_nats_connected", "1 while connected to NATS", 1 if nc is not None and nc.is_connected else 0
+        )
+        yield _counter("liftlog_nats_reconnects", "Reconnections to NATS", stats.get("reconnects", 0))
+        yield _counter(
+            "liftlog_nats_messages_received",
+            "Messages received from NATS (intake, replication, acks)",
+            stats.get("in_msgs", 0),
+        )
+        yield _counter("liftlog_nats_messages_sent", "Messages published to NATS", stats.get("out_msgs", 0))
+        yield _counter("liftlog_nats_received_bytes", "Payload bytes received from NATS", stats.get("in_bytes", 0))
+        yield _counter("liftlog_nats_sent_bytes", "Payload bytes published to NATS", stats.get("out_bytes", 0))
+        yield _counter(
+            "liftlog_nats_slow_consumer_drops",
+            "Messages the NATS client dropped because a subscription's queue was full (lost intake)",
+            server.nats_slow_consumer_drops,
+        )
+
+    def _latencies(self, server: Server) -> Iterator[Metric]:
+        if server.streams is not None:
+            yield _histogram(
+                "liftlog_publish_ack_latency_seconds",
+                "From a message's write on the leader to its ack: the group fsync (leader), the ISR's commit (all)",
+                [([_ACK_POLICY_NAMES[policy]], h) for policy, h in server.streams.ack_latency.items()],
+                ["ack_policy"],
+            )
+        yield _histogram(
+            "liftlog_log_fsync_seconds", "fsync of a partition's log file (process-wide)", [([], FSYNC_SECONDS)], []
+        )
+        yield _gauge(
+            "liftlog_event_loop_lag_last_seconds", "Lateness of the last event-loop timer tick", self._loop_lag.lag
+        )
+        yield _histogram(
+            "liftlog_event_loop_lag_seconds",
+            "Lateness of event-loop timer ticks",
+            [([], self._loop_lag.histogram)],
+            [],
+        )
+        replicator = server.replicator
+        if replicator is not None:
+            yield _counter(
+                "liftlog_replication_fetches", "Replication fetches this server made as a follower", replicator.fetches
+            )
+            yield _counter(
+                "liftlog_replication_fetched_bytes",
+                "Bytes of the answers to this server's replication fetches",
+                replicator.fetched_bytes,
+            )
+
+    def _resources(self, server: Server) -> Iterator[Metric]:
+        limit = open_files_limit()
+        yield _gauge("liftlog_open_files_limit", "The process's open-file limit (RLIMIT_NOFILE; 0: unlimited)", limit)
+        if server.streams is not None:
+            budget = server.streams.descriptors
+            yield _gauge("liftlog_segment_files_open", "Descriptors held by sealed segments", budget.open_count)
+            yield _gauge("liftlog_segment_files_budget", "Most descriptors sealed segments may hold", budget.limit)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _summed(families: Iterable[Metric]) -> Iterator[Metric]:
+    """Families with the samples of equal labels (the ``_other`` partitions) added together."""
+    for family in families:
+        totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            totals[key] = totals.get(key, 0.0) + sample.value
+        if len(totals) == len(family.samples):
+            yield family
+            continue
+        first: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        for sample in family.samples:
+            first.setdefault((sample.name, tuple(sorted(sample.labels.items()))), sample)
+        family.samples = [s._replace(value=totals[k]) for k, s in first.items()]
+        yield family
+
+
+def new_registry(collector: ServerCollector) -> CollectorRegistry:
+    """A registry of this server's metrics and the process's (CPU, memory, open descriptors against the limit)."""
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    registry.register(collector)
+    return registry
