@@ -28,10 +28,12 @@ unit: install
 test: lint typecheck unit
 
 # A standalone server: embedded nats-server on 127.0.0.1:4222, gRPC API on 127.0.0.1:9292, data in ./data.
-# Its server-to-server messages are signed with ./data/cluster.key, made on first run (docs/security.md).
+# Its server-to-server messages are signed with ./data/cluster.key, made on first run (docs/security.md);
+# Prometheus metrics and health checks on http://127.0.0.1:9464 (/metrics, /healthz, /readyz).
 run: install
 	$(BIN)/liftlog server --embedded-nats --data-dir ./data --set clustering.auth.key.file=./data/cluster.key \
-		--set clustering.auth.key.generate=true --set cursors.stream.partitions=1 $(RUN_ARGS)
+		--set clustering.auth.key.generate=true --set cursors.stream.partitions=1 \
+		--set metrics.listen=127.0.0.1:9464 $(RUN_ARGS)
 
 # Starts its own server (temporary data, free ports), once per fsync policy in BENCH_FSYNC, and compares them.
 BENCH_FSYNC ?= never,interval,always

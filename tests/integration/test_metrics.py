@@ -304,3 +304,21 @@ def test_a_server_without_a_metadata_quorum_is_alive_but_not_ready(tmp_path: Pat
         assert ops["a"].value("liftlog_raft_leader_known") == 0
     finally:
         c.stop_all()
+
+
+def test_json_logs_are_one_object_per_line_and_name_partitions(tmp_path: Path, nats_server: NatsProcess) -> None:
+    proc = LiftlogProcess(tmp_path / "data", "--set", "logging.format=json", nats_url=nats_server.url).start()
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            api = api_pb2_grpc.APIStub(channel)
+            api.CreateStream(api_pb2.CreateStreamRequest(name="logged", subject="logged", partitions=2), timeout=10)
+        publish(proc.address, "logged", 3, api_pb2.LEADER)
+        assert proc.stop() == 0
+        lines = proc.log_path.read_text().splitlines()
+        objects = [json.loads(line) for line in lines]  # every line, the banner and the shutdown included
+        assert any("is ready" in o["message"] for o in objects)
+        about_partitions = {(o["stream"], o["partition"]) for o in objects if "stream" in o}
+        assert {("logged", 0), ("logged", 1)} <= about_partitions, about_partitions
+        assert all({"time", "level", "logger", "message"} <= o.keys() for o in objects)
+    finally:
+        proc.kill()

@@ -38,6 +38,7 @@ from liftlog.rpc import StatusCode as Code
 from liftlog.storage import CommitLog, LogClosed, OffsetOutOfRange
 
 from .failures import RpcFailure, failure_from
+from .logformat import about
 from .partition import Partition, PartitionClosed
 
 if TYPE_CHECKING:
@@ -248,8 +249,19 @@ class CursorService:
             offset = records[-1].offset + 1
             await asyncio.sleep(0)  # a big partition must not stall every other call
         if skipped:
-            log.warning("cursors partition %d: %d records are not cursors and were skipped", pid, skipped)
-        log.info("cursors partition %d: %d cursors loaded up to offset %d", pid, len(table.values), offset - 1)
+            log.warning(
+                "cursors partition %d: %d records are not cursors and were skipped",
+                pid,
+                skipped,
+                extra=about(CURSORS_STREAM, pid),
+            )
+        log.info(
+            "cursors partition %d: %d cursors loaded up to offset %d",
+            pid,
+            len(table.values),
+            offset - 1,
+            extra=about(CURSORS_STREAM, pid),
+        )
 
 
 def _check(stream: str, cursor_id: str) -> None:

@@ -8,24 +8,14 @@ import signal
 import sys
 
 from .config import ServerConfig
+from .errors import ServerStartError
+from .logformat import setup_logging
 from .rlimits import check_partition_budget, raise_open_files_limit
 from .server import Server
 
 __all__ = ["run_server"]
 
 log = logging.getLogger("liftlog.server")
-
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=_LEVELS.get(level, logging.INFO),
-        format="%(asctime)s %(levelname)-5s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if level != "debug":
-        logging.getLogger("nats").setLevel(logging.WARNING)
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -59,15 +49,27 @@ async def serve(config: ServerConfig, server: Server | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     loop.add_signal_handler(signal.SIGHUP, server.reload)
-    print(
-        f"liftlog server {server.server_id} is ready\n"
-        f"  gRPC API:  {server.address}   (liftlog stream list -a {server.address})\n"
-        f"  NATS:      {server.nats_url}\n"
-        f"  data:      {config.data_dir.resolve()}\n"
-        "  stop with Ctrl-C",
-        file=sys.stderr,
-        flush=True,
-    )
+    metrics = f"http://{server.metrics_address}/metrics" if server.metrics_address else "off (metrics.listen)"
+    if config.values["logging.format"] == "json":  # keep stderr one JSON object per line
+        log.info(
+            "liftlog server %s is ready: gRPC API %s, NATS %s, data %s, metrics %s",
+            server.server_id,
+            server.address,
+            server.nats_url,
+            config.data_dir.resolve(),
+            metrics,
+        )
+    else:
+        print(
+            f"liftlog server {server.server_id} is ready\n"
+            f"  gRPC API:  {server.address}   (liftlog stream list -a {server.address})\n"
+            f"  NATS:      {server.nats_url}\n"
+            f"  data:      {config.data_dir.resolve()}\n"
+            f"  metrics:   {metrics}\n"
+            "  stop with Ctrl-C",
+            file=sys.stderr,
+            flush=True,
+        )
     signalled = asyncio.ensure_future(stop.wait())
     failed = asyncio.ensure_future(server.failed.wait())
     try:
@@ -79,7 +81,10 @@ async def serve(config: ServerConfig, server: Server | None = None) -> int:
         await server.stop()
         log.info("stopped")
     if server.failure:
-        print(f"error: {server.failure}", file=sys.stderr, flush=True)
+        if config.values["logging.format"] == "json":
+            log.error("stopped after a failure: %s", server.failure)
+        else:
+            print(f"error: {server.failure}", file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -89,6 +94,12 @@ def run_server(config: ServerConfig) -> int:
 
     Raises ServerStartError (one readable line) when it cannot start.
     """
-    _setup_logging(config.log_level)
-    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
-        return runner.run(serve(config))
+    setup_logging(config.log_level, config.values["logging.format"])
+    try:
+        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+            return runner.run(serve(config))
+    except ServerStartError as exc:
+        if config.values["logging.format"] != "json":
+            raise
+        log.error("cannot start: %s", exc)  # stderr stays JSON lines
+        return 1
