@@ -65,6 +65,7 @@ HELP = [
     (("subscribe",), ["--resume", "earliest", "offset:N", "time:T", "value_b64"]),
     (("bench",), ["--start-server", "--size", "--count", "--partitions", "--ack-policy", "--window"]),
     (("bench",), ["--concurrency", "--nats-url", "--scenarios", "--json-only", "sync", "e2e", "consume"]),
+    (("bench",), ["--plot", "liftlog[plot]"]),
 ]
 
 

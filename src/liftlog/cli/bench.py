@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import functools
 import json
+import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -29,6 +32,7 @@ from click.core import ParameterSource
 from rich.table import Table
 from rich.text import Text
 
+from liftlog.cli.bench_plot import Series, check_plot, write_plot
 from liftlog.cli.bench_scenarios import ALL_SCENARIOS, DEFAULT_COUNTS, REFERENCE, RUNNERS, SCENARIOS, Settings
 from liftlog.cli.common import CommandError, addr_option, addresses, client_tls
 from liftlog.cli.common import run as run_loop
@@ -72,7 +76,9 @@ async def run_all(
     scenarios: list[str],
     status: Callable[[str], None],
     tls: TlsConfig | None = None,
+    series: dict[str, Series] | None = None,
 ) -> dict[str, Any]:
+    """Each scenario's JSON result by name; with `series`, what --plot draws goes there, by name too."""
     from liftlog.client import Client
 
     errors = scenario_errors()
@@ -89,7 +95,10 @@ async def run_all(
                     await client.create_stream(
                         subject, name, partitions=s.partitions, encryption=True if s.encryption else None
                     )
-                    results[scenario] = (await RUNNERS[scenario](client, s, name, subject, count)).to_json()
+                    result = await RUNNERS[scenario](client, s, name, subject, count)
+                    results[scenario] = result.to_json()
+                    if series is not None and (drawn := Series.of(scenario, result)) is not None:
+                        series[scenario] = drawn
             except errors as exc:  # (TimeoutError is an OSError; the client's ack timeouts are LiftlogErrors)
                 results[scenario] = error_result(exc, limit)
             finally:
@@ -175,16 +184,24 @@ async def spawned_server(settings: tuple[str, ...] = (), master_key: bool = Fals
 
 
 async def _compare_encryption(
-    address: str, settings: Settings, chosen: list[str], show: Callable[[str], None], encrypted: dict[str, Any]
+    address: str,
+    settings: Settings,
+    chosen: list[str],
+    show: Callable[[str], None],
+    encrypted: dict[str, Any],
+    runs: dict[str, dict[str, Series]] | None = None,
 ) -> dict[str, Any]:
     """Each scenario on a clear stream, then on an encrypted one, on the same server: the clear results
-    (returned) and the encrypted ones (into ``encrypted``). Alternating keeps drift out of the ratios."""
+    (returned) and the encrypted ones (into ``encrypted``). Alternating keeps drift out of the ratios.
+    With `runs`, the series to plot go to its "clear" and "encrypted" runs."""
     clear: dict[str, Any] = {}
     for scenario in chosen:
         for on, out in ((False, clear), (True, encrypted)):
             settings.encryption = on
-            prefix = "encrypted: " if on else "clear: "
-            out.update(await run_all([address], settings, [scenario], functools.partial(_prefixed, show, prefix)))
+            label = "encrypted" if on else "clear"
+            series = runs.setdefault(label, {}) if runs is not None else None
+            show_run = functools.partial(_prefixed, show, f"{label}: ")
+            out.update(await run_all([address], settings, [scenario], show_run, series=series))
     settings.encryption = False
     return clear
 
@@ -280,6 +297,17 @@ def _fsync_table(by_policy: dict[str, dict[str, Any]]) -> Table:
                 p99s.append(format_latency_us((result["latency_us"] or {}).get("p99")))
         table.add_row(scenario, *rates, *p99s)
     return table
+
+
+def _plot(path: str, runs: dict[str, dict[str, Series]], title: str, quiet: bool) -> None:
+    """Write the --plot file, saying where (or that no scenario had anything to draw)."""
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    title += f"\n{platform.node() or 'this machine'}, {os.cpu_count() or '?'} cores, {when}"
+    drawn = write_plot(path, runs, title)
+    if not drawn:
+        raise CommandError(f"--plot: no scenario recorded per-message times, so {path} was not written")
+    if not quiet:
+        print_note(f"wrote {drawn} scenario{'s' if drawn > 1 else ''} to {path}")
 
 
 def _prefixed(show: Callable[[str], None], prefix: str, text: str) -> None:
@@ -453,6 +481,16 @@ def _goal_lines(summary: dict[str, Any]) -> list[str]:
         "or, with --start-server, run each scenario on a clear and on an encrypted stream, alternately, and compare."
     ),
 )
+@click.option(
+    "--plot",
+    "plot_path",
+    metavar="FILE",
+    help=(
+        "Also draw each scenario's throughput over time and latency percentiles into FILE (.png, .svg or .pdf), "
+        "every run of --fsync or --encryption compare in its own colour; needs matplotlib "
+        "(pip install 'liftlog[plot]')."
+    ),
+)
 @click.option("--json-only", is_flag=True, help="Print only the JSON line.")
 @click.pass_context
 def bench(
@@ -471,6 +509,7 @@ def bench(
     scenarios: str | None,
     fsync: str,
     encryption: str,
+    plot_path: str | None,
     json_only: bool,
 ) -> None:
     """Measure publish and consume throughput and latency.
@@ -516,6 +555,7 @@ def bench(
       liftlog bench --start-server
       liftlog bench -a 127.0.0.1:9292 --nats-url nats://127.0.0.1:4222 --scenarios sync,nats --count 10000
       liftlog bench --start-cluster --servers 3 --scenarios rf3-all,failover
+      liftlog bench --start-server --fsync never,always --plot fsync.png
     """
     check_cluster_options(ctx, start_cluster, start_server)
     check_server_settings(server_set)
@@ -530,6 +570,10 @@ def bench(
             "--server-set encryption.key.file=FILE"
         )
     chosen = choose_scenarios(scenarios, start_cluster, servers)
+    if plot_path is not None:
+        check_plot(plot_path)  # before minutes of measuring, not after
+    #: What --plot draws: run label ("" for a single run) -> scenario -> series.
+    runs: dict[str, dict[str, Series]] | None = {} if plot_path is not None else None
     console = err_console()
     settings = Settings(
         size=size,
@@ -559,7 +603,8 @@ def bench(
 
         async def go_cluster() -> dict[str, Any]:
             with status or contextlib.nullcontext():
-                return await run_cluster_bench(servers, settings, chosen, show, server_set)
+                series = runs.setdefault("", {}) if runs is not None else None
+                return await run_cluster_bench(servers, settings, chosen, show, server_set, series)
 
         results = run_loop(go_cluster())
         report = cluster_report(servers, size, window, results, server_set)
@@ -568,6 +613,12 @@ def bench(
             for line in _goal_lines(report["comparison"]):
                 print_note(line)
         click.echo(json.dumps(report))
+        if plot_path is not None and runs is not None:
+            title = (
+                f"liftlog bench --start-cluster: {servers} servers, replication factor {servers}, "
+                f"{size}-byte values, window {window}"
+            )
+            _plot(plot_path, runs, title, json_only)
         if any("error" in result for result in results.values()):
             raise click.exceptions.Exit(1)
         return
@@ -575,8 +626,9 @@ def bench(
     async def go() -> tuple[str, dict[str, dict[str, Any]]]:
         with status or contextlib.nullcontext():
             if not start_server:
+                series = runs.setdefault("", {}) if runs is not None else None
                 return ", ".join(addresses()), {
-                    "": await run_all(list(addresses()), settings, chosen, show, client_tls())
+                    "": await run_all(list(addresses()), settings, chosen, show, client_tls(), series)
                 }
             by_policy: dict[str, dict[str, Any]] = {}
             for policy in policies:
@@ -586,12 +638,12 @@ def bench(
                 async with spawned_server(server_settings, keyed) as (address, url):
                     settings.nats_url = nats_url or url
                     if encryption == "compare":
-                        by_policy[policy] = await _compare_encryption(address, settings, chosen, show, compared)
+                        by_policy[policy] = await _compare_encryption(address, settings, chosen, show, compared, runs)
                         continue
-                    prefix = f"fsync {policy}: " if len(policies) > 1 else ""
-                    by_policy[policy] = await run_all(
-                        [address], settings, chosen, functools.partial(_prefixed, show, prefix)
-                    )
+                    label = f"fsync {policy}" if len(policies) > 1 else ""
+                    series = runs.setdefault(label, {}) if runs is not None else None
+                    show_run = functools.partial(_prefixed, show, f"{label}: " if label else "")
+                    by_policy[policy] = await run_all([address], settings, chosen, show_run, series=series)
             return "started", by_policy
 
     server, by_policy = run_loop(go())
@@ -633,5 +685,13 @@ def bench(
         report["fsync"] = by_policy
         report["fsync_comparison"] = fsync_comparison(by_policy)
     click.echo(json.dumps(report))
+    if plot_path is not None and runs is not None:
+        title = (
+            f"liftlog bench: {size}-byte values, {partitions} partition{'s' if partitions > 1 else ''}, "
+            f"ack {settings.ack_policy.upper()}, window {window}"
+        )
+        if start_server and len(policies) == 1:
+            title += f", fsync {policies[0]}"
+        _plot(plot_path, runs, title, json_only)
     if any("error" in result for results in by_policy.values() for result in results.values()):
         raise click.exceptions.Exit(1)

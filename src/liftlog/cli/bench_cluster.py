@@ -47,6 +47,7 @@ from liftlog.cli.bench import (
     spawned_server,
     stop_processes,
 )
+from liftlog.cli.bench_plot import Series
 from liftlog.cli.bench_scenarios import RUNNERS, Result, Settings
 from liftlog.cli.common import CommandError
 
@@ -327,12 +328,14 @@ async def _failover(
         padding = os.urandom(max(0, s.size - 8))
         before = max(1, count // 2)
         latencies: list[int] = []
+        done: list[int] = []
+        marks: list[tuple[int, str]] = []
         failures: Counter[str] = Counter()
         before_kill: Counter[str] = Counter()
         killed = new_leader = ""
         killed_was_controller: bool | None = None
         kill_at = recovered_at = 0.0
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.perf_counter_ns()
         seq = 0  # the next sequence number, carried in the values' first 8 bytes; 0 .. seq - 1 are acked
         while seq < count:
             if seq == before and not killed:
@@ -342,6 +345,7 @@ async def _failover(
                     killed_was_controller = (await client.cluster_status()).controller == killed
                 cluster.kill(killed)
                 kill_at = time.perf_counter()
+                marks.append((time.perf_counter_ns(), f"leader {killed} killed"))
                 status(f"failover: killed leader {killed}, publishing until a new leader acks")
             value = struct.pack(">q", seq) + padding
             attempt_at = time.perf_counter()
@@ -365,10 +369,13 @@ async def _failover(
                 with contextlib.suppress(LiftlogError):
                     await client.fetch_metadata(stream)  # re-resolve the leader
                 continue
-            latencies.append(time.perf_counter_ns() - t0)
+            t1 = time.perf_counter_ns()
+            latencies.append(t1 - t0)
+            done.append(t1)
             seq += 1
             if killed and not recovered_at and attempt_at >= kill_at:
                 recovered_at = time.perf_counter()
+                marks.append((t1, "new leader acks"))
                 with contextlib.suppress(LiftlogError):
                     md = await client.fetch_metadata(stream)
                     new_leader = md.streams[stream].partitions[0].leader
@@ -413,18 +420,24 @@ async def _failover(
         "server_settings": list(overrides) or "defaults",
         "method": FAILOVER_METHOD,
     }
-    return Result(seq, elapsed, latencies, notes, extra)
+    return Result(seq, elapsed, latencies, notes, extra, done, started_ns, marks)
 
 
 # -- the run -------------------------------------------------------------------
 
 
-async def _single(s: Settings, count: int, status: Callable[[str], None]) -> dict[str, Any]:
-    """The async scenario, ack ALL, on a standalone server of its own."""
+async def _single(
+    s: Settings, count: int, status: Callable[[str], None], series: dict[str, Series] | None = None
+) -> dict[str, Any]:
+    """The async scenario, ack ALL, on a standalone server of its own (its series, if asked, as "single")."""
     status("single: starting a standalone server")
     single = replace(s, ack_policy="all", partitions=1, counts={"async": count})
+    drawn: dict[str, Series] = {}
     async with spawned_server() as (address, _url):
-        result: dict[str, Any] = (await run_all([address], single, ["async"], status))["async"]
+        result: dict[str, Any] = (await run_all([address], single, ["async"], status, series=drawn))["async"]
+    if series is not None and "async" in drawn:
+        drawn["async"].scenario = "single"
+        series["single"] = drawn["async"]
     if "notes" in result:
         result["notes"] = f"standalone server, ack ALL; {result['notes']}"
     return result
@@ -515,8 +528,12 @@ async def run_cluster_bench(
     scenarios: list[str],
     status: Callable[[str], None],
     overrides: tuple[str, ...] = (),
+    series: dict[str, Series] | None = None,
 ) -> dict[str, Any]:
-    """Run `scenarios` (see :func:`order_scenarios` for the order); a failed scenario is an ``error`` entry."""
+    """Run `scenarios` (see :func:`order_scenarios` for the order); a failed scenario is an ``error`` entry.
+
+    With `series`, what ``--plot`` draws of each scenario goes there by name (group-failover has none).
+    """
     from liftlog.client import Client
 
     errors = scenario_errors()
@@ -524,7 +541,7 @@ async def run_cluster_bench(
     ordered = order_scenarios(scenarios)
     if "single" in ordered:
         try:
-            results["single"] = await _single(s, s.counts["single"], status)
+            results["single"] = await _single(s, s.counts["single"], status, series)
         except errors as exc:
             results["single"] = error_result(exc)
         ordered.remove("single")
@@ -552,6 +569,8 @@ async def run_cluster_bench(
                         policy = "all" if scenario.endswith("-all") else "leader"
                         result = await _replicated(client, s, name, subject, count, policy)
                     results[scenario] = result.to_json()
+                    if series is not None and (drawn := Series.of(scenario, result)) is not None:
+                        series[scenario] = drawn
             except errors as exc:  # (TimeoutError is an OSError; the client's timeouts are LiftlogErrors)
                 results[scenario] = error_result(exc, limit)
             finally:

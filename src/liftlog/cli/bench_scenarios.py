@@ -66,13 +66,22 @@ class Settings:
 
 @dataclass
 class Result:
-    """One scenario's figures; ``latencies_ns`` become percentiles in the JSON."""
+    """One scenario's figures; ``latencies_ns`` become percentiles in the JSON.
+
+    ``completions_ns`` are when each message (ack, receipt, call) completed and ``started_ns`` when the
+    measured part began, both ``time.perf_counter_ns()``: ``liftlog bench --plot`` draws throughput over
+    time from them. They stay out of the JSON.
+    """
 
     count: int
     seconds: float
     latencies_ns: list[int] | None = None
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    completions_ns: list[int] | None = None
+    started_ns: int = 0
+    #: (time, label) of events during the run worth marking on a plot, e.g. the kill of a leader.
+    marks: list[tuple[int, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,13 +128,15 @@ async def _warm_up(client: Client, s: Settings, stream: str) -> None:
 async def _sync(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
     await _warm_up(client, s, stream)
     value, policy = os.urandom(s.size), to_ack_policy(s.ack_policy)
-    latencies = []
-    started = time.perf_counter()
+    latencies, done = [], []
+    started, started_ns = time.perf_counter(), time.perf_counter_ns()
     for i in range(count):
         t0 = time.perf_counter_ns()
         await client.publish(stream, value, partition=i % s.partitions, ack_policy=policy)
-        latencies.append(time.perf_counter_ns() - t0)
-    return Result(count, time.perf_counter() - started, latencies, ["1 publisher"])
+        t1 = time.perf_counter_ns()
+        latencies.append(t1 - t0)
+        done.append(t1)
+    return Result(count, time.perf_counter() - started, latencies, ["1 publisher"], {}, done, started_ns)
 
 
 async def _async(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
@@ -134,6 +145,7 @@ async def _async(client: Client, s: Settings, stream: str, subject: str, count: 
     await _warm_up(client, s, stream)
     value, policy = os.urandom(s.size), to_ack_policy(s.ack_policy)
     latencies: list[int] = []
+    done: list[int] = []
 
     async def feed(partition: int, n: int) -> None:
         # publish_many returns every ack at the end, but it takes message i + window from this
@@ -148,9 +160,13 @@ async def _async(client: Client, s: Settings, stream: str, subject: str, count: 
                 yield value
 
         await client.publish_many(stream, values(), partition=partition, ack_policy=policy, window=s.window)
+        finished = time.perf_counter_ns()
         latencies.extend(taken[i + s.window] - taken[i] for i in range(len(taken) - s.window))
+        # Completion times by the same inference; the last window's acks came by the time publish_many returned.
+        done.extend(taken[s.window :])
+        done.extend([finished] * min(s.window, len(taken)))
 
-    started = time.perf_counter()
+    started, started_ns = time.perf_counter(), time.perf_counter_ns()
     await asyncio.gather(*(feed(p, n) for p, n in enumerate(_split(count, s.partitions)) if n))
     elapsed = time.perf_counter() - started
     notes = [f"window {s.window}"]
@@ -166,7 +182,7 @@ async def _async(client: Client, s: Settings, stream: str, subject: str, count: 
         )
     else:
         notes.append("no latency: count <= window")
-    return Result(count, elapsed, latencies or None, notes, extra)
+    return Result(count, elapsed, latencies or None, notes, extra, done, started_ns)
 
 
 async def _concurrent(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
@@ -174,17 +190,21 @@ async def _concurrent(client: Client, s: Settings, stream: str, subject: str, co
     value, policy = os.urandom(s.size), to_ack_policy(s.ack_policy)
     per_task = max(1, count // s.concurrency)
     latencies: list[int] = []
+    done: list[int] = []
 
     async def publisher(task: int) -> None:
         for _ in range(per_task):
             t0 = time.perf_counter_ns()
             await client.publish(stream, value, partition=task % s.partitions, ack_policy=policy)
-            latencies.append(time.perf_counter_ns() - t0)
+            t1 = time.perf_counter_ns()
+            latencies.append(t1 - t0)
+            done.append(t1)
 
-    started = time.perf_counter()
+    started, started_ns = time.perf_counter(), time.perf_counter_ns()
     await asyncio.gather(*(publisher(t) for t in range(s.concurrency)))
     notes = [f"{s.concurrency} publishers x {per_task}"]
-    return Result(per_task * s.concurrency, time.perf_counter() - started, latencies, notes)
+    elapsed = time.perf_counter() - started
+    return Result(per_task * s.concurrency, elapsed, latencies, notes, {}, done, started_ns)
 
 
 async def _nats(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
@@ -214,6 +234,7 @@ async def _nats(client: Client, s: Settings, stream: str, subject: str, count: i
         window = asyncio.Semaphore(s.window)
         sent_at: dict[str, int] = {}
         latencies: list[int] = []
+        done_at: list[int] = []
         failed = 0
         done = asyncio.Event()
 
@@ -228,6 +249,7 @@ async def _nats(client: Client, s: Settings, stream: str, subject: str, count: i
             if started_ns is None:  # a warm-up ack
                 return
             latencies.append(received - started_ns)
+            done_at.append(received)
             failed += ack.ackError != api_pb2.Ack.OK
             window.release()
             if len(latencies) == count:
@@ -236,7 +258,7 @@ async def _nats(client: Client, s: Settings, stream: str, subject: str, count: i
         await nc.subscribe(inbox, cb=on_ack)
         await _nats_warm_up(nc, subjects, inbox)
         with_acks = s.ack_policy != "none"  # Liftbridge sends no ack with AckPolicy NONE
-        started = time.perf_counter()
+        started, begun_ns = time.perf_counter(), time.perf_counter_ns()
         for i in range(count):
             cid = str(i)
             message = api_pb2.Message(value=value, ackPolicy=policy, correlationId=cid)
@@ -256,7 +278,7 @@ async def _nats(client: Client, s: Settings, stream: str, subject: str, count: i
         notes.append("send rate only (ack policy none)")
     if failed:
         notes.append(f"{failed} acks carried an error")
-    return Result(count, elapsed, latencies or None, notes)
+    return Result(count, elapsed, latencies or None, notes, {}, done_at or None, begun_ns)
 
 
 async def _nats_warm_up(nc: Any, subjects: list[str], inbox: str) -> None:
@@ -296,18 +318,23 @@ async def _consume(client: Client, s: Settings, stream: str, subject: str, count
             await client.publish_many(stream, [value] * k, partition=partition, ack_policy=AckPolicy.ALL, window=1000)
     prefill_s = time.perf_counter() - started
 
+    done: list[int] = []
+
     async def read(partition: int) -> tuple[int, int]:
         n = size = 0
         sub = client.subscribe(
             stream, partition=partition, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
         )
+        # Bound once: a receive time costs about 80 ns a message, under 1% of this loop's time at 100k msgs/s.
+        now, received = time.perf_counter_ns, done.append
         async with sub:
             async for msg in sub:
+                received(now())
                 n += 1
                 size += len(msg.value)
         return n, size
 
-    started = time.perf_counter()
+    started, started_ns = time.perf_counter(), time.perf_counter_ns()
     read_counts = await asyncio.gather(*(read(p) for p in range(s.partitions)))
     elapsed = time.perf_counter() - started
     got, size = sum(n for n, _ in read_counts), sum(b for _, b in read_counts)
@@ -316,7 +343,7 @@ async def _consume(client: Client, s: Settings, stream: str, subject: str, count
     if got != count:
         notes.append(f"read {got} of {count} messages")
     extra = {"mb_per_s": round(mb_per_s, 2), "prefill_msgs_per_s": round(count / prefill_s, 1)}
-    return Result(got, elapsed, None, notes, extra)
+    return Result(got, elapsed, None, notes, extra, done, started_ns)
 
 
 async def _e2e(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
@@ -326,10 +353,13 @@ async def _e2e(client: Client, s: Settings, stream: str, subject: str, count: in
     policy = to_ack_policy(s.ack_policy)
     padding = os.urandom(max(0, s.size - 8))
     latencies: list[int] = []
+    done: list[int] = []
 
     async def receive(sub: Subscription) -> None:
         async for msg in sub:
-            latencies.append(time.perf_counter_ns() - struct.unpack_from(">q", msg.value)[0])
+            received = time.perf_counter_ns()
+            latencies.append(received - struct.unpack_from(">q", msg.value)[0])
+            done.append(received)
             if len(latencies) >= count:
                 return
 
@@ -337,7 +367,7 @@ async def _e2e(client: Client, s: Settings, stream: str, subject: str, count: in
     async with client.subscribe(stream, partition=0, start_position=StartPosition.NEW_ONLY) as sub:
         receiver = asyncio.create_task(receive(sub))
         try:
-            started = time.perf_counter()
+            started, started_ns = time.perf_counter(), time.perf_counter_ns()
             for _ in range(count):
                 # The value carries its send time; the receiver subtracts it from its receive time.
                 value = struct.pack(">q", time.perf_counter_ns()) + padding
@@ -349,7 +379,7 @@ async def _e2e(client: Client, s: Settings, stream: str, subject: str, count: in
     notes = ["publish to receive"]
     if s.size < 8:
         notes.append("8-byte values (they carry the send time)")
-    return Result(count, elapsed, latencies, notes)
+    return Result(count, elapsed, latencies, notes, {}, done, started_ns)
 
 
 async def _cursors_ready(client: Client, stream: str) -> None:
@@ -367,13 +397,16 @@ async def _cursors_ready(client: Client, stream: str) -> None:
 async def _cursor(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
     """SetCursor calls one after another (16 cursors), each durable (ack ALL) before the next."""
     await _cursors_ready(client, stream)
-    latencies = []
-    started = time.perf_counter()
+    latencies, done = [], []
+    started, started_ns = time.perf_counter(), time.perf_counter_ns()
     for i in range(count):
         t0 = time.perf_counter_ns()
         await client.set_cursor(f"bench-{i % 16}", stream, i, partition=i % s.partitions)
-        latencies.append(time.perf_counter_ns() - t0)
-    return Result(count, time.perf_counter() - started, latencies, ["SetCursor, 1 caller, 16 cursors"])
+        t1 = time.perf_counter_ns()
+        latencies.append(t1 - t0)
+        done.append(t1)
+    notes = ["SetCursor, 1 caller, 16 cursors"]
+    return Result(count, time.perf_counter() - started, latencies, notes, {}, done, started_ns)
 
 
 async def _rebalance(client: Client, s: Settings, stream: str, subject: str, count: int) -> Result:
@@ -405,7 +438,8 @@ async def _rebalance(client: Client, s: Settings, stream: str, subject: str, cou
     await first.start()
     reader = asyncio.create_task(drain(first))
     latencies: list[int] = []
-    started = time.perf_counter()
+    done: list[int] = []
+    started, started_ns = time.perf_counter(), time.perf_counter_ns()
     try:
         for _ in range(count):
             t0 = time.perf_counter_ns()
@@ -414,7 +448,9 @@ async def _rebalance(client: Client, s: Settings, stream: str, subject: str, cou
             )
             await joiner.start()
             await joiner.__anext__()
-            latencies.append(time.perf_counter_ns() - t0)
+            t1 = time.perf_counter_ns()
+            latencies.append(t1 - t0)
+            done.append(t1)
             await joiner.close()
             await asyncio.sleep(0.3)
         elapsed = time.perf_counter() - started
@@ -425,7 +461,8 @@ async def _rebalance(client: Client, s: Settings, stream: str, subject: str, cou
         await first.close()
         with contextlib.suppress(Exception):
             await client.delete_stream(shared)
-    return Result(count, elapsed, latencies, ["join of a 2nd member to its first message, 4 partitions"])
+    notes = ["join of a 2nd member to its first message, 4 partitions"]
+    return Result(count, elapsed, latencies, notes, {}, done, started_ns)
 
 
 RUNNERS: dict[str, Callable[[Client, Settings, str, str, int], Awaitable[Result]]] = {
