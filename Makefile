@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench deploy
+	$(BIN)/ruff format --check src tests bench deploy
 
 typecheck: install
 	$(BIN)/mypy

@@ -38,7 +38,7 @@ UNIT = DEPLOY / "liftlog.service"
 DASHBOARD = DEPLOY / "grafana" / "liftlog-dashboard.json"
 LIFTLOG_SERVICES = ("liftlog-1", "liftlog-2", "liftlog-3")
 #: YAML files under deploy/ that are not liftlog configurations; every other one is loaded as one.
-NOT_LIFTLOG_YAML = {COMPOSE, DEPLOY / "prometheus.yml"}
+NOT_LIFTLOG_YAML = {COMPOSE, DEPLOY / "prometheus.yml", DEPLOY / "alerts.yml"}
 
 
 def _port(address: str) -> int:

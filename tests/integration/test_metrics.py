@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from liftlog.api import api_pb2, api_pb2_grpc
+from tests.deploy.test_monitoring import PROMETHEUS_OWN, referenced_metrics
 
 from .harness import LiftlogProcess, NatsProcess, eventually, free_port
 
@@ -248,6 +249,9 @@ def test_replication_lag_isr_and_a_controller_failover_in_metrics(tmp_path: Path
         assert ops[leader].value("liftlog_partition_fetches_served_total", **labels) > 0
         assert ops[leader].value("liftlog_publish_ack_latency_seconds_count", ack_policy="all") >= 20
         assert ops[leader].value("liftlog_partitions_under_replicated") == 0
+        # Every metric the dashboard and the alerting rules query is one a leader with followers exports.
+        exported = {name for name, _labels in ops[leader].samples()}
+        assert not referenced_metrics() - PROMETHEUS_OWN - exported
 
         # A follower dies: the leader sees it fall behind, then leave the ISR.
         victim = next(f for f in followers if f != controller) if controller != leader else followers[0]
