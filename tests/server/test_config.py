@@ -187,3 +187,16 @@ def test_liftbridge_keys_without_effect_say_so() -> None:
     for key in SETTING_HELP:
         if key.startswith(("cursors.", "groups.", "activity.")):
             assert "no effect" not in SETTING_HELP[key] and key not in NO_EFFECT
+
+
+def test_metrics_and_log_format_keys() -> None:
+    assert load_config(env={}).values["metrics.listen"] == ""  # off by default
+    config = load_config(overrides={"metrics.listen": "0.0.0.0:9464", "logging.format": "JSON"}, env={})
+    assert config.values["metrics.listen"] == "0.0.0.0:9464"
+    assert config.values["logging.format"] == "json"
+    with pytest.raises(ConfigError, match="'metrics.listen'.*host:port"):
+        load_config(overrides={"metrics.listen": "9464"}, env={})
+    with pytest.raises(ConfigError, match="'logging.format'.*text, json"):
+        load_config(overrides={"logging.format": "xml"}, env={})
+    with pytest.raises(ConfigError, match="'metrics.partitions.max'"):
+        load_config(overrides={"metrics.partitions.max": -1}, env={})
