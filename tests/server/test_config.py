@@ -194,9 +194,9 @@ def test_metrics_and_log_format_keys() -> None:
     config = load_config(overrides={"metrics.listen": "0.0.0.0:9464", "logging.format": "JSON"}, env={})
     assert config.values["metrics.listen"] == "0.0.0.0:9464"
     assert config.values["logging.format"] == "json"
-    with pytest.raises(ConfigError, match="'metrics.listen'.*host:port"):
+    with pytest.raises(ConfigError, match=r"'metrics\.listen'.*host:port"):
         load_config(overrides={"metrics.listen": "9464"}, env={})
-    with pytest.raises(ConfigError, match="'logging.format'.*text, json"):
+    with pytest.raises(ConfigError, match=r"'logging\.format'.*text, json"):
         load_config(overrides={"logging.format": "xml"}, env={})
-    with pytest.raises(ConfigError, match="'metrics.partitions.max'"):
+    with pytest.raises(ConfigError, match=r"'metrics\.partitions\.max'"):
         load_config(overrides={"metrics.partitions.max": -1}, env={})
