@@ -8,6 +8,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -206,26 +207,30 @@ def test_a_taken_metrics_port_fails_the_start_with_its_key(tmp_path: Path, nats_
             proc.start(timeout=20)
 
 
-@pytest.mark.cluster
-def test_replication_lag_isr_and_a_controller_failover_in_metrics(tmp_path: Path, nats_server: NatsProcess) -> None:
-    from .test_cluster import Cluster, agreed, create, formed
+def metrics_cluster(
+    tmp_path: Path, nats_server: NatsProcess, ids: list[str], *settings: str
+) -> tuple[Any, dict[str, Ops]]:
+    """A cluster of ``ids`` founded together, each with metrics on a port of its own (not started yet)."""
+    from .test_cluster import Cluster
 
     c = Cluster(tmp_path, nats_server.url)
     ops: dict[str, Ops] = {}
-    ids = ["a", "b", "c"]
     for sid in ids:
         port = free_port()
         ops[sid] = Ops(port)
-        c.add(
-            sid,
-            ",".join(ids),
-            "--set",
-            f"metrics.listen=127.0.0.1:{port}",
-            "--set",
-            "clustering.replica.max.lag.time=2s",
-            "--set",
-            "clustering.replica.max.idle.wait=500ms",
-        )
+        args = [arg for setting in (f"metrics.listen=127.0.0.1:{port}", *settings) for arg in ("--set", setting)]
+        c.add(sid, ",".join(ids), *args)
+    return c, ops
+
+
+@pytest.mark.cluster
+def test_replication_lag_isr_and_a_controller_failover_in_metrics(tmp_path: Path, nats_server: NatsProcess) -> None:
+    from .test_cluster import agreed, create, formed
+
+    ids = ["a", "b", "c"]
+    c, ops = metrics_cluster(
+        tmp_path, nats_server, ids, "clustering.replica.max.lag.time=2s", "clustering.replica.max.idle.wait=500ms"
+    )
     try:
         c.start_all()
         controller = formed(c, set(ids))
@@ -286,15 +291,10 @@ def test_replication_lag_isr_and_a_controller_failover_in_metrics(tmp_path: Path
 
 @pytest.mark.cluster
 def test_a_server_without_a_metadata_quorum_is_alive_but_not_ready(tmp_path: Path, nats_server: NatsProcess) -> None:
-    from .test_cluster import Cluster, formed
+    from .test_cluster import formed
 
-    c = Cluster(tmp_path, nats_server.url)
-    ops: dict[str, Ops] = {}
     ids = ["a", "b", "c"]
-    for sid in ids:
-        port = free_port()
-        ops[sid] = Ops(port)
-        c.add(sid, ",".join(ids), "--set", f"metrics.listen=127.0.0.1:{port}")
+    c, ops = metrics_cluster(tmp_path, nats_server, ids)
     try:
         c.start_all()
         formed(c, set(ids))

@@ -102,6 +102,17 @@ class _Families:
 
 
 _PARTITION = ("stream", "partition")
+#: A partition's counters: (metric name without _total, help, Partition attribute).
+_PARTITION_COUNTERS = (
+    ("liftlog_partition_messages_in", "Messages written as leader", "messages_in"),
+    ("liftlog_partition_bytes_in", "Bytes of batches written as leader, as stored", "bytes_in"),
+    ("liftlog_partition_messages_out", "Offsets delivered to subscribers and batch fetches", "messages_out"),
+    ("liftlog_partition_bytes_out", "Bytes sent to subscribers and batch fetches", "bytes_out"),
+    ("liftlog_partition_messages_replicated", "Messages copied from the leader as a follower", "messages_replicated"),
+    ("liftlog_partition_bytes_replicated", "Bytes copied from the leader as a follower", "bytes_replicated"),
+    ("liftlog_partition_fetches_served", "Followers' replication fetches answered as leader", "fetches_served"),
+    ("liftlog_partition_fetch_bytes_served", "Bytes of batches sent to followers as leader", "fetch_bytes_served"),
+)
 
 
 def _histogram(name: str, doc: str, histograms: Iterable[tuple[list[str], Histogram]], labels: list[str]) -> Metric:
@@ -188,30 +199,8 @@ class ServerCollector(Collector):
         )
 
     def _partition(self, fam: _Families, labels: list[str], part: Partition, *, detailed: bool) -> None:
-        fam.counter("liftlog_partition_messages_in", "Messages written as leader", _PARTITION).add_metric(
-            labels, part.messages_in
-        )
-        fam.counter(
-            "liftlog_partition_bytes_in", "Bytes of batches written as leader, as stored", _PARTITION
-        ).add_metric(labels, part.bytes_in)
-        fam.counter(
-            "liftlog_partition_messages_out", "Offsets delivered to subscribers and batch fetches", _PARTITION
-        ).add_metric(labels, part.messages_out)
-        fam.counter(
-            "liftlog_partition_bytes_out", "Bytes sent to subscribers and batch fetches", _PARTITION
-        ).add_metric(labels, part.bytes_out)
-        fam.counter(
-            "liftlog_partition_messages_replicated", "Messages copied from the leader as a follower", _PARTITION
-        ).add_metric(labels, part.messages_replicated)
-        fam.counter(
-            "liftlog_partition_bytes_replicated", "Bytes copied from the leader as a follower", _PARTITION
-        ).add_metric(labels, part.bytes_replicated)
-        fam.counter(
-            "liftlog_partition_fetches_served", "Followers' replication fetches answered as leader", _PARTITION
-        ).add_metric(labels, part.fetches_served)
-        fam.counter(
-            "liftlog_partition_fetch_bytes_served", "Bytes of batches sent to followers as leader", _PARTITION
-        ).add_metric(labels, part.fetch_bytes_served)
+        for name, doc, attribute in _PARTITION_COUNTERS:
+            fam.counter(name, doc, _PARTITION).add_metric(labels, getattr(part, attribute))
         fam.gauge("liftlog_partition_subscriptions", "Subscriptions open on this partition", _PARTITION).add_metric(
             labels, part.subscribers
         )
