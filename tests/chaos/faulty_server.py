@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from liftlog.server import runner
     from liftlog.server.errors import ServerStartError
+    from liftlog.server.logformat import setup_logging
 
     cli = importlib.import_module("liftlog.cli.main")
 
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     config = captured.get("config")
     if config is None:
         return 2
-    runner._setup_logging(config.log_level)
+    setup_logging(config.log_level, config.values["logging.format"])
     try:
         with asyncio.Runner(loop_factory=runner._new_event_loop) as loop_runner:
             return loop_runner.run(serve(config, ours.control, ours.journal))
