@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -87,22 +87,25 @@ class _Families:
     items: dict[str, Metric] = field(default_factory=dict)
 
     def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
-        family = self.items.get(name)
-        if family is None:
-            family = self.items[name] = CounterMetricFamily(name, doc, labels=list(labels))
+        family = self._get(CounterMetricFamily, name, doc, labels)
         assert isinstance(family, CounterMetricFamily)
         return family
 
     def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+        family = self._get(GaugeMetricFamily, name, doc, labels)
+        assert isinstance(family, GaugeMetricFamily)
+        return family
+
+    def _get(self, kind: type[Metric], name: str, doc: str, labels: Iterable[str]) -> Metric:
         family = self.items.get(name)
         if family is None:
-            family = self.items[name] = GaugeMetricFamily(name, doc, labels=list(labels))
-        assert isinstance(family, GaugeMetricFamily)
+            family = self.items[name] = kind(name, doc, labels=list(labels))  # type: ignore[call-arg]
         return family
 
 
 _PARTITION = ("stream", "partition")
-#: A partition's counters: (metric name without _total, help, Partition attribute).
+#: A partition's counters: (metric name without _total, help, Partition attribute). With the gauges below,
+#: what a partition past metrics.partitions.max adds to the ``_other`` series.
 _PARTITION_COUNTERS = (
     ("liftlog_partition_messages_in", "Messages written as leader", "messages_in"),
     ("liftlog_partition_bytes_in", "Bytes of batches written as leader, as stored", "bytes_in"),
@@ -113,6 +116,21 @@ _PARTITION_COUNTERS = (
     ("liftlog_partition_fetches_served", "Followers' replication fetches answered as leader", "fetches_served"),
     ("liftlog_partition_fetch_bytes_served", "Bytes of batches sent to followers as leader", "fetch_bytes_served"),
 )
+_PARTITION_GAUGES = (
+    ("liftlog_partition_subscriptions", "Subscriptions open on this partition"),
+    ("liftlog_partition_segments", "Segments of the log"),
+    ("liftlog_partition_size_bytes", "Bytes of the log's segments"),
+)
+
+
+def _summable(part: Partition) -> list[float]:
+    """The values of ``_PARTITION_COUNTERS`` then ``_PARTITION_GAUGES`` of one partition."""
+    log = part.log
+    values: list[float] = [getattr(part, attribute) for _name, _doc, attribute in _PARTITION_COUNTERS]
+    values.append(part.subscribers)
+    values.append(len(log.segments) if log is not None else 0)
+    values.append(log.size_bytes if log is not None else 0)
+    return values
 
 
 def _histogram(name: str, doc: str, histograms: Iterable[tuple[list[str], Histogram]], labels: list[str]) -> Metric:
@@ -165,10 +183,10 @@ class ServerCollector(Collector):
         labelled, summed = parts[: self._partitions_max], parts[self._partitions_max :]
         led = under_replicated = under_min_isr = fenced = followers = 0
         for (name, pid), part in labelled:
-            self._partition(fam, [name, str(pid)], part, detailed=True)
+            self._partition(fam, [name, str(pid)], part)
         if summed:
-            for _key, part in summed:
-                self._partition(fam, [OTHER, OTHER], part, detailed=False)
+            totals = [sum(column) for column in zip(*(_summable(part) for _key, part in summed), strict=True)]
+            self._add_summable(fam, [OTHER, OTHER], totals)
         for _key, part in parts:
             if part.leader is not None:
                 led += 1
@@ -178,7 +196,7 @@ class ServerCollector(Collector):
             elif part.follower is not None:
                 followers += 1
             fenced += part.fenced is not None
-        yield from _summed(fam.items.values())
+        yield from fam.items.values()
         roles = GaugeMetricFamily("liftlog_partitions", "Partitions this server hosts, by role", labels=["role"])
         roles.add_metric(["leader"], led)
         roles.add_metric(["follower"], followers)
@@ -198,20 +216,18 @@ class ServerCollector(Collector):
             "liftlog_partitions_fenced", "Partitions hosted here whose log refuses writes after a failed write", fenced
         )
 
-    def _partition(self, fam: _Families, labels: list[str], part: Partition, *, detailed: bool) -> None:
-        for name, doc, attribute in _PARTITION_COUNTERS:
-            fam.counter(name, doc, _PARTITION).add_metric(labels, getattr(part, attribute))
-        fam.gauge("liftlog_partition_subscriptions", "Subscriptions open on this partition", _PARTITION).add_metric(
-            labels, part.subscribers
-        )
+    @staticmethod
+    def _add_summable(fam: _Families, labels: list[str], values: list[float]) -> None:
+        counters = len(_PARTITION_COUNTERS)
+        for (name, doc, _attribute), value in zip(_PARTITION_COUNTERS, values[:counters], strict=True):
+            fam.counter(name, doc, _PARTITION).add_metric(labels, value)
+        for (name, doc), value in zip(_PARTITION_GAUGES, values[counters:], strict=True):
+            fam.gauge(name, doc, _PARTITION).add_metric(labels, value)
+
+    def _partition(self, fam: _Families, labels: list[str], part: Partition) -> None:
+        """A labelled partition: its summable values, then offsets, role and replication state."""
+        self._add_summable(fam, labels, _summable(part))
         log = part.log
-        segments = len(log.segments) if log is not None else 0
-        fam.gauge("liftlog_partition_segments", "Segments of the log", _PARTITION).add_metric(labels, segments)
-        fam.gauge("liftlog_partition_size_bytes", "Bytes of the log's segments", _PARTITION).add_metric(
-            labels, log.size_bytes if log is not None else 0
-        )
-        if not detailed:
-            return
         fam.gauge("liftlog_partition_high_watermark", "Newest committed offset (-1: none)", _PARTITION).add_metric(
             labels, part.high_watermark
         )
@@ -240,9 +256,7 @@ class ServerCollector(Collector):
         lag_labels = [*_PARTITION, "follower"]
         now = self._clock()
         leo = log.log_end_offset if log is not None else core.leo
-        for follower, progress in sorted(core.followers.items()):
-            if follower == core.replica_id:
-                continue
+        for follower, progress in sorted(core.followers.items()):  # every replica but the leader
             fam.gauge(
                 "liftlog_partition_follower_lag_messages",
                 "Messages the follower's log is behind the leader's",
@@ -381,23 +395,6 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
-
-
-def _summed(families: Iterable[Metric]) -> Iterator[Metric]:
-    """Families with the samples of equal labels (the ``_other`` partitions) added together."""
-    for family in families:
-        totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        for sample in family.samples:
-            key = (sample.name, tuple(sorted(sample.labels.items())))
-            totals[key] = totals.get(key, 0.0) + sample.value
-        if len(totals) == len(family.samples):
-            yield family
-            continue
-        first: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
-        for sample in family.samples:
-            first.setdefault((sample.name, tuple(sorted(sample.labels.items()))), sample)
-        family.samples = [s._replace(value=totals[k]) for k, s in first.items()]
-        yield family
 
 
 def new_registry(collector: ServerCollector) -> CollectorRegistry:
