@@ -335,6 +335,35 @@ def test_fetched_batches_on_mutated_batches(
         decodes_or_refuses(lambda d: client_decode(d, 0, 2**62, headers, fields), data, CorruptDataError)
 
 
+def arrow_decode(data: bytes, start: int, limit: int) -> object:
+    """The Spark source's column-wise decoder: a record batch bounded like the per-record decoder's, or None."""
+    from liftlog.spark.arrow_batches import arrow_batch
+    from liftlog.spark.reading import arrow_schema
+
+    got = arrow_batch(data, start, limit, arrow_schema(False), "orders", 1, "orders.new")
+    if got is not None and got[0] is not None:
+        bounded(got[0].num_rows, data)
+        got[0].validate(full=True)
+    return got
+
+
+@fuzz_settings(150)
+@given(data=BINARY, start=st.integers(0, 10), limit=st.integers(0, 2**63 - 1))
+@example(data=STUCK_BATCH, start=0, limit=2**62)
+@example(data=BAD_NAME_BATCH, start=0, limit=2**62)
+def test_arrow_batches_on_random_bytes(data: bytes, start: int, limit: int) -> None:
+    """The column-wise decoder refuses what is not whole batches with CorruptDataError, like decode_batches."""
+    decodes_or_refuses(lambda d: arrow_decode(d, start, limit), data, CorruptDataError)
+
+
+@fuzz_settings(150)
+@given(plain=mutated(batches()), resealed=mutated(batches(), reseal), crafted=crafted_batches())
+def test_arrow_batches_on_mutated_batches(plain: bytes, resealed: bytes, crafted: bytes) -> None:
+    """Damaged and crafted batches behind a valid CRC: a record batch, None (per-record decoding), or a refusal."""
+    for data in (plain, resealed, crafted):
+        decodes_or_refuses(lambda d: arrow_decode(d, 0, 2**62), data, CorruptDataError)
+
+
 def _subscription() -> Subscription:
     """A subscription past its set-up message, without a client: only its decoding is used."""
     sub = Subscription.__new__(Subscription)

@@ -23,7 +23,7 @@ retries), ``stubs`` (the gRPC stubs), ``nats_helpers`` (publishing on NATS
 directly), ``types`` (the values returned) and ``errors``.
 """
 
-from liftlog.client.batches import Columns, Fetched
+from liftlog.client.batches import Columns, Fetched, FetchedBatches
 from liftlog.client.client import Client
 from liftlog.client.cluster import (
     ClusterStatus,
@@ -102,6 +102,7 @@ __all__ = [
     "EventTimestamps",
     "FailedPreconditionError",
     "Fetched",
+    "FetchedBatches",
     "GroupInfo",
     "GroupMember",
     "IncorrectOffsetError",

@@ -32,7 +32,7 @@ from liftlog.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LOG_OVERHEA
 from .errors import CorruptDataError
 from .types import Message, message
 
-__all__ = ["Columns", "Fetched", "decode_batches"]
+__all__ = ["Columns", "Fetched", "FetchedBatches", "decode_batches"]
 
 _CRC_START = 21
 _I32 = struct.Struct(">i")
@@ -103,6 +103,29 @@ class Columns:
                 strict=True,
             )
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatches:
+    """One ``liftlog.Batches/Fetch`` answer as it came: stored record batches, not yet checked or decoded.
+
+    Decode ``batches`` with :func:`decode_batches` (offsets ``start`` to ``limit``);
+    readers that decode batch-wise in their own way (the Spark source, into Arrow)
+    take the bytes themselves.
+    """
+
+    batches: bytes
+    #: The first offset asked for and the end of the range asked for (at most the answer's next offset).
+    start: int
+    limit: int
+    #: The partition's NATS subject: the subject of every record that stores none.
+    subject: str
+    #: The partition's last committed offset when it answered (-1 when none).
+    high_watermark: int
+    #: The first offset retention kept.
+    log_start_offset: int
+    #: Where the next fetch starts.
+    next_offset: int
 
 
 @dataclass(frozen=True, slots=True)

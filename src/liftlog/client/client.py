@@ -39,7 +39,7 @@ from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.api.cursors import CURSORS_STREAM, cursor_key, cursor_partition
-from liftlog.client.batches import Columns, Fetched, decode_batches
+from liftlog.client.batches import Columns, Fetched, FetchedBatches, decode_batches
 from liftlog.client.cluster import (
     ClusterStatus,
     GroupInfo,
@@ -587,9 +587,51 @@ class Client(Routing):
         the log's end, :class:`CorruptDataError` for batches that fail their
         check, and :class:`UnimplementedError` against a Liftbridge server.
         """
+        got = await self.fetch_batches(
+            stream,
+            partition=partition,
+            offset=offset,
+            end_offset=end_offset,
+            max_bytes=max_bytes,
+            max_wait=max_wait,
+            read_isr_replica=read_isr_replica,
+            resume=resume,
+        )
+        cols, _ = decode_batches(
+            got.batches,
+            got.start,
+            got.limit,
+            got.subject,
+            out=Columns(stream, partition),
+            headers=headers,
+            fields=fields,
+        )
+        return Fetched(cols, got.high_watermark, got.log_start_offset, got.next_offset)
+
+    async def fetch_batches(
+        self,
+        stream: str,
+        *,
+        partition: int = 0,
+        offset: int = 0,
+        end_offset: int | None = None,
+        max_bytes: int = 0,
+        max_wait: float = 0.0,
+        read_isr_replica: bool = False,
+        resume: bool = False,
+    ) -> FetchedBatches:
+        """:meth:`fetch` without the decoding: the stored batches as bytes, for readers that decode them their way.
+
+        The bytes are whole batches as the leader stored them, unchecked: pass
+        them to :func:`~liftlog.client.batches.decode_batches` (which checks each
+        batch's CRC) with the answer's ``start`` and ``limit``, or check them as
+        it does. The same arguments and errors as :meth:`fetch`.
+        """
         self.check_open()
         if offset < 0 or (end_offset is not None and end_offset < 0) or max_bytes < 0 or max_wait < 0:
             raise InvalidArgumentError("offset, end_offset, max_bytes and max_wait must not be negative")
+        if end_offset == 0:
+            return FetchedBatches(b"", offset, 0, "", -1, 0, 0)
         req = batches_pb2.FetchRequest(
             stream=stream,
             partition=partition,
@@ -600,8 +642,6 @@ class Client(Routing):
             readISRReplica=read_isr_replica,
             resume=resume,
         )
-        if end_offset == 0:
-            return Fetched(Columns(stream, partition), -1, 0, 0)
         deadline = self.timeout + max_wait
 
         async def call(stub: Stub) -> batches_pb2.FetchResponse:
@@ -610,10 +650,15 @@ class Client(Routing):
 
         resp = await self.call_leader(stream, partition, call, isr=read_isr_replica)
         limit = resp.nextOffset if end_offset is None else min(end_offset, resp.nextOffset)
-        cols, _ = decode_batches(
-            resp.batches, offset, limit, resp.subject, out=Columns(stream, partition), headers=headers, fields=fields
+        return FetchedBatches(
+            resp.batches,
+            offset,
+            limit,
+            resp.subject,
+            resp.highWatermark,
+            resp.logStartOffset,
+            max(resp.nextOffset, offset),
         )
-        return Fetched(cols, resp.highWatermark, resp.logStartOffset, max(resp.nextOffset, offset))
 
     async def read_range(
         self,

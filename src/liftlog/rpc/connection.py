@@ -440,7 +440,11 @@ class Connection:
                     )
                 if end - pos - 5 < size:
                     break
-                message = bytes(data[pos + 5 : pos + 5 + size])
+                if type(data) is bytearray:  # slicing a bytearray copies: take the bytes in one copy, not two
+                    with memoryview(data) as view, view[pos + 5 : pos + 5 + size] as part:
+                        message = bytes(part)
+                else:
+                    message = bytes(data[pos + 5 : pos + 5 + size])
                 pos += 5 + size
                 if compressed:
                     message = self._inflate(s, compressed, message)

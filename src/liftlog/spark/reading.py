@@ -24,7 +24,7 @@ from liftlog.client import (
     Client,
     Columns,
     DeadlineExceededError,
-    Fetched,
+    FetchedBatches,
     LiftlogError,
     NoSuchStreamError,
     NotLeaderError,
@@ -34,8 +34,10 @@ from liftlog.client import (
     UnavailableError,
     UnimplementedError,
 )
+from liftlog.client.batches import decode_batches
 from liftlog.client.tls import TlsConfig
 
+from .arrow_batches import arrow_batch
 from .blocking import BlockingClient, LiftlogSparkError
 from .offsets import EARLIEST, LATEST, OffsetRange, PartitionOffsets
 from .options import Assign, OffsetSpec, StreamList, StreamPattern, Subscription
@@ -305,7 +307,7 @@ class RangeReader:
         stalled_since: float | None = None
         while expected < end:
             try:
-                got = bc.run(partial(_fetch, r, expected, end, self.include_headers))
+                got = bc.run(partial(_fetch, r, expected, end))
             except UnimplementedError as exc:
                 if expected != start:
                     raise LiftlogSparkError(f"stream {r.stream!r} partition {r.partition}: {exc.message}") from exc
@@ -322,14 +324,14 @@ class RangeReader:
                 raise LiftlogSparkError(
                     f"reading stream {r.stream!r} partition {r.partition} at offset {expected} failed: {exc.message}"
                 ) from exc
-            cols = got.columns
-            if cols:
-                first = cols.offsets[0]
+            batch = self._decoded(schema, got)
+            if batch is not None:
+                first = batch.column("offset")[0].as_py()
                 if first > expected and not checked_gap and got.log_start_offset > expected:
                     # Retention racing this read (compaction leaves gaps too, but never moves the start).
                     checked_gap = True
                     self._lost(expected, min(got.log_start_offset, first), "removed by retention during the read")
-                yield columns_batch(schema, r, cols, self.include_headers)
+                yield batch
             if got.next_offset > expected:
                 expected = got.next_offset
                 stalled_since = None
@@ -344,6 +346,23 @@ class RangeReader:
                     f"but are not committed after {HW_WAIT_S:.0f} s (high watermark {got.high_watermark})"
                 )
             time.sleep(0.05)
+
+    def _decoded(self, schema: pa.Schema, got: FetchedBatches) -> pa.RecordBatch | None:
+        """One fetch's records as a record batch (None when it has none): column-wise when they allow it."""
+        r = self.range
+        if not self.include_headers:
+            done = arrow_batch(got.batches, got.start, got.limit, schema, r.stream, r.partition, got.subject)
+            if done is not None:
+                return done[0]
+        cols, _ = decode_batches(
+            got.batches,
+            got.start,
+            got.limit,
+            got.subject,
+            out=Columns(r.stream, r.partition),
+            headers=self.include_headers,
+        )
+        return columns_batch(schema, r, cols, self.include_headers) if cols else None
 
     def _subscribed(self, bc: BlockingClient, schema: pa.Schema, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """``[start, end)`` through Subscribe, for servers without ``liftlog.Batches``."""
@@ -389,15 +408,9 @@ class RangeReader:
                 bc.run_coroutine(sub.close())
 
 
-async def _fetch(r: OffsetRange, offset: int, end: int, include_headers: bool, client: Client) -> Fetched:
-    return await client.fetch(
-        r.stream,
-        partition=r.partition,
-        offset=offset,
-        end_offset=end,
-        max_bytes=FETCH_BYTES,
-        headers=include_headers,
-        fields=False,
+async def _fetch(r: OffsetRange, offset: int, end: int, client: Client) -> FetchedBatches:
+    return await client.fetch_batches(
+        r.stream, partition=r.partition, offset=offset, end_offset=end, max_bytes=FETCH_BYTES
     )
 
 
