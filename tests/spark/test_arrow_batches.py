@@ -165,9 +165,7 @@ def test_impossible_record_lengths_are_refused_without_looping(length: int) -> N
         column_wise(data, 0, 2**62)
 
 
-@pytest.mark.parametrize(
-    ("key_len", "value_len"), [(-2, 0), (0, -1), (50, 0), (0, 50), (-1, 2**31 - 1)], ids=str
-)
+@pytest.mark.parametrize(("key_len", "value_len"), [(-2, 0), (0, -1), (50, 0), (0, 50), (-1, 2**31 - 1)], ids=str)
 def test_lengths_past_their_record_are_refused(key_len: int, value_len: int) -> None:
     from liftlog.storage.records import RECORD_HEADER
 
