@@ -75,6 +75,17 @@ async def test_prepared_chunks_hold_at_most_the_window_and_about_chunk_bytes() -
     assert [c async for c in _prepared_chunks([], 10)] == []
 
 
+async def test_prepared_chunks_encode_each_chunk_as_encode_prepared_does() -> None:
+    headers = encode_headers({"h": b"x"})
+    records = [(None, b"v" * (i % 7), b"", 0) if i % 3 else (b"k%d" % i, b"w", headers, 1) for i in range(2300)]
+    records.append((b"", b"", b"", 0))
+    at = 0
+    for _, data, n in [c async for c in _prepared_chunks(records, 1000)]:
+        assert data == encode_prepared(records[at : at + n])
+        at += n
+    assert at == len(records)
+
+
 def test_a_batch_ack_is_an_ordinary_ack() -> None:
     from liftlog.client import Ack, AckPolicy
     from liftlog.client.types import batch_ack

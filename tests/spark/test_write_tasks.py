@@ -9,7 +9,7 @@ import pytest
 
 from liftlog.client import OutgoingMessage
 from liftlog.spark.blocking import LiftlogSparkError
-from liftlog.spark.writing import ROW_HEADER, TXN_HEADER, Txn, write_batches
+from liftlog.spark.writing import ROW_HEADER, TXN_HEADER, Txn, _digest, write_batches
 
 from .conftest import make_stream, read_all
 
@@ -239,3 +239,69 @@ def test_a_server_without_batched_publish_gets_messages_one_by_one(
     got = read_all(liftlog_server.address, stream_name)
     assert [m.value for m in got] == rows and got[3].key == b"k"
     assert all(m.headers[TXN_HEADER] == b"q-lb/0/0" for m in got) and len({m.headers[ROW_HEADER] for m in got}) == 20
+
+
+def _per_row(values: list[bytes], **columns: Any) -> pa.RecordBatch:
+    """A batch the per-row path takes: an empty headers list per row (no headers, as for the column-wise one)."""
+    header = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+    data = {"value": pa.array(values, pa.binary()), "headers": pa.array([[] for _ in values], header)}
+    data.update(columns)
+    return pa.RecordBatch.from_pydict(data)
+
+
+def _plain(values: list[bytes], **columns: Any) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"value": pa.array(values, pa.binary()), **columns})
+
+
+@pytest.mark.parametrize("routing", ["digest", "partition column", "stream column"])
+def test_plain_batches_are_written_as_the_per_row_path_writes_them(
+    liftlog_server: Any, stream_name: str, routing: str
+) -> None:
+    """Value-only batches take a column-wise path: the same messages, row ids, partitions and re-run skips."""
+    addr = (liftlog_server.address,)
+    rows = [b"v%03d" % i for i in range(300)] + [b"same"] * 3 + [b""]
+    columns: dict[str, Any] = {}
+    if routing == "partition column":
+        columns["partition"] = pa.array([1] * len(rows), pa.int32())
+    written = {}
+    for name, make in (("plain", _plain), ("rows", _per_row)):
+        target = f"{stream_name}-{name}"
+        make_stream(liftlog_server.address, target, partitions=3)
+        if routing == "stream column":
+            columns["stream"] = pa.array([target] * len(rows))
+        stream = None if routing == "stream column" else target
+        txn = Txn("q", 1, 0)
+        # Attempt 1 writes 100 rows; the re-run gets them all, reversed, and the other path writes the rest.
+        first = write_batches(addr, iter([make(rows[:100], **_cut(columns, 100))]), default_stream=stream, txn=txn)
+        other = _per_row if make is _plain else _plain
+        rerun = write_batches(addr, iter([other(rows[::-1], **_reversed(columns))]), default_stream=stream, txn=txn)
+        assert first.total == 100 and rerun.skipped == 100 and rerun.total == len(rows) - 100
+        written[name] = {
+            p: sorted((m.value, m.headers[ROW_HEADER], m.headers[TXN_HEADER]) for m in read_all(addr[0], target, p))
+            for p in range(3)
+        }
+    # The re-runs above crossed paths (100 skipped, none twice), so both make the same row ids; and those are
+    # the per-row digest of each row with its occurrence, in the partition the digest picks.
+    for name, by_partition in written.items():
+        target = f"{stream_name}-{name}"
+        part = 1 if routing == "partition column" else None
+        for p, messages in by_partition.items():
+            for value, row_id, _ in messages:
+                digest = _digest(target, None, value, {}, part)
+                assert row_id.rsplit(b".", 1)[0] == digest.hex().encode()
+                assert p == (1 if part is not None else int.from_bytes(digest[:4], "big") % 3)
+        assert sorted(m[0] for ms in by_partition.values() for m in ms) == sorted(rows)
+    same = sorted(m[1] for ms in written["plain"].values() for m in ms if m[0] == b"same")
+    assert [r.rsplit(b".", 1)[1] for r in same] == [b"1", b"2", b"3"]
+    if routing == "partition column":
+        assert not written["plain"][0] and not written["plain"][2]
+    else:
+        assert all(written["plain"].values())  # digests spread keyless rows over the partitions
+
+
+def _cut(columns: dict[str, Any], n: int) -> dict[str, Any]:
+    return {k: v.slice(0, n) for k, v in columns.items()}
+
+
+def _reversed(columns: dict[str, Any]) -> dict[str, Any]:
+    return {k: pa.array(v.to_pylist()[::-1], v.type) for k, v in columns.items()}

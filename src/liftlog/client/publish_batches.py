@@ -25,7 +25,7 @@ from liftlog.client.errors import AckTimeoutError, LiftlogError, UnimplementedEr
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.types import Ack, AckPolicy, OutgoingMessage, PublishValue
 from liftlog.client.types import batch_ack as make_ack
-from liftlog.storage.records import NewRecord, PreparedRecord, encode_prepared, encode_records
+from liftlog.storage.records import RECORD_HEADER, NewRecord, PreparedRecord, encode_records
 
 if TYPE_CHECKING:
     from liftlog.client.routing import Routing
@@ -204,16 +204,34 @@ async def _send(
 
 
 async def _prepared_chunks(records: Sequence[PreparedRecord], size: int) -> AsyncIterator[tuple[object, bytes, int]]:
-    """(nothing, encoded records, count) per chunk of at most ``size`` records and about CHUNK_BYTES."""
-    start = used = 0
-    for i, (key, value, headers, _) in enumerate(records):
-        cost = len(value) + len(headers) + 26 + (len(key) if key else 0)
-        if i > start and (used + cost > CHUNK_BYTES or i - start >= size):
-            yield None, encode_prepared(records[start:i]), i - start
-            start, used = i, 0
-        used += cost
-    if start < len(records):
-        yield None, encode_prepared(records[start:]), len(records) - start
+    """(nothing, encoded records, count) per chunk of at most ``size`` records and about CHUNK_BYTES.
+
+    Encodes as it goes (what :func:`encode_prepared` writes, chunk by chunk): one pass over the records.
+    """
+    parts: list[bytes] = []
+    append = parts.append
+    pack = RECORD_HEADER.pack
+    count = used = 0
+    for key, value, headers, n_headers in records:
+        value_len = len(value)
+        length = 22 + value_len + len(headers) + (len(key) if key is not None else 0)
+        if count and (used + length + 4 > CHUNK_BYTES or count >= size):
+            yield None, b"".join(parts), count
+            parts = []
+            append = parts.append
+            count = used = 0
+        if key is None:
+            append(pack(length, count, 0, -1, value_len, n_headers))
+        else:
+            append(pack(length, count, 0, len(key), value_len, n_headers))
+            append(key)
+        append(value)
+        if n_headers:
+            append(headers)
+        count += 1
+        used += length + 4
+    if count:
+        yield None, b"".join(parts), count
 
 
 async def _chunks(

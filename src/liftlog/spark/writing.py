@@ -30,6 +30,7 @@ away mid-write: the task reads what got in and sends only the rest.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import contextlib
 import functools
 import hashlib
@@ -218,6 +219,68 @@ _blake2b = hashlib.blake2b
 _NO_KEY = _LENGTH(1) + b"-"
 
 
+def _plain_values(batch: Any, default_stream: str | None) -> tuple[str, int | None, list[bytes]] | None:
+    """A batch whose rows are only values: its stream, its one partition (None: no column) and the values.
+
+    That is a batch without keys or headers, binary or string values without
+    nulls, one stream and at most one partition value: what a copy of a liftlog
+    read writes. Its rows are made column-wise (:func:`_plain_records`). Any
+    other batch (or a bad one: the per-row path names the row) returns None.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    names = batch.schema.names
+    n = batch.num_rows
+    for name in ("key", "headers"):
+        if name in names and batch.column(name).null_count != n:
+            return None
+    values = batch.column("value")
+    if values.null_count:
+        return None
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        values = values.cast(pa.binary())  # the bytes of str.encode(): the same rows, the same digests
+    elif not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        return None
+    stream = default_stream
+    if stream is None:
+        column = batch.column("stream")
+        if column.null_count or not pa.types.is_string(column.type):
+            return None
+        first = column[0].as_py() if n else None
+        if not first or pc.any(pc.not_equal(column, first)).as_py():
+            return None
+        stream = first
+    partition: int | None = None
+    if "partition" in names:
+        column = batch.column("partition")
+        if column.null_count == n:
+            partition = None
+        elif column.null_count or not pa.types.is_integer(column.type):
+            return None
+        else:
+            low, high = pc.min_max(column).values()
+            if low != high:
+                return None
+            partition = low.as_py()
+    return stream, partition, values.to_pylist()
+
+
+def _plain_digests(stream_part: bytes, values: list[bytes], partition_part: bytes) -> list[bytes]:
+    """:func:`_row_digest` of keyless, headerless rows: the common prefix hashed once, its state copied per row."""
+    copy = _blake2b(stream_part + _NO_KEY, digest_size=12).copy
+    out: list[bytes] = []
+    append = out.append
+    length = _LENGTH
+    for value in values:
+        h = copy()
+        h.update(length(len(value)))
+        h.update(value)
+        h.update(partition_part)
+        append(h.digest())
+    return out
+
+
 async def _settled(client: Client, stream: str, partition: int) -> PartitionInfo:
     """The partition's high watermark once it covers what the leader's log held when asked (waits up to 10 s).
 
@@ -305,73 +368,80 @@ def write_batches(
         row_number = 0
         tag = txn.tag if txn is not None else b""
         encoded: dict[tuple[str, int | None], tuple[bytes, bytes]] = {}  # digest parts by (stream, partition)
+        groups: dict[Place, _Group]
         txn_header = encode_headers({TXN_HEADER: tag})
         for batch in batches:
             if row_number == 0:
                 check_columns(batch.schema.names, default_stream)
-            # Columns as lists, a record per row: no per-row tuple, message object or conversion on the way out.
-            names = batch.schema.names
-            values = batch.column("value").to_pylist()
-            keys = batch.column("key").to_pylist() if "key" in names else None
-            header_cells = batch.column("headers").to_pylist() if "headers" in names else None
-            partitions = batch.column("partition").to_pylist() if "partition" in names else None
-            # The 'stream' option wins over a 'stream' column (a DataFrame read from liftlog has one).
-            streams = batch.column("stream").to_pylist() if default_stream is None else None
-            groups: dict[Place, _Group] = {}
-            stream = default_stream
-            key: bytes | None = None
-            partition: int | None = None
-            headers: dict[str, bytes] = {}
-            user_headers = b""  # the row's own headers, encoded
-            n_headers = 0
-            for i, value in enumerate(values):
-                if inflight is not None and not i & 511:
-                    bc.pump()  # the previous batch's publish goes on while this one's rows are made
-                row = row_number + i
-                if streams is not None:
-                    stream = streams[i]
-                if not stream:
-                    raise LiftlogSparkError(f"row {row} has no stream: its 'stream' column is null or empty")
-                if type(value) is not bytes:
-                    value = _as_bytes(value, "value", row)
-                    if value is None:
-                        raise LiftlogSparkError(f"row {row} of the write to stream {stream!r} has a null value")
-                if keys is not None:
-                    key = _as_bytes(keys[i], "key", row)
-                if header_cells is not None:
-                    headers = _headers(header_cells[i], row)
-                    user_headers = encode_headers(headers) if headers else b""
-                    n_headers = len(headers)
-                if partitions is not None:
-                    partition = partitions[i]
-                digest = None
-                if txn is not None:
-                    parts = encoded.get((stream, partition))
-                    if parts is None:
-                        parts = encoded[stream, partition] = (_part(stream.encode()), _part(str(partition).encode()))
-                    digest = _row_digest(parts[0], key, value, headers, parts[1])
-                    occurrence = occurrences.get(digest, 0) + 1  # a dict: a Counter's += is several times slower
-                    occurrences[digest] = occurrence
-                target = router.route(stream, partition, key, digest, row)
-                group = groups.get((stream, target))
-                if group is None:
-                    group = groups[stream, target] = _Group()
-                if digest is not None and txn is not None:
-                    row_id = b"%s.%d" % (digest.hex().encode(), occurrence)
-                    have = seen.get((stream, target))
-                    if have is None:
-                        have = seen[stream, target] = bc.run(
-                            functools.partial(existing_rows, stream=stream, partition=target, txn=txn)
-                        )
-                    if row_id in have:
-                        result.skipped += 1
-                        continue
-                    group.records.append(
-                        (key, value, user_headers + txn_header + _ROW_NAME + _I32(len(row_id)) + row_id, n_headers + 2)
-                    )
-                    group.row_ids.append(row_id)
-                else:
-                    group.records.append((key, value, user_headers, n_headers))
+            plain = _plain_values(batch, default_stream)
+            if plain is not None:
+                groups = _plain_groups(
+                    plain, bc, router, txn, txn_header, encoded, occurrences, seen, result, row_number, inflight
+                )
+            else:
+                # Columns as lists, a record per row: no per-row tuple, message object or conversion on the way out.
+                names = batch.schema.names
+                values = batch.column("value").to_pylist()
+                keys = batch.column("key").to_pylist() if "key" in names else None
+                header_cells = batch.column("headers").to_pylist() if "headers" in names else None
+                partitions = batch.column("partition").to_pylist() if "partition" in names else None
+                # The 'stream' option wins over a 'stream' column (a DataFrame read from liftlog has one).
+                streams = batch.column("stream").to_pylist() if default_stream is None else None
+                groups = {}
+                stream = default_stream
+                key: bytes | None = None
+                partition: int | None = None
+                headers: dict[str, bytes] = {}
+                user_headers = b""  # the row's own headers, encoded
+                n_headers = 0
+                for i, value in enumerate(values):
+                    if inflight is not None and not i & 511:
+                        bc.pump()  # the previous batch's publish goes on while this one's rows are made
+                    row = row_number + i
+                    if streams is not None:
+                        stream = streams[i]
+                    if not stream:
+                        raise LiftlogSparkError(f"row {row} has no stream: its 'stream' column is null or empty")
+                    if type(value) is not bytes:
+                        value = _as_bytes(value, "value", row)
+                        if value is None:
+                            raise LiftlogSparkError(f"row {row} of the write to stream {stream!r} has a null value")
+                    if keys is not None:
+                        key = _as_bytes(keys[i], "key", row)
+                    if header_cells is not None:
+                        headers = _headers(header_cells[i], row)
+                        user_headers = encode_headers(headers) if headers else b""
+                        n_headers = len(headers)
+                    if partitions is not None:
+                        partition = partitions[i]
+                    digest = None
+                    if txn is not None:
+                        parts = encoded.get((stream, partition))
+                        if parts is None:
+                            parts = (_part(stream.encode()), _part(str(partition).encode()))
+                            encoded[stream, partition] = parts
+                        digest = _row_digest(parts[0], key, value, headers, parts[1])
+                        occurrence = occurrences.get(digest, 0) + 1  # a dict: a Counter's += is several times slower
+                        occurrences[digest] = occurrence
+                    target = router.route(stream, partition, key, digest, row)
+                    group = groups.get((stream, target))
+                    if group is None:
+                        group = groups[stream, target] = _Group()
+                    if digest is not None and txn is not None:
+                        row_id = b"%s.%d" % (digest.hex().encode(), occurrence)
+                        have = seen.get((stream, target))
+                        if have is None:
+                            have = seen[stream, target] = bc.run(
+                                functools.partial(existing_rows, stream=stream, partition=target, txn=txn)
+                            )
+                        if row_id in have:
+                            result.skipped += 1
+                            continue
+                        txn_part = txn_header + _ROW_NAME + _I32(len(row_id)) + row_id
+                        group.records.append((key, value, user_headers + txn_part, n_headers + 2))
+                        group.row_ids.append(row_id)
+                    else:
+                        group.records.append((key, value, user_headers, n_headers))
             row_number += batch.num_rows
             groups = {place: group for place, group in groups.items() if group.records}
             if inflight is not None:  # one batch at a time: each partition gets the task's rows in order
@@ -396,6 +466,95 @@ def write_batches(
         bc.close()
     return result
 
+
+def _plain_groups(
+    plain: tuple[str, int | None, list[bytes]],
+    bc: BlockingClient,
+    router: _Router,
+    txn: Txn | None,
+    txn_header: bytes,
+    encoded: dict[tuple[str, int | None], tuple[bytes, bytes]],
+    occurrences: dict[bytes, int],
+    seen: dict[Place, set[bytes]],
+    result: WriteResult,
+    row_number: int,
+    inflight: asyncio.Task[object] | None,
+) -> dict[Place, _Group]:
+    """The records of a batch :func:`_plain_values` accepted, by target partition: the rows the per-row loop
+    of :func:`write_batches` would make (the same digests, row ids, targets and skips), a column at a time."""
+    stream, partition, values = plain
+    n = router.partitions(stream)
+    if partition is not None:
+        router.route(stream, partition, None, None, row_number)  # a partition the stream lacks: the row's error
+    groups: dict[Place, _Group] = {}
+    if txn is None:
+        if partition is not None:
+            groups[stream, partition] = _Group([(None, value, b"", 0) for value in values])
+            return groups
+        for value in values:
+            target = next(router._next) % n
+            group = groups.get((stream, target))
+            if group is None:
+                group = groups[stream, target] = _Group()
+            group.records.append((None, value, b"", 0))
+        return groups
+    parts = encoded.get((stream, partition))
+    if parts is None:
+        parts = encoded[stream, partition] = (_part(stream.encode()), _part(str(partition).encode()))
+    digests: list[bytes] = []
+    for at in range(0, len(values), _PUMP_ROWS):
+        if inflight is not None:
+            bc.pump()  # the previous batch's publish goes on while this one's rows are made
+        digests += _plain_digests(parts[0], values[at : at + _PUMP_ROWS], parts[1])
+    if len(set(digests)) == len(digests) and occurrences.keys().isdisjoint(digests):
+        occurrences.update(dict.fromkeys(digests, 1))  # the usual batch: every row new, each its first occurrence
+        row_ids = [_hex(digest) + b".1" for digest in digests]
+    else:
+        row_ids = []
+        for digest in digests:
+            occurrence = occurrences.get(digest, 0) + 1
+            occurrences[digest] = occurrence
+            row_ids.append(b"%s.%d" % (_hex(digest), occurrence))
+    places: list[Place]
+    if partition is not None:
+        targets: list[int] | None = None
+        places = [(stream, partition)]
+    else:
+        targets = [int.from_bytes(digest[:4], "big") % n for digest in digests]
+        places = [(stream, target) for target in sorted(set(targets))]
+    for place in places:
+        if place not in seen:
+            seen[place] = bc.run(functools.partial(existing_rows, stream=place[0], partition=place[1], txn=txn))
+    head = txn_header + _ROW_NAME
+    if targets is None and not seen[places[0]]:  # the usual batch: one partition, nothing written yet
+        group = groups[places[0]] = _Group(row_ids=row_ids)
+        if all(len(row_id) == _PLAIN_ROW_ID for row_id in row_ids):
+            head += _I32(_PLAIN_ROW_ID)
+            group.records = [(None, value, head + row_id, 2) for value, row_id in zip(values, row_ids, strict=True)]
+        else:
+            group.records = [
+                (None, value, head + _I32(len(row_id)) + row_id, 2)
+                for value, row_id in zip(values, row_ids, strict=True)
+            ]
+        return groups
+    for i, (value, row_id) in enumerate(zip(values, row_ids, strict=True)):
+        place = places[0] if targets is None else (stream, targets[i])
+        if row_id in seen[place]:
+            result.skipped += 1
+            continue
+        group = groups.get(place)
+        if group is None:
+            group = groups[place] = _Group()
+        group.records.append((None, value, head + _I32(len(row_id)) + row_id, 2))
+        group.row_ids.append(row_id)
+    return groups
+
+
+#: Rows made between two turns of the client's loop (the previous batch's publish goes on meanwhile).
+_PUMP_ROWS = 512
+#: A row id's length in the usual case: 24 hex digits, ".1".
+_PLAIN_ROW_ID = 26
+_hex = binascii.hexlify
 
 Place = tuple[str, int]
 _I32 = struct.Struct(">i").pack
