@@ -198,3 +198,53 @@ def test_records_sharing_one_headers_mapping_encode_as_separate_ones() -> None:
     records = [NewRecord(b"a", None, shared), NewRecord(b"b", None, {"h": b"w"}), NewRecord(b"c", None, shared)]
     assert encode_records(records) == encode_records([r._replace(headers=dict(r.headers)) for r in records])
     assert [dict(r.headers) for r in decode_new_records(encode_records(records), 3)] == [shared, {"h": b"w"}, shared]
+
+
+_shared_names = st.lists(st.sampled_from(["trace", "\x00own", "é", "t", "x" * 20]), unique=True, max_size=3)
+
+
+@st.composite
+def _records_sharing_header_names(draw: st.DrawFn) -> list[NewRecord]:
+    """Records whose headers mostly have one producer's names and value sizes, so a header shape repeats."""
+    names = draw(_shared_names)
+    sizes = {name: draw(st.integers(0, 40)) for name in names}
+    out = []
+    for _ in range(draw(st.integers(1, 12))):
+        if draw(st.integers(0, 3)):  # the usual record: the same names, values of the same size
+            headers = {name: draw(st.binary(min_size=sizes[name], max_size=sizes[name])) for name in names}
+        else:
+            headers = draw(st.dictionaries(st.sampled_from(["trace", "\x00own", "é", "u"]), st.binary(max_size=40)))
+        key = draw(st.one_of(st.none(), st.binary(max_size=8)))
+        out.append(NewRecord(draw(st.binary(max_size=50)), key, headers))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=_records_sharing_header_names())
+def test_check_records_learns_what_each_record_holds(records: list[NewRecord]) -> None:
+    """Whatever shortcut the check takes for headers it saw before, its answer is each record's own facts."""
+    from liftlog.storage.records import _check_records, encode_records
+
+    info = _check_records(encode_records(records), len(records), None)
+    sizes = [len(encode_records([r])) for r in records]
+    assert info.positions == [sum(sizes[:i]) for i in range(len(records))]
+    assert info.largest_payload == max(len(r.value) + len(r.key or b"") for r in records)
+    assert info.largest_record == max(sizes)
+    assert info.reserved_headers == any(name.startswith("\x00") for r in records for name in r.headers)
+
+
+def test_a_header_shaped_like_an_earlier_one_is_still_checked() -> None:
+    """Records whose header part has the earlier record's length but another name: walked, not assumed."""
+    from liftlog.storage.records import _check_records, encode_headers, encode_prepared
+
+    first = (None, b"v", encode_headers({"ab": b"1"}), 1)
+    reserved = (None, b"v", encode_headers({"\x00b": b"1"}), 1)
+    assert not _check_records(encode_prepared([first, first]), 2, None).reserved_headers
+    assert _check_records(encode_prepared([first, reserved]), 2, None).reserved_headers
+    not_text = encode_prepared([first, (None, b"v", encode_headers({"ab": b"1"}).replace(b"ab", b"\xff\xfe"), 1)])
+    with pytest.raises(InvalidBatch, match=r"record 1 .* not UTF-8"):
+        _check_records(not_text, 2, None)
+    # The same bytes taken as two headers instead of one: a different shape, walked (and refused here).
+    two = encode_prepared([first, (None, b"v", encode_headers({"ab": b"1"}), 2)])
+    with pytest.raises(InvalidBatch, match="record 1"):
+        _check_records(two, 2, None)

@@ -320,11 +320,14 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
     largest = largest_record = 0
     reserved = False
     positions: list[int] = []
+    append = positions.append
     unpack = RECORD_HEADER.unpack_from
-    unpack_name = _HEADER_NAME.unpack_from
-    unpack_value = _HEADER_VALUE.unpack_from
     # The allowed header as encoded: a record whose only header it is is checked with one comparison.
     allowed = encode_headers({allowed_header[0].decode(): allowed_header[1]}) if allowed_header else b"\xff"
+    # The headers of the first record that has some, as a shape: the bytes of each header but its value,
+    # where they sit in the record's header part. Records whose headers have the same shape (one producer's
+    # headers, with other values) are checked by comparing those bytes, not by walking their headers again.
+    shape: tuple[int, int, tuple[tuple[int, bytes], ...]] | None = None
     i = 0
     try:
         for i in range(count):
@@ -332,34 +335,28 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
             record_end = pos + 4 + length
             if delta != i or record_end > end or key_len < -1 or value_len < 0:
                 raise InvalidBatch(f"record {i} of the batch is malformed (offset delta {delta}, length {length})")
-            p = pos + RECORD_OVERHEAD + max(key_len, 0) + value_len
-            if n_headers == 1 and data[p:record_end] == allowed:
-                p = record_end
-                n_headers = 0
-            for _ in range(n_headers):
-                (name_len,) = unpack_name(data, p)
-                name_at = p + 2
-                p += 2 + name_len
-                if not data[name_at:p].isascii():
-                    str(data[name_at:p], "utf-8")  # header names are text: UnicodeDecodeError, refused below
-                (size,) = unpack_value(data, p)
-                if size < 0:
-                    raise InvalidBatch(f"record {i} of the batch has a header of length {size}")
-                p += 4 + size
-                if name_len and data[name_at] == 0 and not reserved:
-                    reserved = (
-                        allowed_header is None
-                        or data[name_at : name_at + name_len] != allowed_header[0]
-                        or data[p - size : p] != allowed_header[1]
-                    )
-            if p != record_end:
+            size = value_len + key_len if key_len > 0 else value_len
+            p = pos + RECORD_OVERHEAD + size
+            if n_headers:
+                known = (n_headers == 1 and data[p:record_end] == allowed) or (
+                    shape is not None
+                    and n_headers == shape[0]
+                    and record_end - p == shape[1]
+                    and _same_shape(data, p, shape[2])
+                )
+                if not known:
+                    found, named_reserved = _check_headers(data, p, record_end, n_headers, i, allowed_header)
+                    if named_reserved:
+                        reserved = True
+                    elif shape is None and found is not None:
+                        shape = (n_headers, record_end - p, found)
+            elif p != record_end:
                 raise InvalidBatch(f"record {i} of the batch has {record_end - p} bytes its fields do not account for")
-            size = value_len + max(key_len, 0)
             if size > largest:
                 largest = size
             if length > largest_record:
                 largest_record = length
-            positions.append(pos)
+            append(pos)
             pos = record_end
     except (struct.error, IndexError) as exc:
         raise InvalidBatch(f"record {i} of the batch is malformed: {exc}") from exc
@@ -368,6 +365,47 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
     if pos != end:
         raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
     return RecordsInfo(positions, largest, largest_record + 4, reserved)
+
+
+def _same_shape(data: bytes, p: int, parts: tuple[tuple[int, bytes], ...]) -> bool:
+    for at, expected in parts:
+        start = p + at
+        if data[start : start + len(expected)] != expected:
+            return False
+    return True
+
+
+def _check_headers(
+    data: bytes, p: int, record_end: int, n_headers: int, i: int, allowed_header: tuple[bytes, bytes] | None
+) -> tuple[tuple[tuple[int, bytes], ...] | None, bool]:
+    """Walk record ``i``'s headers (at ``p``): their shape (None when a name is reserved) and whether a
+    reserved name other than ``allowed_header`` is among them."""
+    start = p
+    parts: list[tuple[int, bytes]] = []
+    reserved = named = False
+    for _ in range(n_headers):
+        (name_len,) = _HEADER_NAME.unpack_from(data, p)
+        name_at = p + 2
+        head = p
+        p += 2 + name_len
+        if not data[name_at:p].isascii():
+            str(data[name_at:p], "utf-8")  # header names are text: UnicodeDecodeError, refused by the caller
+        (size,) = _HEADER_VALUE.unpack_from(data, p)
+        if size < 0:
+            raise InvalidBatch(f"record {i} of the batch has a header of length {size}")
+        parts.append((head - start, data[head : p + 4]))
+        p += 4 + size
+        if name_len and data[name_at] == 0:
+            named = True
+            if not reserved:
+                reserved = (
+                    allowed_header is None
+                    or data[name_at : name_at + name_len] != allowed_header[0]
+                    or data[p - size : p] != allowed_header[1]
+                )
+    if p != record_end:
+        raise InvalidBatch(f"record {i} of the batch has {record_end - p} bytes its fields do not account for")
+    return (None if named else tuple(parts)), reserved
 
 
 def seal_records(
