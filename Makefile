@@ -63,7 +63,8 @@ fuzz: install
 bench-log: install
 	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)
 
-# Spark reads (batch count and AvailableNow stream) of 1,000,000 256-byte messages vs our client's raw rate.
+# Spark reads (batch count and AvailableNow stream) of 1,000,000 256-byte messages vs our client's raw rate,
+# and an exactly-once AvailableNow copy; each three times, the best counting (--runs N).
 # Starts its own server unless BENCH_ARGS has --addr; one JSON line on stdout.
 bench-spark: install
 	$(BIN)/python bench/spark_bench.py $(BENCH_ARGS)
