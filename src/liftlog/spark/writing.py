@@ -225,7 +225,7 @@ def _plain_values(batch: Any, default_stream: str | None) -> tuple[str, int | No
 
     That is a batch without keys or headers, binary or string values without
     nulls, one stream and at most one partition value: what a copy of a liftlog
-    read writes. Its rows are made column-wise (:func:`_plain_records`). Any
+    read writes. Its rows are made column-wise (:func:`_plain_groups`). Any
     other batch (or a bad one: the per-row path names the row) returns None.
     """
     import pyarrow as pa
