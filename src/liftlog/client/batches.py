@@ -12,6 +12,7 @@ wrote.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
@@ -32,13 +33,13 @@ from liftlog.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LOG_OVERHEA
 from .errors import CorruptDataError
 from .types import Message, message
 
-__all__ = ["Columns", "Fetched", "FetchedBatches", "decode_batches"]
+__all__ = ["Columns", "Fetched", "FetchedBatches", "checked_batches", "decode_batches"]
 
 _CRC_START = 21
 _I32 = struct.Struct(">i")
 _FIELDS = H_FIELDS.encode()
 #: The name of the \x00fields header as stored: its uint16 length, then the name.
-_FIELDS_NAME = struct.pack(">H", len(_FIELDS)) + _FIELDS
+FIELDS_NAME = struct.pack(">H", len(_FIELDS)) + _FIELDS
 _SUBJECT = H_SUBJECT.encode()
 _OLD_FIELDS = {
     H_SUBJECT.encode(): 0,
@@ -160,30 +161,11 @@ def decode_batches(
     """
     cols = Columns() if out is None else out
     next_offset = start
-    pos, end = 0, len(data)
-    while pos < end:
-        if end - pos < BATCH_HEADER_SIZE:
-            raise CorruptDataError(f"fetched data ends inside a batch header at byte {pos} of {end}")
-        base, length, _epoch, magic, crc, attrs, last_delta, _first_ts, _max_ts, count = BATCH_HEADER.unpack_from(
-            data, pos
-        )
-        batch_end = pos + LOG_OVERHEAD + length
-        if magic != MAGIC or length < BATCH_HEADER_SIZE - LOG_OVERHEAD or batch_end > end:
-            raise CorruptDataError(
-                f"fetched data holds no valid batch at byte {pos} (magic {magic}, length {length}, {end} bytes)"
-            )
-        if crc32c(memoryview(data)[pos + _CRC_START : batch_end]) != crc:
-            raise CorruptDataError(f"the batch at offset {base} fails its CRC check")
-        if base >= limit:
-            break
-        if attrs:  # servers decrypt before they answer: these bytes are not records
-            raise CorruptDataError(
-                f"the batch at offset {base} has attributes {attrs:#x} (encrypted?), which no read returns"
-            )
+    for base, last_delta, count, records_at, batch_end in checked_batches(data, limit):
         if base + last_delta >= start and count:
             _decode_records(
                 data,
-                pos + BATCH_HEADER_SIZE,
+                records_at,
                 batch_end,
                 base,
                 count,
@@ -195,8 +177,39 @@ def decode_batches(
                 fields,
             )
         next_offset = max(next_offset, min(base + last_delta + 1, limit))
-        pos = batch_end
     return cols, next_offset
+
+
+def checked_batches(data: bytes, limit: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """The batches of fetched ``data`` that begin before ``limit``, each checked (layout, CRC, attributes).
+
+    Yields ``(base offset, last offset delta, record count, where its records
+    start, where it ends)``. Raises CorruptDataError for bytes that are not
+    whole, intact batches of records.
+    """
+    pos, end = 0, len(data)
+    view = memoryview(data)
+    while pos < end:
+        if end - pos < BATCH_HEADER_SIZE:
+            raise CorruptDataError(f"fetched data ends inside a batch header at byte {pos} of {end}")
+        base, length, _epoch, magic, crc, attrs, last_delta, _first_ts, _max_ts, count = BATCH_HEADER.unpack_from(
+            data, pos
+        )
+        batch_end = pos + LOG_OVERHEAD + length
+        if magic != MAGIC or length < BATCH_HEADER_SIZE - LOG_OVERHEAD or batch_end > end:
+            raise CorruptDataError(
+                f"fetched data holds no valid batch at byte {pos} (magic {magic}, length {length}, {end} bytes)"
+            )
+        if crc32c(view[pos + _CRC_START : batch_end]) != crc:
+            raise CorruptDataError(f"the batch at offset {base} fails its CRC check")
+        if base >= limit:
+            return
+        if attrs:  # servers decrypt before they answer: these bytes are not records
+            raise CorruptDataError(
+                f"the batch at offset {base} has attributes {attrs:#x} (encrypted?), which no read returns"
+            )
+        yield base, last_delta, count, pos + BATCH_HEADER_SIZE, batch_end
+        pos = batch_end
 
 
 def _decode_records(
@@ -240,7 +253,7 @@ def _decode_records(
             offsets.append(offset)
             stamps.append(ts)
             subject = partition_subject
-            if n_headers == 1 and data[p : p + 9] == _FIELDS_NAME:
+            if n_headers == 1 and data[p : p + 9] == FIELDS_NAME:
                 # The usual record: no user headers, only the stored fields (the subject first, if stored).
                 (size,) = unpack_i32(data, p + 9)
                 if size < 0 or p + 13 + size > record_end:

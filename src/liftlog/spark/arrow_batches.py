@@ -24,19 +24,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
-from crc32c import crc32c
 
-from liftlog.api.stored import H_FIELDS
 from liftlog.client import CorruptDataError
-from liftlog.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LOG_OVERHEAD, MAGIC, RECORD_OVERHEAD
+from liftlog.client.batches import FIELDS_NAME, checked_batches
+from liftlog.storage.records import RECORD_OVERHEAD
 
 __all__ = ["arrow_batch"]
 
-_CRC_START = 21
 _LENGTH = struct.Struct(">i").unpack_from
-_FIELDS_NAME = struct.pack(">H", len(H_FIELDS)) + H_FIELDS.encode()
 #: The \x00fields header: name (2 + 7 bytes), value length (4), then the value's first byte (0x3A: a subject).
-_FIELDS_HEADER = len(_FIELDS_NAME) + 4
+_FIELDS_HEADER = len(FIELDS_NAME) + 4
 _SUBJECT_TAG = 0x3A
 #: Values and keys of up to this many bytes are stored inside an Arrow view; longer ones are referenced.
 _INLINE = 12
@@ -96,9 +93,9 @@ def arrow_batch(
         if (where + _FIELDS_HEADER > ends).any():
             return None
         head = buf[where[:, None] + np.arange(_FIELDS_HEADER)]
-        if not (head[:, : len(_FIELDS_NAME)] == np.frombuffer(_FIELDS_NAME, np.uint8)).all():
+        if not (head[:, : len(FIELDS_NAME)] == np.frombuffer(FIELDS_NAME, np.uint8)).all():
             return None
-        size = head[:, len(_FIELDS_NAME) :].copy().view(">i4").reshape(-1).astype(np.int64)
+        size = head[:, len(FIELDS_NAME) :].copy().view(">i4").reshape(-1).astype(np.int64)
         if (size < 0).any() or (where + _FIELDS_HEADER + size > ends).any():
             raise CorruptDataError(f"a record of the batches fetched from offset {start} runs past its length")
         stored = size > 0
@@ -140,27 +137,9 @@ def _record_starts(data: bytes, start: int, limit: int) -> tuple[array[int], lis
     counts: list[int] = []
     batch_ends: list[int] = []
     next_offset = start
-    pos, end = 0, len(data)
-    view = memoryview(data)
-    while pos < end:
-        if end - pos < BATCH_HEADER_SIZE:
-            raise CorruptDataError(f"fetched data ends inside a batch header at byte {pos} of {end}")
-        base, length, _epoch, magic, crc, attrs, last_delta, _first, _max, count = BATCH_HEADER.unpack_from(data, pos)
-        batch_end = pos + LOG_OVERHEAD + length
-        if magic != MAGIC or length < BATCH_HEADER_SIZE - LOG_OVERHEAD or batch_end > end:
-            raise CorruptDataError(
-                f"fetched data holds no valid batch at byte {pos} (magic {magic}, length {length}, {end} bytes)"
-            )
-        if crc32c(view[pos + _CRC_START : batch_end]) != crc:
-            raise CorruptDataError(f"the batch at offset {base} fails its CRC check")
-        if base >= limit:
-            break
-        if attrs:
-            raise CorruptDataError(
-                f"the batch at offset {base} has attributes {attrs:#x} (encrypted?), which no read returns"
-            )
+    for base, last_delta, count, records_at, batch_end in checked_batches(data, limit):
         if base + last_delta >= start and count > 0:
-            p = pos + BATCH_HEADER_SIZE
+            p = records_at
             try:
                 for _ in range(count):
                     add(p)
@@ -176,7 +155,6 @@ def _record_starts(data: bytes, start: int, limit: int) -> tuple[array[int], lis
             counts.append(count)
             batch_ends.append(batch_end)
         next_offset = max(next_offset, min(base + last_delta + 1, limit))
-        pos = batch_end
     return positions, bases, counts, batch_ends, next_offset
 
 
