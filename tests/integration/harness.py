@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import nats
 
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.server.embedded_nats import find_nats_server_binary
@@ -35,6 +36,21 @@ def eventually(check: Callable[[], T | None], timeout: float = 20.0, what: str =
             last = exc
         time.sleep(0.1)
     raise AssertionError(f"{what} not reached within {timeout}s (last error: {last})")
+
+
+async def nats_settled(nc: nats.NATS, timeout: float = 10.0) -> None:
+    """Return once nats-server has processed everything ``nc`` sent so far (its SUBs above all).
+
+    ``nc.flush()`` is no such barrier in nats-py (2.15, 2.16): its PING goes straight to the socket
+    while earlier commands wait for the flusher task, so the PONG can come back before a SUB it
+    followed reached the server, and a publisher on another connection then finds no subscriber.
+    A message sent to ourselves goes through the same queue, and the server handles a connection's
+    commands in order.
+    """
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, max_msgs=1)
+    await nc.publish(inbox, b"")
+    await sub.next_msg(timeout)
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ from liftlog.rpc import wire
 from liftlog.rpc.wire import END_HEADERS, END_STREAM, FrameType, Setting
 
 from ..rpc.frames import FrameReader, grpc_message, request_headers
-from .harness import LiftlogProcess, NatsProcess, create_when_ready, running
+from .harness import LiftlogProcess, NatsProcess, create_when_ready, nats_settled, running
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ async def on_nats(nats_server: NatsProcess, subject: str) -> AsyncIterator[list[
         seen.append(msg.data)
 
     await nc.subscribe(subject, cb=take)
-    await nc.flush()
+    await nats_settled(nc)
     try:
         yield seen
     finally:

@@ -14,6 +14,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from liftlog.security.cluster_auth import TRAILER_SIZE, ClusterAuth, ReplayGuard
 from liftlog.server.authenticated_nats import AuthenticatedNats, internal_subjects
 from liftlog.server.nats_types import NatsMessage
+from tests.integration.harness import nats_settled
 
 KEY = b"0123456789abcdef0123456789abcdef"
 
@@ -37,7 +38,7 @@ async def received(nc: nats.NATS, subject: str) -> asyncio.Queue[bytes]:
         await queue.put(msg.data)
 
     await nc.subscribe(subject, cb=put)
-    await nc.flush()
+    await nats_settled(nc)
     return queue
 
 
@@ -68,7 +69,7 @@ async def test_requests_and_replies_are_sealed_both_ways(nc: nats.NATS, second: 
         await msg.respond(b"pong:" + msg.data)
 
     await server.subscribe("ns.x.propose", cb=answer)
-    await nc.flush()
+    await nats_settled(nc)
     reply = await client.request("ns.x.propose", b"ping", timeout=5)
     assert reply.data == b"pong:ping"
     assert seen == [b"ping"]
@@ -79,7 +80,7 @@ async def test_an_unsigned_reply_counts_as_no_reply(nc: nats.NATS, second: nats.
         await msg.respond(b"forged answer")
 
     await nc.subscribe("ns.x.propose", cb=plain)
-    await nc.flush()
+    await nats_settled(nc)
     client = signer(second)
     with pytest.raises(NatsTimeoutError):
         await client.request("ns.x.propose", b"ping", timeout=5)
@@ -94,7 +95,7 @@ async def test_unsigned_and_foreign_messages_never_reach_the_handler(nc: nats.NA
         got.append(msg.data)
 
     await wrapped.subscribe("ns.heartbeat", cb=handler)
-    await nc.flush()
+    await nats_settled(nc)
     await second.publish("ns.heartbeat", b"plain")
     await signer(second, key=b"another secret of 32 bytes......").publish("ns.heartbeat", b"other key")
     await signer(second).publish("ns.heartbeat", b"good")
@@ -123,7 +124,7 @@ async def test_a_reply_to_a_message_without_reply_subject_is_refused(nc: nats.NA
             errors.append(exc)
 
     await wrapped.subscribe("ns.notify", cb=handler)
-    await nc.flush()
+    await nats_settled(nc)
     await signer(second).publish("ns.notify", b"n")
     for _ in range(500):
         if errors:
