@@ -318,7 +318,7 @@ def test_input_one_byte_at_a_time_means_the_same() -> None:
         RequestEnded,
     ]
     assert [e.data for e in events_whole if isinstance(e, MessageReceived)] == [b"first", b"sec", b"ond"]
-    assert [f.type for f in parse_frames(out_whole)][-1] == FrameType.PING
+    assert [f.type for f in parse_frames(out_whole)].count(FrameType.PING) == 1  # the ACK
 
 
 def test_several_messages_in_one_frame() -> None:
@@ -794,6 +794,27 @@ def test_server_ping_is_acked() -> None:
     p = Pair()
     p.server.ping(b"pingpong")
     assert PingAcked(b"pingpong") in p.pump()
+
+
+def test_a_held_ping_ack_leaves_with_the_next_output_and_ahead_of_it() -> None:
+    raw = Raw()
+    raw.send(raw.headers(1))
+    raw.conn.receive(ping(b"pingpong"), 0.0)
+    assert raw.conn.has_output and not raw.conn.has_urgent_output
+    assert raw.conn.data_to_send(hold_acks=True) == b""  # only the ACK: it may wait
+    raw.conn.send_message(1, b"answer")
+    assert raw.conn.has_urgent_output
+    frames = parse_frames(raw.conn.data_to_send(hold_acks=True))
+    assert (frames[0].type, frames[0].flags & ACK, frames[0].payload) == (FrameType.PING, ACK, b"pingpong")
+    assert FrameType.DATA in [f.type for f in frames[1:]]
+    assert not raw.conn.has_output and raw.conn.data_to_send() == b""
+
+
+def test_without_holding_a_ping_ack_goes_at_once() -> None:
+    raw = Raw()
+    raw.send(ping(b"pingpong"))
+    (ack,) = raw.sent(FrameType.PING)
+    assert (ack.flags & ACK, ack.payload) == (ACK, b"pingpong")
 
 
 def test_graceful_close_refuses_new_streams_and_lets_open_ones_finish() -> None:

@@ -234,6 +234,47 @@ async def test_ping_flood(server: RpcServer) -> None:
     await assert_serving(server)
 
 
+def acks(frames: list[Frame]) -> list[Frame]:
+    return [f for f in frames if f.type == FrameType.PING and f.flags & wire.ACK]
+
+
+async def test_a_ping_ack_waits_for_a_running_calls_answer_and_goes_ahead_of_it(service: FakeAPI) -> None:
+    async with serving(service, ServerOptions(limits=LIMITS, ping_ack_delay=30.0)) as server:
+        client = await RawClient.connect(server)
+        await client.read(lambda frames: any(f.type == FrameType.SETTINGS for f in frames))
+        client.send(client.headers(1, "/proto.API/PublishAsync"))
+        await until(lambda: bool(server_connection(server).calls))
+        client.send(wire.frame(FrameType.PING, 0, 0, b"pingpong"))
+        with pytest.raises(AssertionError):  # held: a response is coming
+            await client.read(lambda frames: bool(acks(frames)), timeout=0.3)
+        request = api_pb2.PublishRequest(correlationId="c1").SerializeToString()
+        client.send(wire.frame(FrameType.DATA, 0, 1, grpc_message(request)))
+        frames = await client.read(lambda frames: any(f.type == FrameType.DATA for f in frames))
+        kinds = [(f.type, f.flags & wire.ACK) for f in frames]
+        assert kinds.index((FrameType.PING, wire.ACK)) < kinds.index((FrameType.DATA, 0))
+        await assert_serving(server)
+
+
+async def test_a_held_ping_ack_goes_alone_after_the_delay(service: FakeAPI) -> None:
+    async with serving(service, ServerOptions(limits=LIMITS, ping_ack_delay=0.05)) as server:
+        client = await RawClient.connect(server)
+        client.send(client.headers(1, "/proto.API/PublishAsync"))  # a call that never answers
+        await until(lambda: bool(server_connection(server).calls))
+        started = time.monotonic()
+        client.send(wire.frame(FrameType.PING, 0, 0, b"pingpong"))
+        frames = await client.read(lambda frames: bool(acks(frames)))
+        assert acks(frames)[0].payload == b"pingpong"
+        assert time.monotonic() - started < 2.0
+
+
+async def test_a_ping_with_no_call_running_is_acked_at_once(service: FakeAPI) -> None:
+    async with serving(service, ServerOptions(limits=LIMITS, ping_ack_delay=30.0)) as server:
+        client = await RawClient.connect(server)
+        client.send(wire.frame(FrameType.PING, 0, 0, b"pingpong"))
+        frames = await client.read(lambda frames: bool(acks(frames)), timeout=5.0)
+        assert acks(frames)[0].payload == b"pingpong"
+
+
 async def test_settings_flood(server: RpcServer) -> None:
     client = await RawClient.connect(server)
     client.send(wire.settings_frame([(Setting.HEADER_TABLE_SIZE, 4096)]) * 1000)

@@ -25,6 +25,10 @@ Rules both ends follow:
   stream is, :class:`WindowOpened` that it may write again.
 - Frames for streams that ended are ignored, as RFC 9113 asks (DATA still
   counts against the connection window).
+- PING ACKs go first in the next output; ``data_to_send(hold_acks=True)``
+  lets them wait when they are all there is, so that a shell can send them
+  with a response instead of alone (the server does, while a call runs and
+  for at most ``ping_ack_delay``).
 - Abuse is a connection error with GOAWAY ENHANCE_YOUR_CALM: more pings than
   ``max_ping_strikes`` less than ``ping_min_interval`` apart without data
   from us in between; more SETTINGS, resets, PRIORITY, empty DATA or unknown
@@ -197,6 +201,7 @@ class Connection:
         self.limits = limits
         self._in = bytearray()
         self._out = bytearray()
+        self._acks = bytearray()  # PING ACKs: they may wait for the next write (see has_urgent_output)
         self._preface = not self.expects_preface
         self._settings_seen = False
         self._decoder = hpack.Decoder(max_header_list_size=limits.max_header_list_size)
@@ -544,7 +549,7 @@ class Connection:
         self._last_ping = self._now
         if self._ping_strikes > self.limits.max_ping_strikes:
             raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many pings")
-        self._out += wire.frame(FrameType.PING, ACK, 0, payload)
+        self._acks += wire.frame(FrameType.PING, ACK, 0, payload)
 
     def _settings(self, flags: int, sid: int, payload: bytes, events: list[Any]) -> None:
         if sid != 0:
@@ -701,17 +706,38 @@ class Connection:
             self._goaway_last = self._peer_last_stream()
             self._out += wire.goaway(self._goaway_last, code, reason.encode())
 
-    def data_to_send(self) -> bytes:
-        """Everything to write now, framed as far as the windows allow."""
+    @property
+    def has_urgent_output(self) -> bool:
+        """Output other than PING ACKs is waiting.
+
+        A client pings after each DATA frame it receives (gRPC's bandwidth estimate); writing the
+        ACK alone costs a send and a wakeup at both ends per call, so a shell may hold ACKs briefly
+        for the next write. They go first in it: RFC 9113 asks that they be sent before other frames.
+        """
+        return bool(self._out or self._dirty)
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._acks or self._out or self._dirty)
+
+    def data_to_send(self, hold_acks: bool = False) -> bytes:
+        """Everything to write now, framed as far as the windows allow; with ``hold_acks``, nothing
+        if PING ACKs are all there is."""
+        if hold_acks and not (self._out or self._dirty):
+            return b""
         if self._dirty:
             for sid in list(self._dirty):
                 s = self._streams.get(sid)
                 if s is not None:
                     self._frame_stream(s)  # a stream the windows hold back waits in _blocked, not here
             self._dirty.clear()
-        if not self._out:
+        if self._acks:
+            out = bytes(self._acks + self._out)
+            self._acks.clear()
+        elif self._out:
+            out = bytes(self._out)
+        else:
             return b""
-        out = bytes(self._out)
         self._out.clear()
         return out
 

@@ -101,6 +101,8 @@ class ServerOptions:
     keepalive_timeout: float = 20.0
     #: Close (GOAWAY) a connection without calls for this long; 0: never.
     idle_timeout: float = 0.0
+    #: How long a PING ACK may wait to share a write with a call's response (seconds; 0: never waits).
+    ping_ack_delay: float = 0.002
 
 
 class _CallGone(Exception):
@@ -359,6 +361,10 @@ class _Connection(CoreProtocol):
         self.ping_sent: float | None = None
         self.closing = False
         self.done: asyncio.Future[None] = self._loop.create_future()  # set when the connection is lost
+        # Flushes PING ACKs no response took along; False while it runs.
+        self._ack_timer: asyncio.TimerHandle | bool | None = None
+        self._ack_delay = server.options.ping_ack_delay
+        self._acks_held: float | None = None  # since when PING ACKs wait for a write
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -395,6 +401,9 @@ class _Connection(CoreProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if isinstance(self._ack_timer, asyncio.TimerHandle):
+            self._ack_timer.cancel()
+        self._ack_timer = None
         self.paused = False
         for call in list(self.calls.values()):
             call.abandon()
@@ -463,7 +472,28 @@ class _Connection(CoreProtocol):
 
     # -- output ------------------------------------------------------------------------
 
+    def holds_acks(self) -> bool:
+        # Only while a call runs: its response will soon be written, and the ACKs go with it.
+        return self._ack_delay > 0 and bool(self.calls) and not self.closing and self._ack_timer is not False
+
+    def _flush_acks(self) -> None:
+        held = self._acks_held
+        if held is not None:
+            wait = held + self._ack_delay - self._loop.time()
+            if wait > 0:  # the ACKs this timer was set for left with a response; these came later
+                self._ack_timer = self._loop.call_later(wait, self._flush_acks)
+                return
+        self._ack_timer = False  # overdue: this flush takes them whatever else there is
+        self.flush()
+        self._ack_timer = None
+
     def flushed(self) -> None:
+        if not self.core.has_output:
+            self._acks_held = None
+        elif self._acks_held is None:
+            self._acks_held = self._loop.time()
+            if self._ack_timer is None:
+                self._ack_timer = self._loop.call_later(self._ack_delay, self._flush_acks)
         if self.closing and not self.calls and self.core.open_streams == 0:
             # A call's trailers leave the core only here: finish() came too early to close.
             self.close_transport()

@@ -53,12 +53,16 @@ class CoreProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        data = self.core.data_to_send()
+        data = self.core.data_to_send(self.holds_acks())
         if data:
             transport.write(data)
         self.flushed()
         if self._writers and not self.paused:
             self.wake_writers()
+
+    def holds_acks(self) -> bool:
+        """Whether PING ACKs may wait for a later write (see Connection.has_urgent_output)."""
+        return False
 
     def flushed(self) -> None:
         """After each flush (a server closes a draining connection here)."""
