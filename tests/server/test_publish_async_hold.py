@@ -64,7 +64,7 @@ class Api:
         self.acks.append(future)
         return future
 
-    async def send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack]:
+    async def send_checked(self, req: api_pb2.PublishRequest, meta: Any, occ: bool) -> asyncio.Future[api_pb2.Ack]:
         self.published.append(1)
         return self._future()
 
@@ -76,8 +76,8 @@ class Api:
         assert envelope is not None
         self.published.append(envelope.count)
 
-    async def await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
-        return await future
+    async def until_acked(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> None:
+        await future
 
     def answer(self, future: asyncio.Future[api_pb2.Ack], cid: str) -> bytes:
         return cid.encode()

@@ -476,6 +476,12 @@ class ApiService:
     async def send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
         """Validate and publish one request; the future resolves with its ack (None for AckPolicy NONE)."""
         meta, occ = await self.publishable(req.stream, req.partition, req.ackPolicy)
+        return await self.send_checked(req, meta, occ)
+
+    async def send_checked(
+        self, req: api_pb2.PublishRequest, meta: PartitionMeta, occ: bool
+    ) -> asyncio.Future[api_pb2.Ack] | None:
+        """:meth:`send` for a request whose partition ``publishable`` just answered (``meta``, ``occ``)."""
         self.check_size(req)
         policy = req.ackPolicy
         message = api_pb2.Message(key=req.key, value=req.value, offset=req.expectedOffset if occ else -1)
@@ -556,23 +562,34 @@ class ApiService:
         return self._max_message_bytes
 
     async def await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
-        if future.done():  # acks come in batches: most are here before anyone waits
-            return self.ack_result(future)
+        """The ack, or the RpcFailure its error (or its absence after ``timeout``, at most the ack timeout
+        ten times; None: the ack timeout) means."""
+        if not future.done():  # acks come in batches: most are here before anyone waits
+            await self.until_acked(future, timeout)
+        return self.ack_result(future)
+
+    async def until_acked(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> None:
+        """Wait for ``future``; RpcFailure DEADLINE_EXCEEDED if it is not done within ``timeout``."""
         timeout = self._ack_timeout if timeout is None else min(timeout, self._ack_timeout * 10)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        # One timer that cancels the future: asyncio.timeout() costs a dozen calls per message.
+        timer = loop.call_at(deadline, future.cancel)
         try:
-            async with asyncio.timeout(timeout):  # lighter than wait_for: no second future per message
-                await future
-        except TimeoutError:
-            raise RpcFailure(
-                Code.DEADLINE_EXCEEDED,
-                Reason.ACK_TIMEOUT,
-                f"no ack within {timeout:.3g}s; the message may not be stored",
-            ) from None
+            await future
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if not future.done() or (task is not None and task.cancelling()):
-                raise  # this call was cancelled, not the ack (which the router cancels when the server stops)
-        return self.ack_result(future)
+            if task is not None and task.cancelling():
+                raise  # this call was cancelled, not the ack
+            if loop.time() >= deadline:
+                raise RpcFailure(
+                    Code.DEADLINE_EXCEEDED,
+                    Reason.ACK_TIMEOUT,
+                    f"no ack within {timeout:.3g}s; the message may not be stored",
+                ) from None
+            # Otherwise the router cancelled it (the server stops): ack_result says so.
+        finally:
+            timer.cancel()
 
     def ack_result(self, future: asyncio.Future[api_pb2.Ack]) -> api_pb2.Ack:
         """A received ack, or the RpcFailure its error means."""

@@ -39,6 +39,8 @@ from liftlog.storage.records import encode_records
 from .failures import RpcFailure, async_error
 
 if TYPE_CHECKING:
+    from liftlog.metadata import PartitionMeta
+
     from .access import AccessControl
     from .api_service import ApiService
 
@@ -63,10 +65,11 @@ HOLD_S = 0.005
 class _Batch:
     """Requests for one partition and ack policy taken in one read: one NATS message."""
 
-    __slots__ = ("ack_body", "failure", "first", "future", "last", "policy", "records", "size", "subject")
+    __slots__ = ("ack_body", "failure", "first", "future", "last", "meta", "policy", "records", "size", "subject")
 
-    def __init__(self, subject: str, policy: int, first: api_pb2.PublishRequest) -> None:
-        self.subject = subject
+    def __init__(self, meta: PartitionMeta, policy: int, first: api_pb2.PublishRequest) -> None:
+        self.meta = meta
+        self.subject = meta.subject
         self.policy = policy
         self.first = first  # published alone if no other request joins it
         self.records: list[tuple[bytes, bytes | None, dict[str, bytes] | None]] = []  # value, key, user headers
@@ -124,7 +127,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
     async def publish(batch: _Batch) -> None:
         try:
             if len(batch.records) == 1:
-                batch.future = await api.send(batch.first)
+                batch.future = await api.send_checked(batch.first, batch.meta, False)  # batched: no OCC
             else:
                 batch.future = await _publish_batch(api, batch)
         except RpcFailure as failure:
@@ -199,7 +202,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                             await publish(batches.pop(where))
                             batch = None
                         if batch is None:
-                            batch = batches[where] = _Batch(meta.subject, key[2], req)
+                            batch = batches[where] = _Batch(meta, key[2], req)
                         index = batch.add(value, msg_key, user, size)
                         if key[2] != NONE:
                             entries.append((cid, batch, index))
@@ -209,7 +212,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                         await publish(pending)
                     batches.clear()
                     try:
-                        future = await api.send(req)
+                        future = await api.send_checked(req, meta, occ)
                     except RpcFailure as failure:
                         entries.append((cid, failure, 0))
                     else:
@@ -248,7 +251,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                         if answers:
                             break
                         try:
-                            await api.await_ack(future, None)
+                            await api.until_acked(future, None)
                         except RpcFailure as failure:  # no ack in time
                             answers.append(async_error(cid, failure))
                             continue
