@@ -244,6 +244,14 @@ SETTINGS: tuple[Setting, ...] = (
         "(false: one Liftbridge envelope each, for NATS subscribers that read envelopes)",
     ),
     _s(
+        "publish.spin.us",
+        _int(0),
+        300,
+        "after publishing a client's message to NATS, the server polls without sleeping this long (microseconds) "
+        "for its return, yielding the CPU each turn: waking from sleep costs about as much as the round trip "
+        "(0: sleep at once)",
+    ),
+    _s(
         "metadata.cache.max.age",
         parse_duration_ms,
         120_000,

@@ -25,7 +25,7 @@ import os
 import secrets
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -68,6 +68,7 @@ from .ops_http import Check, OpsEndpoint
 from .partition import Partition
 from .ratelimit import LogLimiter
 from .replicator import Replicator, ReplicatorSettings
+from .spin import LoopSpinner, spinning
 from .streams import StreamManager
 from .tls_files import ReloadingTls, TlsFiles
 
@@ -106,6 +107,8 @@ class Server:
         self.streams: StreamManager | None = None
         self.cluster: MetadataService | None = None
         self.replicator: Replicator | None = None
+        #: Keeps the loop polling after client publishes (``publish.spin.us``); None when that is 0.
+        self.spinner: LoopSpinner | None = None
         self._grpc: RpcServer | None = None
         self._grpc_tls: ReloadingTls | None = None
         self.access: AccessControl | None = None
@@ -671,7 +674,7 @@ class Server:
             streams=self.streams,
             cluster=self.cluster,
             acks=self._acks,
-            publish=self._connected_nats.publish,
+            publish=self._client_publish(),
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
             max_message_bytes=self.config.streams.max_message_bytes,
             limits=ApiLimits(
@@ -801,6 +804,15 @@ class Server:
                 streams.flush_due()
 
             self._tasks.append(loop.create_task(self._every(interval, flush), name="fsync"))
+
+    def _client_publish(self) -> Callable[[str, bytes], Awaitable[None]]:
+        """How the API publishes clients' messages to NATS: then spinning, unless ``publish.spin.us`` is 0."""
+        publish = self._connected_nats.publish
+        window = self.config.values["publish.spin.us"] / 1e6
+        if window <= 0:
+            return publish
+        self.spinner = LoopSpinner(asyncio.get_running_loop(), window)
+        return spinning(publish, self.spinner)
 
     @staticmethod
     async def _every(seconds: float, job: Callable[[], Any]) -> None:
