@@ -61,6 +61,17 @@ async def test_one_chain_of_turns_however_many_publishes() -> None:
     assert not spinner.spinning
 
 
+async def test_cool_stops_the_spinning_at_the_next_turn() -> None:
+    spinner = LoopSpinner(asyncio.get_running_loop(), 60.0, yield_cpu=lambda: None)
+    spinner.keep_hot()
+    await asyncio.sleep(0)
+    assert spinner.spinning
+    spinner.cool()  # the message came back: nothing left to wait for
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not spinner.spinning
+
+
 async def test_spinning_publish_publishes_then_keeps_the_loop_hot() -> None:
     sent: list[tuple[str, bytes]] = []
 

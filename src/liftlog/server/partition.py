@@ -153,8 +153,11 @@ class Partition:
         group_commit: SyncSink | None = None,
         leader_actions: LeaderActionSink | None = None,
         ack_latency: AckLatency | None = None,
+        intake_arrived: Callable[[], None] | None = None,
     ) -> None:
         self.meta = meta
+        #: Called for each message the intake receives from NATS (the loop spinner's ``cool``).
+        self._intake_arrived = intake_arrived
         self.stream = meta.stream
         self.id = meta.id
         self.subject = meta.subject
@@ -283,6 +286,8 @@ class Partition:
     async def _on_nats_message(self, msg: NatsMessage) -> None:
         # nats-py calls this once per message, from one task that drains the subscription's
         # queue without yielding; writing when the queue is empty makes every burst one batch.
+        if self._intake_arrived is not None:
+            self._intake_arrived()
         self._pending.append(incoming_from_nats(msg.subject, msg.reply, msg.data, self.subject))
         sub = self._sub
         if sub is None or not sub.pending_msgs or len(self._pending) >= self.options.batch_max:

@@ -158,6 +158,9 @@ class Server:
             self._acks = AckRouter(self.server_id)
             await self._acks.start(self._internal_nats)
             self.replicator = self._make_replicator()
+            spin_window = self.config.values["publish.spin.us"] / 1e6
+            if spin_window > 0:
+                self.spinner = LoopSpinner(asyncio.get_running_loop(), spin_window)
             self.streams = StreamManager(
                 server_id=self.server_id,
                 data_dir=self.config.data_dir,
@@ -174,6 +177,7 @@ class Server:
                 resign=self._resign,
                 confirm_candidate=self._confirm_candidate,
                 cipher=cipher,
+                intake_arrived=self.spinner.cool if self.spinner is not None else None,
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(
@@ -808,11 +812,7 @@ class Server:
     def _client_publish(self) -> Callable[[str, bytes], Awaitable[None]]:
         """How the API publishes clients' messages to NATS: then spinning, unless ``publish.spin.us`` is 0."""
         publish = self._connected_nats.publish
-        window = self.config.values["publish.spin.us"] / 1e6
-        if window <= 0:
-            return publish
-        self.spinner = LoopSpinner(asyncio.get_running_loop(), window)
-        return spinning(publish, self.spinner)
+        return publish if self.spinner is None else spinning(publish, self.spinner)
 
     @staticmethod
     async def _every(seconds: float, job: Callable[[], Any]) -> None:

@@ -11,7 +11,9 @@ same reason, and one publisher at a time ran 20-30% faster with this (``docs/per
 have passed since the last :meth:`keep_hot`, so the loop polls without blocking; each turn gives
 the CPU to any other runnable process first (``sched_yield``), so a spinning server does not
 starve the nats-server or the clients sharing its cores. Idle, it costs nothing: nothing spins
-unless something was published within the window.
+unless something was published within the window, and spinning stops once a message reaches a
+partition's intake (:meth:`cool`): with ack ALL the answer then waits for the followers, which need
+the CPU more than this loop does.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class LoopSpinner:
         if not self.spinning:
             self.spinning = True
             self._loop.call_soon(self._turn)
+
+    def cool(self) -> None:
+        """What the loop was kept hot for arrived (a message on an intake): the next turn stops."""
+        self._until = 0.0
 
     def _turn(self) -> None:
         if self._clock() < self._until:

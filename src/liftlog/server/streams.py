@@ -100,8 +100,10 @@ class StreamManager:
         resign: Callable[[Partition, str], Awaitable[None]] | None = None,
         confirm_candidate: Callable[[Partition], Awaitable[None]] | None = None,
         cipher: BatchCipher | None = None,
+        intake_arrived: Callable[[], None] | None = None,
     ) -> None:
         self.server_id = server_id
+        self._intake_arrived = intake_arrived
         #: Encrypts and decrypts encrypted streams' batches (its master keys may be none).
         self.cipher = cipher if cipher is not None else BatchCipher(None)
         self._file_io = file_io
@@ -592,6 +594,7 @@ class StreamManager:
             group_commit=self.committer.add if options.log_config.fsync is FsyncPolicy.ALWAYS else None,
             leader_actions=self.replicator.on_leader_actions if self.replicator is not None else None,
             ack_latency=self.ack_latency,
+            intake_arrived=self._intake_arrived,
         )
         return part
 
