@@ -275,6 +275,17 @@ async def test_a_ping_with_no_call_running_is_acked_at_once(service: FakeAPI) ->
         assert acks(frames)[0].payload == b"pingpong"
 
 
+async def test_a_ping_flood_while_a_call_runs_is_still_refused_and_its_acks_are_bounded(service: FakeAPI) -> None:
+    async with serving(service, ServerOptions(limits=LIMITS, ping_ack_delay=30.0)) as server:
+        client = await RawClient.connect(server)
+        client.send(client.headers(1, "/proto.API/PublishAsync"))  # acks are held while it runs
+        await until(lambda: bool(server_connection(server).calls))
+        client.send(wire.frame(FrameType.PING, 0, 0, b"\0" * 8) * 10_000)
+        assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+        assert len(acks(client.frames)) <= LIMITS.max_ping_strikes + 1  # held ones left with the GOAWAY
+        await assert_serving(server)
+
+
 async def test_settings_flood(server: RpcServer) -> None:
     client = await RawClient.connect(server)
     client.send(wire.settings_frame([(Setting.HEADER_TABLE_SIZE, 4096)]) * 1000)
