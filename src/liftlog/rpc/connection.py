@@ -723,7 +723,7 @@ class Connection:
     def data_to_send(self, hold_acks: bool = False) -> bytes:
         """Everything to write now, framed as far as the windows allow; with ``hold_acks``, nothing
         if PING ACKs are all there is."""
-        if hold_acks and not (self._out or self._dirty):
+        if hold_acks and not self.has_urgent_output:
             return b""
         if self._dirty:
             for sid in list(self._dirty):

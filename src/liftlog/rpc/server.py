@@ -361,8 +361,8 @@ class _Connection(CoreProtocol):
         self.ping_sent: float | None = None
         self.closing = False
         self.done: asyncio.Future[None] = self._loop.create_future()  # set when the connection is lost
-        # Flushes PING ACKs no response took along; False while it runs.
-        self._ack_timer: asyncio.TimerHandle | bool | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None  # flushes PING ACKs no response took along
+        self._acks_due = False  # while that timer's flush runs: it takes them whatever else there is
         self._ack_delay = server.options.ping_ack_delay
         self._acks_held: float | None = None  # since when PING ACKs wait for a write
 
@@ -401,7 +401,7 @@ class _Connection(CoreProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        if isinstance(self._ack_timer, asyncio.TimerHandle):
+        if self._ack_timer is not None:
             self._ack_timer.cancel()
         self._ack_timer = None
         self.paused = False
@@ -474,7 +474,7 @@ class _Connection(CoreProtocol):
 
     def holds_acks(self) -> bool:
         # Only while a call runs: its response will soon be written, and the ACKs go with it.
-        return self._ack_delay > 0 and bool(self.calls) and not self.closing and self._ack_timer is not False
+        return self._ack_delay > 0 and bool(self.calls) and not self.closing and not self._acks_due
 
     def _flush_acks(self) -> None:
         held = self._acks_held
@@ -483,16 +483,17 @@ class _Connection(CoreProtocol):
             if wait > 0:  # the ACKs this timer was set for left with a response; these came later
                 self._ack_timer = self._loop.call_later(wait, self._flush_acks)
                 return
-        self._ack_timer = False  # overdue: this flush takes them whatever else there is
-        self.flush()
         self._ack_timer = None
+        self._acks_due = True
+        self.flush()
+        self._acks_due = False
 
     def flushed(self) -> None:
         if not self.core.has_output:
             self._acks_held = None
         elif self._acks_held is None:
             self._acks_held = self._loop.time()
-            if self._ack_timer is None:
+            if self._ack_timer is None and not self._acks_due:
                 self._ack_timer = self._loop.call_later(self._ack_delay, self._flush_acks)
         if self.closing and not self.calls and self.core.open_streams == 0:
             # A call's trailers leave the core only here: finish() came too early to close.
