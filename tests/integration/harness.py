@@ -76,10 +76,11 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 class NatsProcess:
     """A plain nats-server, as a deployment liftlog connects to would run it."""
 
-    def __init__(self, log_path: Path, config: str = "", env: dict[str, str] | None = None) -> None:
+    def __init__(self, log_path: Path, config: str = "", env: dict[str, str] | None = None, port: int = 0) -> None:
         """``config``: nats-server configuration text (e.g. ``max_payload: 8KB``), written beside the log;
-        ``env``: variables added to its environment (a config's ``$VAR`` reads them)."""
-        self.port = free_port()
+        ``env``: variables added to its environment (a config's ``$VAR`` reads them); ``port``: 0 for any free one
+        (a restart passes the port it had)."""
+        self.port = port or free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self._log = open(log_path, "wb")  # noqa: SIM115
         args = []

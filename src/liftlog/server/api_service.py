@@ -40,6 +40,7 @@ from liftlog.metadata import (
     validate_stream_subject,
 )
 from liftlog.metadata.controller import CreateStreamRequest
+from liftlog.natswire import MaxPayloadError as LeanMaxPayloadError
 from liftlog.rpc import StatusCode
 from liftlog.storage.encryption import EncryptionError
 
@@ -543,7 +544,7 @@ class ApiService:
         """Publish on NATS; on failure, forget the ack awaited for (``inbox``, ``correlation_id``): RpcFailure."""
         try:
             await self._publish(subject, payload)
-        except MaxPayloadError as exc:
+        except (MaxPayloadError, LeanMaxPayloadError) as exc:
             self._acks.forget(inbox, correlation_id)
             raise RpcFailure(
                 Code.INVALID_ARGUMENT, Reason.TOO_LARGE, f"message is larger than the NATS max payload: {exc}"

@@ -270,6 +270,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("nats.embedded.config", _str, "", "nats-server config file for the embedded server"),
     _s("nats.embedded.host", _str, "127.0.0.1", "interface the embedded nats-server listens on"),
     _s("nats.embedded.port", _int(0), 4222, "port of the embedded nats-server (0: any free port)"),
+    _s(
+        "nats.lean.connection",
+        _bool,
+        True,
+        "partition intake and clients' publishes on a second, lean NATS connection (false: all on nats-py's)",
+    ),
     _s("streams.retention.max.bytes", parse_size, 0, "delete old segments past this size (0: no limit)"),
     _s("streams.retention.max.messages", _int(0), 0, "delete old segments past this many messages (0: no limit)"),
     _s("streams.retention.max.age", parse_duration_ms, 7 * 24 * 3600_000, "delete segments older than this (0: never)"),
@@ -461,6 +467,7 @@ class NatsConfig:
     embedded_config: str
     embedded_host: str
     embedded_port: int
+    lean_connection: bool = True
 
 
 @dataclass(frozen=True)

@@ -330,10 +330,14 @@ class ServerCollector(Collector):
 
     def _nats(self, server: Server) -> Iterator[Metric]:
         nc = server.nats_connection
+        lean = server.lean_nats_connection
         stats: dict[str, int] = dict(nc.stats) if nc is not None else {}
-        yield _gauge(
-            "liftlog_nats_connected", "1 while connected to NATS", 1 if nc is not None and nc.is_connected else 0
-        )
+        connected = nc is not None and nc.is_connected
+        if lean is not None:  # the hot path's own connection: intake and clients' publishes
+            for key, value in lean.stats.items():
+                stats[key] = stats.get(key, 0) + value
+            connected = connected and lean.is_connected
+        yield _gauge("liftlog_nats_connected", "1 while connected to NATS", 1 if connected else 0)
         yield _counter("liftlog_nats_reconnects", "Reconnections to NATS", stats.get("reconnects", 0))
         yield _counter(
             "liftlog_nats_messages_received",

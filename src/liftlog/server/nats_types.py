@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["MessageHandler", "NatsClient", "NatsMessage", "NatsSubscription"]
+from liftlog.natswire import LeanNats
+
+__all__ = ["IntakeNats", "MessageHandler", "NatsClient", "NatsMessage", "NatsSubscription"]
 
 
 class NatsMessage(Protocol):
@@ -63,3 +65,7 @@ if TYPE_CHECKING:
         client: nats.aio.client.Client, msg: nats.aio.msg.Msg, sub: nats.aio.subscription.Subscription
     ) -> tuple[NatsClient, NatsMessage, NatsSubscription]:
         return client, msg, sub
+
+
+#: Where partitions subscribe: nats-py's client (or a fake), or the lean connection (``subscribe_batches``).
+IntakeNats = NatsClient | LeanNats

@@ -29,6 +29,7 @@ from pathlib import Path
 from liftlog.api import api_pb2
 from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
+from liftlog.natswire import LeanNats
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
 from liftlog.storage import (
@@ -46,7 +47,7 @@ from liftlog.storage.encryption import BatchCipher, EncryptionError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .messages import Incoming, incoming_from_nats, record_size
-from .nats_types import NatsClient, NatsMessage, NatsSubscription
+from .nats_types import IntakeNats, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 
 #: Write-to-ack seconds per ack policy (LEADER, ALL).
@@ -240,12 +241,15 @@ class Partition:
         self._closed_reason = None
         self.last_activity = self._clock()
 
-    async def start_intake(self, nats: NatsClient) -> None:
+    async def start_intake(self, nats: IntakeNats) -> None:
         """Subscribe to the partition's subject and start writing what arrives."""
         if self.options.local_only:
             self._local_intake = True
         elif self._sub is None:
-            self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
+            if isinstance(nats, LeanNats):  # a read buffer's messages at a time
+                self._sub = await nats.subscribe_batches(self.subject, self._queue_group, self._on_nats_batch)
+            else:
+                self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
 
     def take_local(self, data: bytes) -> None:
         """Write one Publish envelope this server made (a cursor), as if it had arrived on the subject."""
@@ -295,6 +299,17 @@ class Partition:
                 self._write_pending()
             except Exception:
                 log.exception("writing to %s failed", self)
+
+    def _on_nats_batch(self, msgs: list[tuple[str, str, bytes]]) -> None:
+        # The lean connection calls this from its data_received, once per read buffer.
+        if self._intake_arrived is not None:
+            self._intake_arrived()
+        subject = self.subject
+        self._pending.extend([incoming_from_nats(s, reply, data, subject) for s, reply, data in msgs])
+        try:
+            self._write_pending()
+        except Exception:
+            log.exception("writing to %s failed", self)
 
     def _write_pending(self) -> None:
         pending, self._pending = self._pending, []

@@ -38,6 +38,7 @@ from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.metadata.model import CreateStream, ServerMeta, StreamSettings
 from liftlog.metadata.names import ACTIVITY_STREAM, CURSORS_STREAM, internal_stream_subject
 from liftlog.metadata.protocol import ControlRequest, IsrChange, LeaderConfirmation, LeaderReport
+from liftlog.natswire import LeanNats, NatsConnectError
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
@@ -101,6 +102,8 @@ class Server:
         self._lock_file: IO[str] | None = None
         self._embedded: EmbeddedNats | None = None
         self._nc: nats.aio.client.Client | None = None
+        #: The hot path's connection (partition intake, clients' publishes), unless nats.lean.connection is off.
+        self._lean: LeanNats | None = None
         #: What the server-to-server parts publish and subscribe through: signed when a secret is set.
         self._internal_nats: NatsClient
         self._acks: AckRouter | None = None
@@ -125,6 +128,11 @@ class Server:
         self._loop_lag = LoopLagMonitor()
 
     @property
+    def _hot_nats(self) -> nats.aio.client.Client | LeanNats:
+        """Where partitions listen and clients' messages are published: the lean connection if there is one."""
+        return self._lean if self._lean is not None else self._connected_nats
+
+    @property
     def _connected_nats(self) -> nats.aio.client.Client:
         assert self._nc is not None, "used before _start_nats"
         return self._nc
@@ -136,6 +144,11 @@ class Server:
     @property
     def nats_connection(self) -> nats.aio.client.Client | None:
         return self._nc
+
+    @property
+    def lean_nats_connection(self) -> LeanNats | None:
+        """The hot path's connection (``nats.lean.connection``), if there is one."""
+        return self._lean
 
     @property
     def metrics_address(self) -> str | None:
@@ -181,7 +194,7 @@ class Server:
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(
-                self._connected_nats, self._internal_nats
+                self._hot_nats, self._internal_nats
             )  # hosts nothing until the metadata service starts, below
             await self.replicator.start(self._internal_nats)
             self._create_metadata()
@@ -350,6 +363,30 @@ class Server:
         except Exception as exc:
             raise ServerStartError(f"cannot connect to NATS at {self.nats_url}: {exc or type(exc).__name__}") from exc
         self._nc.options["max_reconnect_attempts"] = -1
+        if cfg.lean_connection:
+            await self._start_lean_nats(servers, options.get("tls"))
+
+    async def _start_lean_nats(self, servers: list[str], tls: ssl.SSLContext | None) -> None:
+        cfg = self.config.nats
+        try:
+            lean = LeanNats(
+                servers,
+                name=f"liftlog-{self.server_id}-intake",
+                user=cfg.user,
+                password=cfg.password,
+                token=cfg.token,
+                nkey_seed_file=cfg.nkey_seed,
+                credentials_file=cfg.credentials,
+                tls=tls,
+            )
+        except ValueError as exc:  # e.g. a ws:// URL: nats-py carries the hot path too
+            log.info("no lean NATS connection (%s): intake and publishes use nats-py's", exc)
+            return
+        try:
+            await lean.connect()
+        except NatsConnectError as exc:
+            raise ServerStartError(f"cannot connect to NATS at {self.nats_url}: {exc}") from exc
+        self._lean = lean
 
     def _bootstrap_peers(self) -> tuple[str, ...]:
         c = self.config.clustering
@@ -596,7 +633,7 @@ class Server:
         problems: list[str] = []
         if not self._serving:
             problems.append("stopping" if self._stopping else "starting")
-        if self._nc is None or not self._nc.is_connected:
+        if self._nc is None or not self._nc.is_connected or (self._lean is not None and not self._lean.is_connected):
             problems.append("not connected to NATS")
         cluster, streams = self.cluster, self.streams
         node = cluster.raft.node if cluster is not None else None
@@ -689,7 +726,7 @@ class Server:
                 max_publish_inflight=values["publish.async.max.inflight"],
                 coalesce_publishes=values["publish.async.coalesce"],
             ),
-            nats_max_payload=lambda: int(self._connected_nats.max_payload),
+            nats_max_payload=lambda: int(self._hot_nats.max_payload),
             access=self.access,
             cursors_enabled=int(values["cursors.stream.partitions"]) > 0,
             group_timeouts=(values["groups.consumer.timeout"] / 1000, values["groups.coordinator.timeout"] / 1000),
@@ -811,7 +848,7 @@ class Server:
 
     def _client_publish(self) -> Callable[[str, bytes], Awaitable[None]]:
         """How the API publishes clients' messages to NATS: then spinning, unless ``publish.spin.us`` is 0."""
-        publish = self._connected_nats.publish
+        publish = self._hot_nats.publish
         return publish if self.spinner is None else spinning(publish, self.spinner)
 
     @staticmethod
@@ -850,6 +887,10 @@ class Server:
         if self._acks is not None:
             await self._acks.stop()
             self._acks = None
+        if self._lean is not None:
+            with contextlib.suppress(Exception):
+                await self._lean.close()
+            self._lean = None
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.drain()

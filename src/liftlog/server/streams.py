@@ -48,7 +48,7 @@ from liftlog.storage.encryption import BatchCipher
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
 from .group_commit import GroupCommitter
-from .nats_types import NatsClient
+from .nats_types import IntakeNats, NatsClient
 from .partition import AckSink, Partition, PartitionOptions, new_ack_latency
 from .ratelimit import LogLimiter
 from .replicator import Replicator
@@ -122,8 +122,8 @@ class StreamManager:
         self._batch_max = batch_max
         self._ack_sink = ack_sink
         self._clock = clock
-        self._nats: NatsClient
-        self._internal_nats: NatsClient
+        self._nats: IntakeNats
+        self._internal_nats: IntakeNats
         #: The committed metadata; the metadata service replaces it when it restores a snapshot.
         self.metadata = Metadata()
         self.partitions: dict[tuple[str, int], Partition] = {}
@@ -152,7 +152,7 @@ class StreamManager:
 
     # -- lifecycle -------------------------------------------------------
 
-    async def start(self, nats: NatsClient, internal_nats: NatsClient | None = None) -> None:
+    async def start(self, nats: IntakeNats, internal_nats: NatsClient | None = None) -> None:
         """Follow the metadata; intake listens on ``nats``, the servers' own streams' on ``internal_nats``
         (which, with a cluster secret, takes only what a server of the cluster signed)."""
         self._nats = nats
