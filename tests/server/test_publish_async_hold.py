@@ -48,6 +48,7 @@ class Api:
 
     limits = ApiLimits()
     max_message_bytes = 1 << 20
+    server_id = "s1"
 
     def __init__(self) -> None:
         self.published: list[int] = []  # messages per NATS publish
@@ -57,7 +58,7 @@ class Api:
         return 1 << 20
 
     async def publishable(self, stream: str, partition: int, policy: int) -> tuple[Any, bool]:
-        return SimpleNamespace(subject=stream), False
+        return SimpleNamespace(subject=stream, leader="s1"), False
 
     def _future(self) -> asyncio.Future[api_pb2.Ack]:
         future: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
@@ -71,7 +72,9 @@ class Api:
     def expect_ack(self, inbox: str, cid: str) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
         return "inbox", "cid", self._future()
 
-    async def publish_payload(self, subject: str, payload: bytes, inbox: str = "", cid: str = "") -> None:
+    async def publish_payload(
+        self, subject: str, payload: bytes, inbox: str = "", cid: str = "", led_here: bool = False
+    ) -> None:
         envelope = decode_record_batch(payload)
         assert envelope is not None
         self.published.append(envelope.count)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import secrets
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.server.spin import LoopSpinner, spinning
+from liftlog.server.acks import AckRouter
+from liftlog.server.api_service import ApiService
+from liftlog.server.failures import RpcFailure
+from liftlog.server.spin import LoopSpinner
 
 from .conftest import in_process_server
 
@@ -72,15 +76,27 @@ async def test_cool_stops_the_spinning_at_the_next_turn() -> None:
     assert not spinner.spinning
 
 
-async def test_spinning_publish_publishes_then_keeps_the_loop_hot() -> None:
+def api_publishing(publish: Any, spinner: LoopSpinner) -> ApiService:
+    """An ApiService with only what publish_payload reads."""
+    service = ApiService.__new__(ApiService)
+    service._publish = publish
+    service._keep_hot = spinner.keep_hot
+    service._acks = AckRouter("server")
+    return service
+
+
+async def test_a_publish_for_a_partition_led_here_keeps_the_loop_hot_others_do_not() -> None:
     sent: list[tuple[str, bytes]] = []
 
     async def publish(subject: str, payload: bytes) -> None:
         sent.append((subject, payload))
 
     spinner = LoopSpinner(asyncio.get_running_loop(), 0.01, yield_cpu=lambda: None)
-    await spinning(publish, spinner)("orders", b"m")
-    assert sent == [("orders", b"m")] and spinner.spinning
+    service = api_publishing(publish, spinner)
+    await service.publish_payload("elsewhere", b"m")  # the ack comes from another server's intake
+    assert sent == [("elsewhere", b"m")] and not spinner.spinning
+    await service.publish_payload("orders", b"m", led_here=True)
+    assert sent[-1] == ("orders", b"m") and spinner.spinning
     await asyncio.sleep(0.05)
     assert not spinner.spinning  # a real clock: the window passed, the loop sleeps again
 
@@ -90,8 +106,8 @@ async def test_a_failed_publish_does_not_spin() -> None:
         raise ConnectionError("nats is gone")
 
     spinner = LoopSpinner(asyncio.get_running_loop(), 0.01, yield_cpu=lambda: None)
-    with pytest.raises(ConnectionError):
-        await spinning(publish, spinner)("orders", b"m")
+    with pytest.raises(RpcFailure, match="nats is gone"):
+        await api_publishing(publish, spinner).publish_payload("orders", b"m", led_here=True)
     assert not spinner.spinning
 
 

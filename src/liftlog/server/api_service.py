@@ -117,6 +117,7 @@ class ApiService:
         acks: AckRouter,
         publish: Publish,
         ack_timeout: float,
+        keep_hot: Callable[[], None] | None = None,
         max_message_bytes: int,
         limits: ApiLimits = ApiLimits(),
         nats_max_payload: Callable[[], int] = lambda: 1 << 20,
@@ -136,6 +137,8 @@ class ApiService:
         #: (groups.consumer.timeout, groups.coordinator.timeout) in seconds
         self.groups = GroupService(self, consumer_timeout=group_timeouts[0], coordinator_timeout=group_timeouts[1])
         self._publish = publish
+        #: After publishing for a partition led here: keep the loop polling for the message's return (spin.py).
+        self._keep_hot = keep_hot
         self._ack_timeout = ack_timeout
         self._max_message_bytes = max_message_bytes
         self.limits = limits
@@ -493,7 +496,9 @@ class ApiService:
             message.ackInbox, message.correlationId = self._ack_route(req.ackInbox, req.correlationId)
             message.ackPolicy = policy
             future = self._acks.expect(message.ackInbox, message.correlationId)
-        await self._publish_envelope(meta.subject, message, future)
+        await self._publish_envelope(
+            meta.subject, message, future, future is not None and meta.leader == self.server_id
+        )
         return future
 
     async def until_listening(self, part: Partition) -> None:
@@ -536,14 +541,28 @@ class ApiService:
             )
 
     async def _publish_envelope(
-        self, subject: str, message: api_pb2.Message, future: asyncio.Future[api_pb2.Ack] | None
+        self,
+        subject: str,
+        message: api_pb2.Message,
+        future: asyncio.Future[api_pb2.Ack] | None,
+        led_here: bool = False,
     ) -> None:
-        await self.publish_payload(subject, encode_publish_message(message), message.ackInbox, message.correlationId)
+        payload = encode_publish_message(message)
+        await self.publish_payload(subject, payload, message.ackInbox, message.correlationId, led_here)
 
-    async def publish_payload(self, subject: str, payload: bytes, inbox: str = "", correlation_id: str = "") -> None:
-        """Publish on NATS; on failure, forget the ack awaited for (``inbox``, ``correlation_id``): RpcFailure."""
+    async def publish_payload(
+        self, subject: str, payload: bytes, inbox: str = "", correlation_id: str = "", led_here: bool = False
+    ) -> None:
+        """Publish on NATS; on failure, forget the ack awaited for (``inbox``, ``correlation_id``): RpcFailure.
+
+        ``led_here``: the partition's leader is this server, so the message comes back to this process
+        within a NATS round trip, and the loop polls for it instead of sleeping. For a partition led
+        elsewhere the answer is the leader's ack, a round trip and a write later: not worth the CPU.
+        """
         try:
             await self._publish(subject, payload)
+            if led_here and self._keep_hot is not None:
+                self._keep_hot()
         except (MaxPayloadError, LeanMaxPayloadError) as exc:
             self._acks.forget(inbox, correlation_id)
             raise RpcFailure(

@@ -134,7 +134,11 @@ class BatchesService:
                 return batches_pb2.PublishResponse(baseOffset=-1, count=req.count, partitionSubject=meta.subject)
             envelope.ackInbox, envelope.correlationId, future = api.expect_ack("", "")
             await api.publish_payload(
-                meta.subject, encode_record_batch(envelope), envelope.ackInbox, envelope.correlationId
+                meta.subject,
+                encode_record_batch(envelope),
+                envelope.ackInbox,
+                envelope.correlationId,
+                meta.leader == api.server_id,
             )
             ack = await api.await_ack(future, context.time_remaining())
         except RpcFailure as failure:

@@ -25,7 +25,7 @@ import os
 import secrets
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,7 +69,7 @@ from .ops_http import Check, OpsEndpoint
 from .partition import Partition
 from .ratelimit import LogLimiter
 from .replicator import Replicator, ReplicatorSettings
-from .spin import LoopSpinner, spinning
+from .spin import LoopSpinner
 from .streams import StreamManager
 from .tls_files import ReloadingTls, TlsFiles
 
@@ -715,7 +715,8 @@ class Server:
             streams=self.streams,
             cluster=self.cluster,
             acks=self._acks,
-            publish=self._client_publish(),
+            publish=self._hot_nats.publish,
+            keep_hot=self.spinner.keep_hot if self.spinner is not None else None,
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
             max_message_bytes=self.config.streams.max_message_bytes,
             limits=ApiLimits(
@@ -845,11 +846,6 @@ class Server:
                 streams.flush_due()
 
             self._tasks.append(loop.create_task(self._every(interval, flush), name="fsync"))
-
-    def _client_publish(self) -> Callable[[str, bytes], Awaitable[None]]:
-        """How the API publishes clients' messages to NATS: then spinning, unless ``publish.spin.us`` is 0."""
-        publish = self._hot_nats.publish
-        return publish if self.spinner is None else spinning(publish, self.spinner)
 
     @staticmethod
     async def _every(seconds: float, job: Callable[[], Any]) -> None:

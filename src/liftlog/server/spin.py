@@ -13,7 +13,11 @@ the CPU to any other runnable process first (``sched_yield``), so a spinning ser
 starve the nats-server or the clients sharing its cores. Idle, it costs nothing: nothing spins
 unless something was published within the window, and spinning stops once a message reaches a
 partition's intake (:meth:`cool`): with ack ALL the answer then waits for the followers, which need
-the CPU more than this loop does.
+the CPU more than this loop does. The API keeps the loop hot only after publishing for a partition
+led by this server, with an ack awaited (``ApiService.publish_payload``): a message for a partition
+led elsewhere never reaches this server's intake, so nothing would stop the spinning. (In a
+three-server benchmark the Go producer's PublishAsync stream went to a server that did not lead
+the partition; spinning the whole window after each publish took a fifth of its CPU.)
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-__all__ = ["LoopSpinner", "spinning"]
+__all__ = ["LoopSpinner"]
 
 #: Gives the CPU to another runnable process, if any (not on Windows, where this is a no-op).
 _sched_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
@@ -65,15 +69,3 @@ class LoopSpinner:
             self._loop.call_soon(self._turn)
         else:
             self.spinning = False
-
-
-def spinning(
-    publish: Callable[[str, bytes], Awaitable[None]], spinner: LoopSpinner
-) -> Callable[[str, bytes], Awaitable[None]]:
-    """``publish``, then keep the loop hot for the message's return from NATS."""
-
-    async def publish_and_spin(subject: str, payload: bytes) -> None:
-        await publish(subject, payload)
-        spinner.keep_hot()
-
-    return publish_and_spin
