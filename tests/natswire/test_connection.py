@@ -14,7 +14,7 @@ import nats
 import nkeys
 import pytest
 
-from liftlog.natswire import LeanNats, MaxPayloadError, NatsAuthError, NatsConnectError, NatsNotConnected
+from liftlog.natswire import Event, LeanNats, MaxPayloadError, NatsAuthError, NatsConnectError, NatsNotConnected
 from liftlog.natswire.connection import _read_credentials, parse_servers
 from tests.integration.harness import NatsProcess, free_port
 
@@ -43,7 +43,7 @@ async def until(check: object, timeout: float = 10.0) -> None:
 
 
 async def test_messages_arrive_in_order_a_read_buffer_at_a_time(lean: LeanNats, nats_server: NatsProcess) -> None:
-    calls: list[list[tuple[str, str, bytes]]] = []
+    calls: list[list[Event]] = []
     await lean.subscribe_batches("orders.*", "", calls.append)
     await lean.flush()
     app = await nats.connect(nats_server.url)
@@ -53,7 +53,7 @@ async def test_messages_arrive_in_order_a_read_buffer_at_a_time(lean: LeanNats, 
     await app.flush()
     await app.close()
     await until(lambda: sum(map(len, calls)) == 2001)
-    messages = [m for batch in calls for m in batch]
+    messages = [m[2:5] for batch in calls for m in batch]
     assert [int(m[2]) for m in messages[:2000]] == list(range(2000))
     assert messages[5] == ("orders.2", "r", b"5")
     assert messages[-1] == ("orders.x", "", b"with headers")  # headers are not the payload
@@ -81,8 +81,8 @@ async def test_published_messages_reach_nats_subscribers_with_their_headers(
 async def test_queue_groups_and_unsubscribing(lean: LeanNats) -> None:
     a: list[bytes] = []
     b: list[bytes] = []
-    sub_a = await lean.subscribe_batches("jobs", "workers", lambda ms: a.extend(m[2] for m in ms))
-    await lean.subscribe_batches("jobs", "workers", lambda ms: b.extend(m[2] for m in ms))
+    sub_a = await lean.subscribe_batches("jobs", "workers", lambda ms: a.extend(m[4] for m in ms))
+    await lean.subscribe_batches("jobs", "workers", lambda ms: b.extend(m[4] for m in ms))
     for i in range(100):
         await lean.publish("jobs", b"%d" % i)
     await lean.flush()
@@ -99,8 +99,8 @@ async def test_queue_groups_and_unsubscribing(lean: LeanNats) -> None:
 async def test_a_handler_that_raises_does_not_stop_delivery(lean: LeanNats) -> None:
     seen: list[bytes] = []
 
-    def handler(msgs: list[tuple[str, str, bytes]]) -> None:
-        seen.extend(m[2] for m in msgs)
+    def handler(msgs: list[Event]) -> None:
+        seen.extend(m[4] for m in msgs)
         if b"bad" in seen:
             raise RuntimeError("boom")
 
@@ -160,7 +160,7 @@ async def test_it_reconnects_and_resubscribes_and_refuses_publishes_meanwhile(tm
     conn = LeanNats([f"nats://127.0.0.1:{port}"], reconnect_wait=0.1, on_disconnected=on_down, on_reconnected=on_up)
     await conn.connect()
     try:
-        await conn.subscribe_batches("r", "", lambda ms: got.extend(m[2] for m in ms))
+        await conn.subscribe_batches("r", "", lambda ms: got.extend(m[4] for m in ms))
         await conn.publish("r", b"before")
         await conn.flush()
         server.stop()

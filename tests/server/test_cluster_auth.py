@@ -63,9 +63,10 @@ class Cluster:
     def dropped(self) -> dict[str, int]:
         total: dict[str, int] = {}
         for server in self.servers.values():
-            nc = server._internal_nats
-            assert isinstance(nc, AuthenticatedNats)
-            for reason, count in nc.dropped.items():
+            assert isinstance(server._internal_nats, AuthenticatedNats)
+            signing, dropped = server._auth_state()  # the replication connection's drops included
+            assert signing
+            for reason, count in dropped.items():
                 total[reason] = total.get(reason, 0) + count
         return total
 

@@ -10,10 +10,11 @@ from .connection import (
     NatsNotConnected,
     parse_servers,
 )
-from .protocol import NatsParser, NatsProtocolError
+from .protocol import Event, NatsParser, NatsProtocolError
 
 __all__ = [
     "BatchHandler",
+    "Event",
     "LeanNats",
     "LeanSubscription",
     "MaxPayloadError",

@@ -60,8 +60,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Called once per read buffer with (subject, reply, payload) of each message it held for the subscription.
-BatchHandler = Callable[[list[tuple[str, str, bytes]]], None]
+#: Called once per read buffer with the messages it held for the subscription, as the parser's events:
+#: (MSG, sid, subject, reply, payload, raw headers or b"").
+BatchHandler = Callable[[list[Event]], None]
 
 _DEFAULT_PORT = 4222
 #: Past this many bytes waiting in the socket's write buffer, publishers wait for it to drain.
@@ -406,15 +407,15 @@ class LeanNats:
     def _on_events(self, wire: _Wire, events: list[Event]) -> None:
         if wire is not self._wire:
             return
-        batches: dict[int, list[tuple[str, str, bytes]]] = {}
+        batches: dict[int, list[Event]] = {}
         for event in events:
             kind = event[0]
             if kind == MSG:
                 batch = batches.get(event[1])
                 if batch is None:
-                    batches[event[1]] = [(event[2], event[3], event[4])]
+                    batches[event[1]] = [event]
                 else:
-                    batch.append((event[2], event[3], event[4]))
+                    batch.append(event)
             elif kind == PING:
                 self._write(PONG_COMMAND)
             elif not self._connected:
@@ -437,7 +438,7 @@ class LeanNats:
                 if sub is None:
                     continue  # unsubscribed while these were on their way
                 self.in_msgs += len(msgs)
-                self.in_bytes += sum(len(m[2]) for m in msgs)
+                self.in_bytes += sum(len(m[4]) for m in msgs)
                 try:
                     sub.handler(msgs)
                 except Exception:

@@ -61,6 +61,11 @@ if TYPE_CHECKING:
     import nats.aio.msg
     import nats.aio.subscription
 
+    from liftlog.natswire.client import LeanMessage, LeanNatsClient
+
+    def _the_lean_client_keeps_it_too(client: LeanNatsClient, msg: LeanMessage) -> tuple[NatsClient, NatsMessage]:
+        return client, msg
+
     def _nats_py_keeps_the_contract(
         client: nats.aio.client.Client, msg: nats.aio.msg.Msg, sub: nats.aio.subscription.Subscription
     ) -> tuple[NatsClient, NatsMessage, NatsSubscription]:

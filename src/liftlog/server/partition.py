@@ -29,6 +29,7 @@ from pathlib import Path
 from liftlog.api import api_pb2
 from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
+from liftlog.natswire import Event as NatsEvent
 from liftlog.natswire import LeanNats
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
@@ -300,12 +301,13 @@ class Partition:
             except Exception:
                 log.exception("writing to %s failed", self)
 
-    def _on_nats_batch(self, msgs: list[tuple[str, str, bytes]]) -> None:
-        # The lean connection calls this from its data_received, once per read buffer.
+    def _on_nats_batch(self, msgs: list[NatsEvent]) -> None:
+        # The lean connection calls this from its data_received, once per read buffer, with its parser's
+        # events: (MSG, sid, subject, reply, payload, headers).
         if self._intake_arrived is not None:
             self._intake_arrived()
         subject = self.subject
-        self._pending.extend([incoming_from_nats(s, reply, data, subject) for s, reply, data in msgs])
+        self._pending.extend([incoming_from_nats(m[2], m[3], m[4], subject) for m in msgs])
         try:
             self._write_pending()
         except Exception:

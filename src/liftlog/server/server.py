@@ -18,6 +18,7 @@ own (the standalone case) and any other asks the running cluster to join.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import logging
@@ -39,6 +40,7 @@ from liftlog.metadata.model import CreateStream, ServerMeta, StreamSettings
 from liftlog.metadata.names import ACTIVITY_STREAM, CURSORS_STREAM, internal_stream_subject
 from liftlog.metadata.protocol import ControlRequest, IsrChange, LeaderConfirmation, LeaderReport
 from liftlog.natswire import LeanNats, NatsConnectError
+from liftlog.natswire.client import LeanNatsClient
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
@@ -106,6 +108,7 @@ class Server:
         self._lean: LeanNats | None = None
         #: What the server-to-server parts publish and subscribe through: signed when a secret is set.
         self._internal_nats: NatsClient
+        self._replication_nats: NatsClient
         self._acks: AckRouter | None = None
         self.streams: StreamManager | None = None
         self.cluster: MetadataService | None = None
@@ -168,6 +171,7 @@ class Server:
             cipher = self._batch_cipher()
             await self._start_nats()
             self._internal_nats = self._connected_nats if auth is None else self._authenticated(auth)
+            self._replication_nats = self._replication_connection(auth)
             self._acks = AckRouter(self.server_id)
             await self._acks.start(self._internal_nats)
             self.replicator = self._make_replicator()
@@ -196,7 +200,7 @@ class Server:
             await self.streams.start(
                 self._hot_nats, self._internal_nats
             )  # hosts nothing until the metadata service starts, below
-            await self.replicator.start(self._internal_nats)
+            await self.replicator.start(self._replication_nats)
             self._create_metadata()
             self._bind_grpc()  # the port the metadata advertises
             await self._start_metadata()
@@ -304,8 +308,22 @@ class Server:
         """Whether server-to-server messages are signed here, and the internal messages dropped by reason."""
         nc = getattr(self, "_internal_nats", None)
         if isinstance(nc, AuthenticatedNats):
-            return True, dict(nc.dropped)
+            dropped = collections.Counter(nc.dropped)
+            replication = getattr(self, "_replication_nats", None)
+            if isinstance(replication, AuthenticatedNats) and replication is not nc:
+                dropped.update(replication.dropped)
+            return True, dict(dropped)
         return False, {}
+
+    def _replication_connection(self, auth: ClusterAuth | None) -> NatsClient:
+        """Fetches and their answers ride the lean connection when there is one: they are most of the traffic
+        between servers, and nats-py's tasks and queues cost the followers and the leader CPU per message."""
+        if self._lean is None:
+            return self._internal_nats
+        client = LeanNatsClient(self._lean)
+        if auth is None:
+            return client
+        return AuthenticatedNats(client, auth, internal_subjects(self.config.clustering.namespace))
 
     def _authenticated(self, auth: ClusterAuth) -> AuthenticatedNats:
         return AuthenticatedNats(self._connected_nats, auth, internal_subjects(self.config.clustering.namespace))
