@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import nats
@@ -32,6 +32,14 @@ async def lean(nats_server: NatsProcess) -> AsyncIterator[LeanNats]:
     await conn.connect()
     yield conn
     await conn.close()
+
+
+async def fake_peer(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> tuple[asyncio.Server, int]:
+    """A TCP peer on loopback playing a (misbehaving) nats-server: (server, its port)."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
 
 
 async def until(check: object, timeout: float = 10.0) -> None:
@@ -191,8 +199,7 @@ async def test_a_server_that_stops_answering_pings_is_left(tmp_path: Path) -> No
                 writer.write(b"PONG\r\n")
         writer.close()
 
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server, port = await fake_peer(silent)
     down = asyncio.Event()
 
     async def on_down() -> None:
@@ -214,8 +221,7 @@ async def test_a_peer_that_is_not_nats_fails_the_connect() -> None:
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server, port = await fake_peer(garbage)
     try:
         with pytest.raises(NatsConnectError, match=r"127\.0\.0\.1"):
             await LeanNats([f"127.0.0.1:{port}"], connect_timeout=2).connect()
@@ -270,8 +276,7 @@ async def test_garbage_after_the_handshake_drops_the_connection_and_reconnects()
                     writer.write(b"MSG a 1 not-a-size\r\n")
         writer.close()
 
-    server = await asyncio.start_server(turns_bad, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server, port = await fake_peer(turns_bad)
     up = asyncio.Event()
 
     async def on_up() -> None:

@@ -467,6 +467,7 @@ class LeanNats:
     async def _reconnect(self) -> None:
         if self._on_disconnected is not None:
             await self._on_disconnected()
+        refused: set[NatsServerAddress] = set()  # warned once per outage, not every round
         while not self._closing:
             for address in self._servers:
                 if self._closing:
@@ -474,7 +475,8 @@ class LeanNats:
                 try:
                     await self._connect_to(address)
                 except NatsAuthError as exc:
-                    log.warning("NATS (lean connection) to %s: %s", address, exc)
+                    (log.debug if address in refused else log.warning)("NATS (lean connection) to %s: %s", address, exc)
+                    refused.add(address)
                 except (TimeoutError, OSError, NatsConnectError, NatsProtocolError, ssl.SSLError) as exc:
                     log.debug("reconnecting to %s: %s", address, exc or type(exc).__name__)
                 else:
