@@ -142,3 +142,22 @@ async def test_signed_requests_and_replies_on_the_lean_connection(
         await client.request("ns.replication.fetch.b", b"ping", timeout=1)
     assert client.dropped["unsigned"] == 1
     await forger.close()
+
+
+async def test_drain_waits_for_the_callback_in_progress(pair: tuple[LeanNatsClient, LeanNatsClient]) -> None:
+    server, client = pair
+    done: list[bytes] = []
+
+    async def slow(msg: LeanMessage) -> None:
+        await asyncio.sleep(0.2)
+        done.append(msg.data)
+
+    sub = await server.subscribe("slow", cb=slow)
+    await server.conn.flush()
+    await client.publish("slow", b"last")
+    await client.conn.flush()
+    await server.conn.flush()
+    await asyncio.sleep(0.05)  # taken off the queue, in the callback
+    assert sub.pending_msgs == 0 and not done
+    await asyncio.wait_for(sub.drain(), 5)
+    assert done == [b"last"]  # finished, not cancelled halfway

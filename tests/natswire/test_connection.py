@@ -125,9 +125,11 @@ async def test_limits_and_bad_subjects(lean: LeanNats) -> None:
     with pytest.raises(MaxPayloadError, match="4097 bytes, the nats-server takes at most 4096"):
         await lean.publish("big", b"x" * 4097)
     await lean.publish("fits", b"x" * 4096)
-    for subject in ("", "a b", "a\tb"):
+    for subject in ("", "a b", "a\tb", "a\r\nPUB evil 1\r\nx", "a\n"):
         with pytest.raises(ValueError, match="invalid NATS subject"):
             await lean.publish(subject, b"x")
+    with pytest.raises(ValueError, match="invalid NATS subject"):
+        await lean.publish("fine", b"x", reply="r\r\nUNSUB 1")
     await lean.flush()  # the connection is still good
     assert lean.is_connected
 

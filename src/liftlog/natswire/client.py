@@ -63,6 +63,7 @@ class _CallbackSubscription:
         self._cb = cb
         self._queue: deque[Event] = deque()
         self._wake: asyncio.Future[None] | None = None
+        self._busy = False  # a callback is running
         self._task = asyncio.get_running_loop().create_task(self._run(), name="nats subscription")
         self.sub: LeanSubscription | None = None
 
@@ -81,10 +82,13 @@ class _CallbackSubscription:
         while True:
             while queue:
                 event = queue.popleft()
+                self._busy = True
                 try:
                     await cb(LeanMessage(conn, event[2], event[3], event[4]))
                 except Exception:
                     log.exception("handling a message on %s failed", event[2])
+                finally:
+                    self._busy = False
             self._wake = asyncio.get_running_loop().create_future()
             await self._wake
 
@@ -99,7 +103,7 @@ class _CallbackSubscription:
             await self.sub.unsubscribe()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _DRAIN_TIMEOUT_S
-        while self._queue and not self._task.done() and loop.time() < deadline:
+        while (self._queue or self._busy) and not self._task.done() and loop.time() < deadline:
             await asyncio.sleep(0.001)
         self._task.cancel()
 
@@ -124,7 +128,7 @@ class LeanNatsClient:
         await self.conn.publish(subject, payload, reply, headers)
 
     async def subscribe(
-        self, subject: str, queue: str = "", cb: Callable[[LeanMessage], Awaitable[None]] | None = None
+        self, subject: str, queue: str = "", cb: MessageCallback | None = None
     ) -> _CallbackSubscription:
         if cb is None:
             raise ValueError(f"a subscription on the lean connection ({subject}) needs a callback")

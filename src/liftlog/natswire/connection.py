@@ -20,6 +20,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import re
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -65,6 +66,7 @@ log = logging.getLogger(__name__)
 BatchHandler = Callable[[list[Event]], None]
 
 _DEFAULT_PORT = 4222
+_WHITESPACE = re.compile(r"\s")
 #: Past this many bytes waiting in the socket's write buffer, publishers wait for it to drain.
 _WRITE_HIGH = 32 << 20
 
@@ -518,8 +520,9 @@ class LeanNats:
             raise NatsNotConnected("the NATS connection is down (reconnecting)")
         if len(payload) > self.max_payload:
             raise MaxPayloadError(f"{len(payload)} bytes, the nats-server takes at most {self.max_payload}")
-        if not subject or " " in subject or "\t" in subject:
-            raise ValueError(f"invalid NATS subject {subject!r}")
+        if not subject or _WHITESPACE.search(subject) or (reply and _WHITESPACE.search(reply)):
+            # A space ends the subject; CR or LF would end the command and start one of the sender's choosing.
+            raise ValueError(f"invalid NATS subject {subject!r} (reply {reply!r})")
         self._write(pub_command(subject, payload, reply, encode_headers(headers) if headers else b""))
         self.out_msgs += 1
         self.out_bytes += len(payload)
