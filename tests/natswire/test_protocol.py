@@ -18,7 +18,6 @@ from liftlog.natswire.protocol import (
     NatsParser,
     NatsProtocolError,
     connect_command,
-    decode_headers,
     encode_headers,
     pub_command,
     sub_command,
@@ -120,9 +119,3 @@ def test_commands() -> None:
 def test_headers_cannot_inject_lines(name: str, value: str) -> None:
     with pytest.raises(ValueError, match="invalid NATS header"):
         encode_headers({name: value})
-
-
-def test_headers_round_trip() -> None:
-    raw = encode_headers({"Liftlog-Id": "7", "B": "two words"})
-    assert decode_headers(raw) == {"Liftlog-Id": "7", "B": "two words"}
-    assert decode_headers(b"NATS/1.0 503\r\n\r\n") == {}

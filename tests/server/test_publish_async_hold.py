@@ -54,6 +54,9 @@ class Api:
         self.published: list[int] = []  # messages per NATS publish
         self.acks: list[asyncio.Future[api_pb2.Ack]] = []
 
+    def leads(self, meta: Any) -> bool:
+        return bool(meta.leader == self.server_id)
+
     def nats_max_payload(self) -> int:
         return 1 << 20
 

@@ -24,7 +24,7 @@ __all__ = [
     "NatsParser",
     "NatsProtocolError",
     "connect_command",
-    "decode_headers",
+    "encode_headers",
     "pub_command",
     "sub_command",
     "unsub_command",
@@ -179,13 +179,3 @@ def encode_headers(headers: dict[str, str]) -> bytes:
             raise ValueError(f"invalid NATS header {name!r}")
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def decode_headers(raw: bytes) -> dict[str, str]:
-    """Header lines after the ``NATS/1.0`` status line (an inline status, e.g. ``503``, is dropped)."""
-    out: dict[str, str] = {}
-    for line in raw.decode(errors="replace").split("\r\n")[1:]:
-        name, sep, value = line.partition(":")
-        if sep and name:
-            out[name.strip()] = value.strip()
-    return out

@@ -496,10 +496,12 @@ class ApiService:
             message.ackInbox, message.correlationId = self._ack_route(req.ackInbox, req.correlationId)
             message.ackPolicy = policy
             future = self._acks.expect(message.ackInbox, message.correlationId)
-        await self._publish_envelope(
-            meta.subject, message, future, future is not None and meta.leader == self.server_id
-        )
+        await self._publish_envelope(meta.subject, message, future, future is not None and self.leads(meta))
         return future
+
+    def leads(self, meta: PartitionMeta) -> bool:
+        """Whether this server leads the partition (its messages come back to this process's intake)."""
+        return meta.leader == self.server_id
 
     async def until_listening(self, part: Partition) -> None:
         """Wait (up to the ack timeout) until a partition named to lead here listens on its subject.

@@ -138,7 +138,7 @@ class BatchesService:
                 encode_record_batch(envelope),
                 envelope.ackInbox,
                 envelope.correlationId,
-                meta.leader == api.server_id,
+                api.leads(meta),
             )
             ack = await api.await_ack(future, context.time_remaining())
         except RpcFailure as failure:

@@ -274,7 +274,8 @@ SETTINGS: tuple[Setting, ...] = (
         "nats.lean.connection",
         _bool,
         True,
-        "partition intake and clients' publishes on a second, lean NATS connection (false: all on nats-py's)",
+        "partition intake, clients' publishes and replication on a second, lean NATS connection"
+        " (false: all on nats-py's)",
     ),
     _s("streams.retention.max.bytes", parse_size, 0, "delete old segments past this size (0: no limit)"),
     _s("streams.retention.max.messages", _int(0), 0, "delete old segments past this many messages (0: no limit)"),

@@ -79,9 +79,6 @@ class _Batch:
         self.last = -1  # the offset of its last message, once acked
         self.ack_body = b""  # its ack encoded, offset and correlation id left for each answer
 
-    def led_here(self, api: ApiService) -> bool:
-        return self.meta.leader == api.server_id
-
     def add(self, value: bytes, key: bytes, user: dict[str, bytes] | None, size: int) -> int:
         """Take a request's message (``size``: its record's bytes, about); returns its index in the batch."""
         records = self.records
@@ -288,7 +285,7 @@ async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_p
     # Each record keeps the ack fields a lone envelope's record would (the intake checks they are the batch's).
     fields = {H_FIELDS: encode_fields("", "", inbox, cid, batch.policy)}
     envelope.records = encode_records([NewRecord(v, k, {**u, **fields} if u else fields) for v, k, u in batch.records])
-    await api.publish_payload(batch.subject, encode_record_batch(envelope), inbox, cid, batch.led_here(api))
+    await api.publish_payload(batch.subject, encode_record_batch(envelope), inbox, cid, api.leads(batch.meta))
     return future
 
 
