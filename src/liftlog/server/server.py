@@ -173,7 +173,7 @@ class Server:
             self._internal_nats = self._connected_nats if auth is None else self._authenticated(auth)
             self._replication_nats = self._replication_connection(auth)
             self._acks = AckRouter(self.server_id)
-            await self._acks.start(self._internal_nats)
+            await self._acks.start(self._replication_nats)
             self.replicator = self._make_replicator()
             spin_window = self.config.values["publish.spin.us"] / 1e6
             if spin_window > 0:
@@ -316,8 +316,9 @@ class Server:
         return False, {}
 
     def _replication_connection(self, auth: ClusterAuth | None) -> NatsClient:
-        """Fetches and their answers ride the lean connection when there is one: they are most of the traffic
-        between servers, and nats-py's tasks and queues cost the followers and the leader CPU per message."""
+        """Fetches, their answers and acks ride the lean connection when there is one: they are most of the
+        traffic between servers, and nats-py's tasks and queues cost the followers, the leader and a server
+        waiting for another's acks CPU per message (and, for the acks, a loop turn or two of latency)."""
         if self._lean is None:
             return self._internal_nats
         client = LeanNatsClient(self._lean)
