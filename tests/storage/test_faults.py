@@ -364,3 +364,23 @@ def test_offsets_are_assigned_after_a_repair_moves_the_log_end(tmp_path: Path, c
     assert log.append([NewRecord(b"c")]) == 2
     assert [(r.offset, r.value) for r in log.read(0)] == [(0, b"a"), (1, b"c")]
     log.close()
+
+
+def test_truncation_that_cannot_read_the_segment_it_cuts_changes_nothing(tmp_path: Path, clock: FakeClock) -> None:
+    """Found by the fault model: an open() failing while truncation looks for where to cut (a sealed
+    segment whose descriptor went back to the budget) escaped as a bare OSError."""
+    io = FaultyFileIO()
+    log = CommitLog.open(
+        tmp_path / "log", LogConfig(segment_max_bytes=200), clock=clock, io=io, budget=DescriptorBudget(1)
+    )
+    for i in range(4):
+        log.append([NewRecord(b"%d" % i * 100)])
+    io.fail("open", errno.EIO, times=-1)
+    with pytest.raises(WriteFailed, match="truncate"):
+        log.truncate_to(0)
+    io.clear()
+    assert log.log_end_offset >= 1  # the newer segments may be gone; the one it could not read is whole
+    assert values(log) == [b"%d" % i * 100 for i in range(log.log_end_offset)]
+    log.truncate_to(0)
+    assert log.log_end_offset == 0
+    log.close()

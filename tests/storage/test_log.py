@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from liftlog.storage import (
     CommitLog,
@@ -396,3 +399,31 @@ def test_append_encoded_stores_records_encoded_elsewhere(tmp_path: Path) -> None
         log.append_encoded(b"junk", 1)
     assert log.log_end_offset == 3
     log.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5)), min_size=1, max_size=60),
+    cut=st.integers(0, 200),
+)
+def test_tail_positions_agree_with_a_walk_from_the_index(batches: list[tuple[int, int]], cut: int) -> None:
+    """Segments remember where their newest batches start (reads at the tail skip the index walk):
+    every offset finds the same batch as in the same log reopened, which knows only its index."""
+    config = LogConfig(segment_max_bytes=2048, index_interval_bytes=256)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = CommitLog.open(Path(tmp), config, clock=FakeClock())
+        offset = 0
+        for i, (gap, count) in enumerate(batches):
+            offset += gap  # appended raw, as a follower does; a gap is what compaction leaves
+            offset = log.append_raw(encode_batch(offset, 0, [NewRecord(b"v%d" % i * 9)] * count, 0))
+            if i == len(batches) // 2 and cut < offset:
+                log.truncate_to(max(cut, log.log_start_offset))
+                offset = log.log_end_offset
+        end = log.log_end_offset
+        positions = [[seg.find_position(o) for o in range(seg.base_offset, end + 1)] for seg in log.segments]
+        log.close()
+        reopened = CommitLog.open(Path(tmp), config, clock=FakeClock())
+        assert [
+            [seg.find_position(o) for o in range(seg.base_offset, end + 1)] for seg in reopened.segments
+        ] == positions
+        reopened.close()

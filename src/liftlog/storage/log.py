@@ -719,6 +719,8 @@ class CommitLog:
             position = seg.find_position(offset)
             if position < seg.size:
                 chunk = seg.pread(position, min(max_bytes, seg.size - position))
+                if position + len(chunk) == seg.size and seg.next_offset <= limit:
+                    return chunk  # the whole rest of the segment: whole batches, all below the limit
                 end = 0
                 for header in iter_batch_headers(chunk):
                     if header.base_offset >= limit:

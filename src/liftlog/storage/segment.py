@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import time
+from bisect import bisect_right
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 1 << 20
 _HEADER_CHUNK = 16384
+#: How many of the newest batches' positions a segment remembers (see ``Segment._recent``).
+_RECENT_BATCHES = 256
 #: Offsets inside a segment are stored relative to its base in 32 bits.
 MAX_RELATIVE_OFFSET = 2**32 - 2
 _keys = itertools.count()
@@ -112,6 +115,12 @@ class Segment:
         self.first_append_ns: int | None = None
         self._bytes_since_index = 0
         self.closed = False
+        # Where the newest batches appended since opening start, in offset order: reads at the tail (a
+        # follower's fetch, a subscriber keeping up) find their batch here instead of walking batch
+        # headers from the last index entry, which for small batches is a dozen header reads.
+        self._recent_bases: list[int] = []
+        self._recent_ends: list[int] = []
+        self._recent_positions: list[int] = []
 
     # -- opening -------------------------------------------------------
 
@@ -169,6 +178,7 @@ class Segment:
 
     def _scan_tail(self) -> None:
         """Learn next_offset, max timestamp and index spacing from the last index entry on."""
+        self._forget_recent()
         start = max(self.index.last_position, 0)
         expected = self.index.offsets[-1] if len(self.index) else None
         self.next_offset = self.base_offset
@@ -218,6 +228,7 @@ class Segment:
         """
         offsets: list[tuple[int, int]] = []
         times: list[tuple[int, int]] = []
+        self._forget_recent()
         self.next_offset = self.base_offset
         self.max_timestamp = -1
         self.first_append_ns = None
@@ -329,6 +340,7 @@ class Segment:
             self.first_append_ns = now_ns
         since = self._bytes_since_index
         interval = self.index_interval_bytes
+        bases, ends, positions = self._recent_bases, self._recent_ends, self._recent_positions
         for h in headers:
             if h.max_timestamp > self.max_timestamp:
                 self.max_timestamp = h.max_timestamp
@@ -337,9 +349,20 @@ class Segment:
                 self.time_index.append(self.max_timestamp, h.base_offset)
                 since = 0
             since += h.size
+            bases.append(h.base_offset)
+            ends.append(h.next_offset)
+            positions.append(position + h.position)
+        if len(bases) > 2 * _RECENT_BATCHES:
+            del bases[:-_RECENT_BATCHES], ends[:-_RECENT_BATCHES], positions[:-_RECENT_BATCHES]
         self._bytes_since_index = since
         self.size = position + len(data)
         self.next_offset = headers[-1].next_offset
+
+    def _forget_recent(self) -> None:
+        """The file changed other than by appending: the remembered positions may be wrong."""
+        self._recent_bases.clear()
+        self._recent_ends.clear()
+        self._recent_positions.clear()
 
     def _undo(self, operation: str, cause: OSError) -> None:
         """Cut whatever a failed write left past ``size``; always raises."""
@@ -398,6 +421,33 @@ class Segment:
         for path in (self.log_path, self.index.path, self.time_index.path):
             self.io.unlink(path)
 
+    def _cut_at(self, offset: int, cipher: BatchCipher | None) -> tuple[int, BatchHeader | None, bytes]:
+        """Where ``truncate_to(offset)`` cuts, the header of the batch there, and what to write back of it."""
+        position = self.find_position(offset) if offset < self.next_offset else self.size
+        if position >= self.size:
+            return position, None, b""
+        header = self.header_at(position)
+        if header.base_offset >= offset:
+            return position, header, b""
+        batch: bytes | memoryview = self.pread(position, header.size)
+        at_zero = _moved(header, -position)
+        encrypted = is_encrypted(at_zero)
+        if encrypted:
+            if cipher is None or not cipher.can_encrypt:
+                raise MissingMasterKey(
+                    f"{self.log_path}: cannot cut the encrypted batch at offset {header.base_offset} "
+                    f"back to offset {offset} without the encryption master key; nothing was truncated"
+                )
+            batch = cipher.decrypt(batch, at_zero)
+            at_zero = parse_batch_header(batch)
+        keep = [o - header.base_offset for o, _ in record_keys(batch, at_zero) if o < offset]
+        lod = offset - header.base_offset - 1
+        kept = retain_records(batch, at_zero, keep, lod)
+        if kept is not None and encrypted:
+            assert cipher is not None
+            kept = cipher.encrypt(kept)
+        return position, header, kept or encode_empty_batch(header.base_offset, lod, header.leader_epoch)
+
     def truncate_to(self, offset: int, cipher: BatchCipher | None = None) -> None:
         """Remove every record at or above ``offset``.
 
@@ -409,30 +459,11 @@ class Segment:
         """
         if offset < self.base_offset:
             return
-        position = self.find_position(offset) if offset < self.next_offset else self.size
-        if position < self.size:
-            header = self.header_at(position)
-            epoch = header.leader_epoch
-            tail = b""
-            if header.base_offset < offset:
-                batch: bytes | memoryview = self.pread(position, header.size)
-                at_zero = _moved(header, -position)
-                encrypted = is_encrypted(at_zero)
-                if encrypted:
-                    if cipher is None or not cipher.can_encrypt:
-                        raise MissingMasterKey(
-                            f"{self.log_path}: cannot cut the encrypted batch at offset {header.base_offset} "
-                            f"back to offset {offset} without the encryption master key; nothing was truncated"
-                        )
-                    batch = cipher.decrypt(batch, at_zero)
-                    at_zero = parse_batch_header(batch)
-                keep = [o - header.base_offset for o, _ in record_keys(batch, at_zero) if o < offset]
-                lod = offset - header.base_offset - 1
-                kept = retain_records(batch, at_zero, keep, lod)
-                if kept is not None and encrypted:
-                    assert cipher is not None
-                    kept = cipher.encrypt(kept)
-                tail = kept or encode_empty_batch(header.base_offset, lod, epoch)
+        try:
+            position, header, tail = self._cut_at(offset, cipher)
+        except OSError as exc:  # reading what to keep failed: nothing changed yet
+            raise WriteFailed("truncate", str(self.log_path), exc) from exc
+        if header is not None:
             try:
                 self.io.ftruncate(self._writable(), position)
             except OSError as exc:
@@ -478,6 +509,12 @@ class Segment:
         An index entry that does not point at the batch it names means the
         index is damaged: it is rebuilt and the lookup repeated.
         """
+        bases = self._recent_bases
+        if bases and bases[0] <= offset:
+            i = bisect_right(bases, offset) - 1
+            if offset < self._recent_ends[i]:
+                return self._recent_positions[i]
+            return self._recent_positions[i + 1] if i + 1 < len(bases) else self.size
         indexed_offset, position = self.index.lookup(offset)
         first = indexed_offset >= 0
         for header in self._walk(position, strict=True):
