@@ -291,3 +291,26 @@ async def test_a_follower_server_fetches_all_its_partitions_from_a_leader_in_one
             assert part.log is not None and part.log.log_end_offset == 3
     finally:
         await stop_all(servers)
+
+
+async def test_the_fetch_loops_wakeup_wakes_on_set_or_timeout_and_survives_cancelling() -> None:
+    from liftlog.server.replicator import _Wakeup
+
+    loop = asyncio.get_running_loop()
+    wake = _Wakeup()
+    started = loop.time()
+    await wake.wait(0.05)  # nothing sets it: the timeout ends the wait
+    assert loop.time() - started >= 0.04 and not wake.is_set
+    loop.call_later(0.01, wake.set)
+    started = loop.time()
+    await wake.wait(5)  # set while waiting: wakes at once, not after 5 s
+    assert loop.time() - started < 1 and wake.is_set
+    await asyncio.wait_for(wake.wait(5), 0.1)  # still set: returns at once
+    wake.clear()
+    waiting = asyncio.ensure_future(wake.wait(5))
+    await asyncio.sleep(0.01)
+    waiting.cancel()  # a fetch loop stopped while it waits
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    wake.set()  # nobody waits any more: nothing to wake, nothing raised
+    assert wake.is_set

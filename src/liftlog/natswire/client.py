@@ -108,6 +108,11 @@ class _CallbackSubscription:
         self._task.cancel()
 
 
+def _expire(future: asyncio.Future[LeanMessage], subject: str, timeout: float) -> None:
+    if not future.done():
+        future.set_exception(NatsRequestTimeout(f"no reply on {subject} within {timeout:.3g}s"))
+
+
 class LeanNatsClient:
     """The subset of nats-py's client the replicator uses (``NatsClient``), on a lean connection."""
 
@@ -141,15 +146,16 @@ class LeanNatsClient:
             self._inbox = f"_INBOX.{secrets.token_hex(11)}."
             self._inbox_sub = await self.conn.subscribe_batches(self._inbox + "*", "", self._on_replies)
         token = str(next(self._tokens))
-        future: asyncio.Future[LeanMessage] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[LeanMessage] = loop.create_future()
         self._waiting[token] = future
+        # A timer on the future, not asyncio.timeout(): a follower sends a request per fetch round.
+        timer = loop.call_later(timeout, _expire, future, subject, timeout)
         try:
             await self.conn.publish(subject, payload, self._inbox + token)
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
-            raise NatsRequestTimeout(f"no reply on {subject} within {timeout:.3g}s") from None
+            return await future
         finally:
+            timer.cancel()
             self._waiting.pop(token, None)
 
     def _on_replies(self, msgs: list[Event]) -> None:

@@ -152,13 +152,55 @@ class _Following:
     session: int = 0
 
 
+class _Wakeup:
+    """An ``asyncio.Event`` for the one task that waits on it, with a timeout.
+
+    The fetch loop waits twice per fetch round (after sending, and for the answer); ``wait_for`` on an
+    Event made a task, two futures and a timer each time: 7% of a follower's profiled time with ack ALL
+    one message at a time. This is one future and one timer.
+    """
+
+    __slots__ = ("_waiter", "is_set")
+
+    def __init__(self) -> None:
+        self.is_set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self.is_set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self.is_set = False
+
+    async def wait(self, timeout: float) -> None:
+        """Until ``set`` (at once if it is) or ``timeout`` seconds pass, whichever comes first."""
+        if self.is_set:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 @dataclass(slots=True)
 class _Loop:
     """Fetching from one leader server: its partitions and the task that serves them."""
 
     leader: str
     members: dict[PartitionKey, _Following] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: _Wakeup = field(default_factory=_Wakeup)
     task: asyncio.Task[None] | None = None
     #: Numbers the fetch requests; an answer counts only for partitions whose newest request it answers.
     requests: int = 0
@@ -569,8 +611,7 @@ class Replicator:
                         run(self._fetch(loop, members, request, number))
                 else:
                     waits = [m.due - now for m in loop.members.values() if m.due > now]
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(loop.wake.wait(), min(waits, default=self.settings.idle_wait_s))
+                    await loop.wake.wait(min(waits, default=self.settings.idle_wait_s))
         finally:
             for task in in_flight:
                 task.cancel()
