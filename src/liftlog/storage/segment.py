@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 1 << 20
 _HEADER_CHUNK = 16384
-#: How many of the newest batches' positions a segment remembers (see ``Segment._recent``).
+#: How many of the newest batches' positions a segment remembers at least (see ``Segment.find_position``).
 _RECENT_BATCHES = 256
 #: Offsets inside a segment are stored relative to its base in 32 bits.
 MAX_RELATIVE_OFFSET = 2**32 - 2
