@@ -13,9 +13,12 @@ import nats
 import pytest
 from nats.errors import TimeoutError as NatsPyTimeout
 
+from liftlog.api import api_pb2
+from liftlog.api.envelope import encode_ack
 from liftlog.natswire import LeanNats
 from liftlog.natswire.client import LeanMessage, LeanNatsClient, NatsNoResponders, NatsRequestTimeout
 from liftlog.security.cluster_auth import ClusterAuth
+from liftlog.server.acks import AckRouter
 from liftlog.server.authenticated_nats import AuthenticatedNats, internal_subjects
 from liftlog.server.nats_types import NatsMessage
 from tests.integration.harness import NatsProcess
@@ -161,3 +164,41 @@ async def test_drain_waits_for_the_callback_in_progress(pair: tuple[LeanNatsClie
     assert sub.pending_msgs == 0 and not done
     await asyncio.wait_for(sub.drain(), 5)
     assert done == [b"last"]  # finished, not cancelled halfway
+
+
+async def test_the_ack_inbox_on_the_lean_connection_survives_hostile_acks(
+    pair: tuple[LeanNatsClient, LeanNatsClient], nats_server: NatsProcess
+) -> None:
+    """Anyone who can publish on NATS can reach a server's ack inbox: garbage, a truncated ack, a huge
+    payload and acks for nobody's correlation id are dropped, and the real ack still gets through."""
+    server, _ = pair
+    router = AckRouter("s1")
+    await router.start(server)
+    await server.conn.flush()
+    waiting = router.expect(router.inbox, "c1")
+    good = encode_ack(api_pb2.Ack(ackInbox=router.inbox, correlationId="c1", offset=42))
+    hostile = await nats.connect(nats_server.url)
+    try:
+        for payload in (
+            b"",
+            b"\x00" * 3,
+            b"not an envelope at all",
+            good[: len(good) // 2],  # truncated
+            b"\xff" * (512 * 1024),  # huge garbage
+            encode_ack(api_pb2.Ack(ackInbox=router.inbox, correlationId="nobody", offset=7)),  # forged, unknown
+            encode_ack(api_pb2.Ack(ackInbox="elsewhere", correlationId="c1", offset=7)),  # the wrong inbox
+        ):
+            await hostile.publish(router.inbox, payload)
+        await hostile.publish(router.inbox, good)
+        await hostile.flush()
+        ack = await asyncio.wait_for(waiting, 5)
+        assert ack.offset == 42
+        assert router.waiting == 0
+        # A replay of the same ack finds no waiter and changes nothing.
+        await hostile.publish(router.inbox, good)
+        await hostile.flush()
+        await asyncio.sleep(0.05)
+        assert router.waiting == 0 and server.conn.is_connected
+    finally:
+        await hostile.close()
+        await router.stop()
