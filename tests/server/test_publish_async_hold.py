@@ -1,4 +1,5 @@
-"""PublishAsync's hold (sans NATS): with two of a call's batches unacknowledged, new requests wait, briefly.
+"""PublishAsync's hold (sans NATS): with two of a call's batches unacknowledged, new requests wait, briefly;
+and after its answers, when the loop is kept polling for the client's next request.
 
 A fake API records what the handler publishes and lets the test decide when acks come, so the order of
 events is the test's, not the scheduler's.
@@ -53,6 +54,11 @@ class Api:
     def __init__(self) -> None:
         self.published: list[int] = []  # messages per NATS publish
         self.acks: list[asyncio.Future[api_pb2.Ack]] = []
+        self.leader = "s1"  # of every partition
+        self.kept_hot = 0  # expect_next_publish calls
+
+    def expect_next_publish(self) -> None:
+        self.kept_hot += 1
 
     def leads(self, meta: Any) -> bool:
         return bool(meta.leader == self.server_id)
@@ -61,7 +67,7 @@ class Api:
         return 1 << 20
 
     async def publishable(self, stream: str, partition: int, policy: int) -> tuple[Any, bool]:
-        return SimpleNamespace(subject=stream, leader="s1"), False
+        return SimpleNamespace(subject=stream, leader=self.leader), False
 
     def _future(self) -> asyncio.Future[api_pb2.Ack]:
         future: asyncio.Future[api_pb2.Ack] = asyncio.get_running_loop().create_future()
@@ -159,6 +165,33 @@ async def test_without_coalescing_nothing_is_held() -> None:
             requests.push(request(i))
             await settle()
         assert api.published == [1, 1, 1, 1]
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("policy", "leader", "polls"),
+    [(api_pb2.LEADER, "s1", True), (api_pb2.ALL, "s1", False), (api_pb2.LEADER, "s2", False)],
+    ids=["ack-leader-led-here", "ack-all", "led-elsewhere"],
+)
+async def test_only_answers_a_leader_here_acked_keep_the_loop_polling_for_the_next_request(
+    policy: int, leader: str, polls: bool
+) -> None:
+    api, requests, context = Api(), Requests(), Context()
+    api.leader = leader
+    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    try:
+        req = request(0)
+        req.ackPolicy = policy  # type: ignore[assignment]
+        requests.push(req)
+        await settle()
+        assert api.published == [1] and api.kept_hot == 0, "not before the answer"
+        api.acks[0].set_result(api_pb2.Ack(offset=0))
+        await settle()
+        assert context.answers == [b"c0"]
+        assert api.kept_hot == (1 if polls else 0)
+        assert not call.done()
     finally:
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)

@@ -574,6 +574,16 @@ class ApiService:
             self._acks.forget(inbox, correlation_id)
             raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, f"cannot publish to NATS: {exc}") from exc
 
+    def expect_next_publish(self) -> None:
+        """A client was just answered for a partition led here: poll for its next request a moment.
+
+        A client publishing one message at a time sends the next within about 100 us of reading its ack;
+        waking from epoll for it costs about half that (docs/performance.md). Not after ack ALL answers:
+        the followers then still have work to do, and the CPU is theirs.
+        """
+        if self._keep_hot is not None:
+            self._keep_hot()
+
     def expect_ack(self, inbox: str, correlation_id: str) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
         """(ack inbox, correlation id, future of the ack) for a message about to be published."""
         inbox, correlation_id = self._ack_route(inbox, correlation_id)

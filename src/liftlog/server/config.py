@@ -248,7 +248,8 @@ SETTINGS: tuple[Setting, ...] = (
         _int(0),
         300,
         "after publishing a client's message to NATS, the server polls without sleeping this long (microseconds) "
-        "for its return, yielding the CPU each turn: waking from sleep costs about as much as the round trip "
+        "for its return, yielding the CPU each turn: waking from sleep costs about as much as the round trip; "
+        "likewise after answering a PublishAsync call's ack-LEADER publish, for the client's next one "
         "(0: sleep at once)",
     ),
     _s(

@@ -55,6 +55,7 @@ MAX_COALESCED_MESSAGE = 64 * 1024
 #: What a record holds beyond key, value and user headers, and more (its fixed part, the stored fields).
 RECORD_ROOM = 512
 NONE = api_pb2.NONE
+LEADER = api_pb2.LEADER
 #: Most answers written at once.
 _MAX_ANSWERS = 512
 #: With this many of a call's batches unacknowledged, newly read requests wait for the oldest, at most HOLD_S.
@@ -108,6 +109,9 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
     wake = asyncio.Event()
     room = asyncio.Event()
     reading_done = False
+    #: The latest requests were LEADER-acked for a partition led here: after answering, the client's next
+    #: request is likely a loop turn or two away (one publisher at a time), so the loop polls for it.
+    answers_hot = False
     take = getattr(request_iterator, "next_batch", None)
     one_by_one = aiter(request_iterator) if take is None else None
     #: Requests received and not yet taken (our own server's request queue; None elsewhere).
@@ -136,7 +140,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
             in_flight.append(batch.future)
 
     async def read() -> None:
-        nonlocal reading_done
+        nonlocal reading_done, answers_hot
         try:
             while True:
                 while len(queue) >= limit:
@@ -174,6 +178,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                         except RpcFailure as failure:
                             state = failure
                         checked[key] = state
+                        answers_hot = key[2] == LEADER and not isinstance(state, RpcFailure) and api.leads(state[0])
                     if isinstance(state, RpcFailure):
                         entries.append((cid, state, 0))
                         continue
@@ -264,6 +269,8 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
             for _ in answers:
                 queue.popleft()
             room.set()
+            if answers_hot:
+                api.expect_next_publish()
     finally:
         reader.cancel()
         for _, item, _ in queue:  # the caller went away: stop waiting for these acks
