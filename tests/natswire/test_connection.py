@@ -86,6 +86,24 @@ async def test_published_messages_reach_nats_subscribers_with_their_headers(
     assert lean.out_msgs == 2
 
 
+async def test_send_now_writes_what_was_published_without_waiting_for_the_loop(
+    lean: LeanNats, nats_server: NatsProcess
+) -> None:
+    app = await nats.connect(nats_server.url)
+    sub = await app.subscribe("events.>")
+    await app.flush()
+    await lean.publish("events.a", b"one")
+    await lean.publish("events.b", b"two")
+    assert len(lean._out) == 2  # queued for the end of the loop turn
+    lean.send_now()
+    assert lean._out == []  # gone to the socket, in order, in one write
+    lean.send_now()  # nothing queued: nothing to do
+    first = await sub.next_msg(timeout=5)
+    second = await sub.next_msg(timeout=5)
+    await app.close()
+    assert [(first.subject, first.data), (second.subject, second.data)] == [("events.a", b"one"), ("events.b", b"two")]
+
+
 async def test_queue_groups_and_unsubscribing(lean: LeanNats) -> None:
     a: list[bytes] = []
     b: list[bytes] = []

@@ -56,9 +56,13 @@ class Api:
         self.acks: list[asyncio.Future[api_pb2.Ack]] = []
         self.leader = "s1"  # of every partition
         self.kept_hot = 0  # expect_next_publish calls
+        self.sent_now: list[int] = []  # publishes so far, at each send_publishes_now
 
     def expect_next_publish(self) -> None:
         self.kept_hot += 1
+
+    def send_publishes_now(self) -> None:
+        self.sent_now.append(len(self.published))
 
     def leads(self, meta: Any) -> bool:
         return bool(meta.leader == self.server_id)
@@ -192,6 +196,27 @@ async def test_only_answers_a_leader_here_acked_keep_the_loop_polling_for_the_ne
         assert context.answers == [b"c0"]
         assert api.kept_hot == (1 if polls else 0)
         assert not call.done()
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+async def test_the_publishes_of_one_read_are_sent_at_once_after_the_last_of_them() -> None:
+    api, requests, context = Api(), Requests(), Context()
+    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    try:
+        reqs = [request(i) for i in range(3)]
+        reqs[1].stream = "other"  # two partitions: two publishes
+        requests.push(*reqs)
+        await settle()
+        assert sorted(api.published) == [1, 2]
+        assert api.sent_now == [2], "one send, after both publishes"
+        for i, ack in enumerate(api.acks):
+            ack.set_result(api_pb2.Ack(offset=i))
+        await settle()
+        requests.push(request(3))
+        await settle()
+        assert api.sent_now == [2, 3]
     finally:
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)

@@ -550,6 +550,10 @@ class LeanNats:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def send_now(self) -> None:
+        """Write what was published so far now, instead of at the end of this loop turn."""
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         out = self._out

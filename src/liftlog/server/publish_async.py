@@ -225,6 +225,7 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                             entries.append((cid, future, 0))
                 for pending in batches.values():
                     await publish(pending)
+                api.send_publishes_now()  # this read's publishes leave in one write, now
                 if entries:
                     queue.extend(entries)
                     wake.set()

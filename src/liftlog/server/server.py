@@ -736,6 +736,7 @@ class Server:
             acks=self._acks,
             publish=self._hot_nats.publish,
             keep_hot=self.spinner.keep_hot if self.spinner is not None else None,
+            send_publishes=self._lean.send_now if self._lean is not None else None,
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
             max_message_bytes=self.config.streams.max_message_bytes,
             limits=ApiLimits(
