@@ -19,6 +19,8 @@ import h2.events
 import h2.settings
 import hpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from liftlog.rpc import wire
 from liftlog.rpc.server_connection import (
@@ -1118,3 +1120,98 @@ def test_oversize_header_list_is_enhance_your_calm() -> None:
     )
     assert raw.goaway == ErrorCode.ENHANCE_YOUR_CALM
     assert not [e for e in raw.events if isinstance(e, RequestReceived)]
+
+
+# One DATA frame the short way takes (most often), or one of the ways around it: a message split over
+# frames, half a message (the next frame continues it), two in a frame, padding, END_STREAM, a compressed
+# flag without an encoding, a message over the limit, an empty one; and the app taking what it was given,
+# a reset, or a window update in between.
+_FRAME_KINDS = st.sampled_from(
+    ["one"] * 6 + ["split", "half", "two", "padded", "end", "gzip-flag", "oversize", "empty"]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([1, 3]),
+            _FRAME_KINDS,
+            st.one_of(st.integers(1, 2000), st.sampled_from([1200, 1900, 2400])),  # large ones fill the windows
+            st.integers(0, 3).map(lambda n: n == 0),  # the app takes what it has
+            st.integers(0, 9).map(lambda n: n == 0),  # the stream is reset
+        ),
+        max_size=40,
+    ),
+    st.lists(st.integers(1, 200), min_size=1, max_size=10),
+)
+def test_one_message_data_frames_mean_the_same_the_short_way(
+    steps: list[tuple[int, str, int, bool, bool]], chunks: list[int]
+) -> None:
+    limits = ConnectionLimits(stream_window=4000, connection_window=5000, max_message_bytes=2500)
+    encoder = hpack.Encoder()
+    stream = wire.PREFACE + wire.settings_frame(())
+    for sid in (1, 3):
+        stream += wire.frame(FrameType.HEADERS, END_HEADERS, sid, encoder.encode(request_headers()))
+    cuts: list[int] = []  # where the app takes its messages, or a stream is reset
+    takes: list[bool] = []
+    for sid, kind, size, take, reset in steps:
+        body = grpc_message(bytes([size % 251]) * size)
+        if kind == "one":
+            stream += data(sid, body)
+        elif kind == "split":
+            stream += data(sid, body[: size // 2]) + data(sid, body[size // 2 :])
+        elif kind == "half":
+            stream += data(sid, body[: size // 2 + 1])
+        elif kind == "two":
+            stream += data(sid, body + grpc_message(b"tail"))
+        elif kind == "padded":
+            stream += data(sid, b"\x03" + body + b"\0\0\0", PADDED)
+        elif kind == "end":
+            stream += data(sid, body, END_STREAM)
+        elif kind == "gzip-flag":
+            stream += data(sid, b"\x01" + body[1:])
+        elif kind == "oversize":
+            stream += data(sid, grpc_message(b"o" * 2600))
+        else:
+            stream += data(sid, grpc_message(b""))
+        if reset:
+            stream += wire.rst_stream(sid, ErrorCode.CANCEL)
+        elif take:
+            stream += wire.window_update(0, 100)
+        cuts.append(len(stream))
+        takes.append(take)
+    short, general = ServerConnection(limits), ServerConnection(limits)
+    general.fast_data = False
+    results = []
+    for conn in (short, general):
+        events: list[Event] = []
+        out = b""
+        pos, i, c = 0, 0, 0
+        while pos < len(stream):
+            step = chunks[c % len(chunks)]
+            c += 1
+            new = conn.receive(stream[pos : pos + step], 0.0)
+            pos += step
+            events += new
+            while i < len(cuts) and cuts[i] <= pos:  # the app takes what it has, when the step says so
+                if takes[i]:
+                    for e in events:
+                        if isinstance(e, MessageReceived) and e.size:
+                            conn.consumed(e.stream_id, e.size)
+                            e.size = 0
+                i += 1
+            out += conn.data_to_send()
+            check_accounting(conn)
+        state = (
+            conn._recv_window,
+            conn._buffered,
+            conn._partial,
+            conn._credit,
+            sorted(
+                (s.id, s.recv_window, s.held, s.excess, s.credit, bytes(s.buf), s.prepaid)
+                for s in conn._streams.values()
+            ),
+        )
+        results.append((events, out, state, conn.closed))
+    assert results[0] == results[1]

@@ -113,6 +113,7 @@ class ServerConnection(Connection):
             self._out += wire.rst_stream(sid, ErrorCode.REFUSED_STREAM)
             return
         s = _Stream(sid, self.limits.stream_window, self._peer_window)
+        s.headers_received = True  # the request's: its DATA may follow
         self._streams[sid] = s
         if flags & END_STREAM:
             s.remote_closed = True
