@@ -17,7 +17,7 @@ import pytest
 from liftlog.api import api_pb2
 from liftlog.api.batch_envelope import decode_record_batch
 from liftlog.server import publish_async
-from liftlog.server.api_service import ApiLimits
+from liftlog.server.api_service import ApiLimits, ApiService
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -220,3 +220,34 @@ async def test_the_publishes_of_one_read_are_sent_at_once_after_the_last_of_them
     finally:
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
+
+
+class AckTimeoutApi(Api):
+    """Acks that never come, waited for the way the server waits (its ack timeout, 50 ms here)."""
+
+    _ack_timeout = 0.05
+    until_acked = ApiService.until_acked
+    ack_result = ApiService.ack_result
+
+
+async def test_every_request_of_a_batch_whose_ack_never_came_is_told_so() -> None:
+    api, requests, context = AckTimeoutApi(), Requests(), Context()
+    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    try:
+        requests.push(*(request(i) for i in range(3)))
+        await until(lambda: len(context.answers) == 3)
+        answers = [api_pb2.PublishResponse.FromString(a) for a in context.answers]
+        assert api.published == [3]
+        assert [a.correlationId for a in answers] == ["c0", "c1", "c2"]
+        for answer in answers:
+            assert answer.asyncError.message.startswith("no ack within"), answer
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+
+
+async def until(check: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)

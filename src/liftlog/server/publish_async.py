@@ -80,13 +80,6 @@ class _Batch:
         self.last = -1  # the offset of its last message, once acked
         self.ack_body = b""  # its ack encoded, offset and correlation id left for each answer
 
-    def add(self, value: bytes, key: bytes, user: dict[str, bytes] | None, size: int) -> int:
-        """Take a request's message (``size``: its record's bytes, about); returns its index in the batch."""
-        records = self.records
-        records.append((value, key or None, user))
-        self.size += size
-        return len(records) - 1
-
 
 # A queue entry: (the caller's correlation id, what answers it, its index in a _Batch).
 _Entry = tuple[str, "asyncio.Future[api_pb2.Ack] | RpcFailure | _Batch", int]
@@ -208,7 +201,10 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                             batch = None
                         if batch is None:
                             batch = batches[where] = _Batch(meta, key[2], req)
-                        index = batch.add(value, msg_key, user, size)
+                        records = batch.records
+                        records.append((value, msg_key or None, user))
+                        batch.size += size
+                        index = len(records) - 1
                         if key[2] != NONE:
                             entries.append((cid, batch, index))
                         continue
@@ -244,27 +240,47 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                 wake.clear()
             # Every answer that is ready goes out in one write; a pending ack is waited for only at the head.
             answers: list[bytes] = []
-            while len(answers) < len(queue) and len(answers) < _MAX_ANSWERS:  # the reader appends meanwhile
-                cid, item, index = queue[len(answers)]
-                future = item.future if isinstance(item, _Batch) else item
-                if isinstance(future, RpcFailure):
-                    answers.append(async_error(cid, future))
-                elif future is None:  # a batch that could not be published
-                    assert isinstance(item, _Batch) and item.failure is not None
-                    answers.append(async_error(cid, item.failure))
-                else:
-                    if not future.done():
+            i = 0
+            while i < len(queue) and i < _MAX_ANSWERS:  # the reader appends meanwhile
+                cid, item, _ = queue[i]
+                if isinstance(item, _Batch):
+                    future = item.future
+                    if item.failure is None and future is not None and not future.done():
                         if answers:
                             break
                         try:
                             await api.until_acked(future, None)
+                        except RpcFailure as failure:  # no ack in time: the answer for all of the batch
+                            item.failure = failure
+                    if item.failure is not None:  # not published, or no ack in time
+                        answers.append(async_error(cid, item.failure))
+                        i += 1
+                    elif len(item.records) == 1:
+                        assert future is not None
+                        answers.append(api.answer(future, cid))
+                        i += 1
+                    else:  # this request and the batch's next ones, answered together
+                        j = i + 1
+                        last = min(len(queue), _MAX_ANSWERS)
+                        while j < last and queue[j][1] is item:
+                            j += 1
+                        answers += _batch_answers(api, item, [queue[k] for k in range(i, j)])
+                        i = j
+                elif isinstance(item, RpcFailure):
+                    answers.append(async_error(cid, item))
+                    i += 1
+                else:  # a request published alone
+                    if not item.done():
+                        if answers:
+                            break
+                        try:
+                            await api.until_acked(item, None)
                         except RpcFailure as failure:  # no ack in time
                             answers.append(async_error(cid, failure))
+                            i += 1
                             continue
-                    if isinstance(item, _Batch) and len(item.records) > 1:
-                        answers.append(_batch_answer(api, item, cid, index))
-                    else:
-                        answers.append(api.answer(future, cid))
+                    answers.append(api.answer(item, cid))
+                    i += 1
             # Completes once gRPC's window has room: a client that does not read its acks stalls here.
             await context.write(answers)
             for _ in answers:
@@ -275,9 +291,9 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
     finally:
         reader.cancel()
         for _, item, _ in queue:  # the caller went away: stop waiting for these acks
-            future = item.future if isinstance(item, _Batch) else item
-            if isinstance(future, asyncio.Future):
-                future.cancel()
+            awaited = item.future if isinstance(item, _Batch) else item
+            if isinstance(awaited, asyncio.Future):
+                awaited.cancel()
 
 
 async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_pb2.Ack] | None:
@@ -297,25 +313,31 @@ async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_p
     return future
 
 
-def _batch_answer(api: ApiService, batch: _Batch, cid: str, index: int) -> bytes:
-    """The encoded PublishResponse of a batch's ``index``-th request: the batch's ack with its own offset."""
+def _batch_answers(api: ApiService, batch: _Batch, entries: list[_Entry]) -> list[bytes]:
+    """The encoded PublishResponses of some of a batch's requests: the batch's ack with each one's offset."""
     if not batch.ack_body:
         assert batch.future is not None
         try:
             ack = api.ack_result(batch.future)
         except RpcFailure as failure:  # the same answer for every request of the batch
-            return async_error(cid, failure)
+            batch.failure = failure
+            return [async_error(cid, failure) for cid, _, _ in entries]
         batch.last = ack.offset
         ack.ClearField("offset")
         batch.ack_body = ack.SerializeToString()
     # Ack{offset = 4, correlationId = 6} appended inside PublishResponse{ack = 1, correlationId = 3}: the
     # offset was left out of the body, and a parser keeps the last value, so the caller's id replaces the
     # server's batch id.
-    offset = batch.last - len(batch.records) + 1 + index
-    body = batch.ack_body + b"\x20" + varint(offset)
-    if cid:
-        raw = cid.encode()
-        tail = varint(len(raw)) + raw
-        body += b"\x32" + tail
-        return b"\x0a" + varint(len(body)) + body + b"\x1a" + tail
-    return b"\x0a" + varint(len(body)) + body
+    head = batch.ack_body + b"\x20"
+    first = batch.last - len(batch.records) + 1
+    out: list[bytes] = []
+    for cid, _, index in entries:
+        body = head + varint(first + index)
+        if cid:
+            raw = cid.encode()
+            tail = varint(len(raw)) + raw
+            body += b"\x32" + tail
+            out.append(b"\x0a" + varint(len(body)) + body + b"\x1a" + tail)
+        else:
+            out.append(b"\x0a" + varint(len(body)) + body)
+    return out
