@@ -33,8 +33,7 @@ from liftlog.api import api_pb2
 from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.stored import H_FIELDS, RESERVED, encode_fields, varint
-from liftlog.storage import EMPTY_HEADERS, NewRecord
-from liftlog.storage.records import encode_records
+from liftlog.storage.records import encode_headers, encode_prepared
 
 from .failures import RpcFailure, async_error
 
@@ -300,15 +299,21 @@ async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_p
     """Publish a batch's records as one record batch envelope; the future resolves with its one ack."""
     envelope = RecordBatchEnvelope(count=len(batch.records), ackPolicy=batch.policy)
     if batch.policy == api_pb2.NONE:
-        envelope.records = encode_records([NewRecord(v, k, u or EMPTY_HEADERS) for v, k, u in batch.records])
+        envelope.records = encode_prepared(
+            [(k, v, encode_headers(u), len(u)) if u else (k, v, b"", 0) for v, k, u in batch.records]
+        )
         await api.publish_payload(batch.subject, encode_record_batch(envelope))  # no ack awaited: no spinning
         return None
     inbox, cid, future = api.expect_ack("", "")
     envelope.ackInbox = inbox
     envelope.correlationId = cid
-    # Each record keeps the ack fields a lone envelope's record would (the intake checks they are the batch's).
+    # Each record keeps the ack fields a lone envelope's record would (the intake checks they are the batch's);
+    # encoded once for the batch, not once a record.
     fields = {H_FIELDS: encode_fields("", "", inbox, cid, batch.policy)}
-    envelope.records = encode_records([NewRecord(v, k, {**u, **fields} if u else fields) for v, k, u in batch.records])
+    shared = encode_headers(fields)
+    envelope.records = encode_prepared(
+        [(k, v, encode_headers({**u, **fields}), len(u) + 1) if u else (k, v, shared, 1) for v, k, u in batch.records]
+    )
     await api.publish_payload(batch.subject, encode_record_batch(envelope), inbox, cid, api.leads(batch.meta))
     return future
 
