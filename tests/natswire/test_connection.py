@@ -9,6 +9,7 @@ import base64
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import nkeys
@@ -42,6 +43,14 @@ async def fake_peer(
     return server, server.sockets[0].getsockname()[1]
 
 
+async def subscribed(url: str, subject: str) -> tuple[nats.aio.client.Client, Any]:
+    """A nats-py connection subscribed to ``subject`` (the subscription is in place on return)."""
+    app = await nats.connect(url)
+    sub = await app.subscribe(subject)
+    await app.flush()
+    return app, sub
+
+
 async def until(check: object, timeout: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -72,9 +81,7 @@ async def test_messages_arrive_in_order_a_read_buffer_at_a_time(lean: LeanNats, 
 async def test_published_messages_reach_nats_subscribers_with_their_headers(
     lean: LeanNats, nats_server: NatsProcess
 ) -> None:
-    app = await nats.connect(nats_server.url)
-    sub = await app.subscribe("events.>")
-    await app.flush()
+    app, sub = await subscribed(nats_server.url, "events.>")
     await lean.publish("events.a", b"one")
     await lean.publish("events.b", b"two", reply="back.here", headers={"Liftlog-Id": "9"})
     first = await sub.next_msg(timeout=5)
@@ -89,9 +96,7 @@ async def test_published_messages_reach_nats_subscribers_with_their_headers(
 async def test_send_now_writes_what_was_published_without_waiting_for_the_loop(
     lean: LeanNats, nats_server: NatsProcess
 ) -> None:
-    app = await nats.connect(nats_server.url)
-    sub = await app.subscribe("events.>")
-    await app.flush()
+    app, sub = await subscribed(nats_server.url, "events.>")
     await lean.publish("events.a", b"one")
     await lean.publish("events.b", b"two")
     assert len(lean._out) == 2  # queued for the end of the loop turn

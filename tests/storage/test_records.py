@@ -105,21 +105,22 @@ def test_retain_records_keeps_offsets_and_range() -> None:
 
 # -- the records part alone: what a batched publish sends --------------------------------
 
+#: Records as publishers hand them over (no timestamps: the log sets them).
+_NEW_RECORDS = st.lists(
+    st.builds(
+        NewRecord,
+        st.binary(max_size=200),
+        st.one_of(st.none(), st.binary(max_size=20)),
+        st.dictionaries(st.text(max_size=10), st.binary(max_size=20), max_size=3),
+        timestamp=st.none(),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
 
 @settings(max_examples=100, deadline=None)
-@given(
-    st.lists(
-        st.builds(
-            NewRecord,
-            st.binary(max_size=200),
-            st.one_of(st.none(), st.binary(max_size=20)),
-            st.dictionaries(st.text(max_size=10), st.binary(max_size=20), max_size=3),
-            timestamp=st.none(),
-        ),
-        min_size=1,
-        max_size=10,
-    )
-)
+@given(_NEW_RECORDS)
 def test_encoded_records_decode_to_the_same_records(records: list[NewRecord]) -> None:
     from liftlog.storage.records import decode_new_records, encode_records
 
@@ -129,19 +130,7 @@ def test_encoded_records_decode_to_the_same_records(records: list[NewRecord]) ->
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    st.lists(
-        st.builds(
-            NewRecord,
-            st.binary(max_size=200),
-            st.one_of(st.none(), st.binary(max_size=20)),
-            st.dictionaries(st.text(max_size=10), st.binary(max_size=20), max_size=3),
-            timestamp=st.none(),
-        ),
-        min_size=1,
-        max_size=10,
-    )
-)
+@given(_NEW_RECORDS)
 def test_prepared_records_encode_to_the_same_bytes(records: list[NewRecord]) -> None:
     """PublishAsync's batches and the Spark sink use encode_prepared; readers expect encode_records' bytes."""
     from liftlog.storage.records import encode_headers, encode_prepared, encode_records
