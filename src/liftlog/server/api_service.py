@@ -580,8 +580,8 @@ class ApiService:
     def send_publishes_now(self) -> None:
         """A handler published all it had: write it to NATS now rather than a loop turn later.
 
-        One publisher at a time: the reader's pass is done, and the next loop turn's write came
-        6% later in the cycle (about 2,830 against 3,000 msgs/s over ten interleaved runs).
+        One publisher at a time: the reader's pass is done, and waiting for the next loop turn's
+        write cost about 4% of its rate (2,890 against 3,000 msgs/s, docs/performance.md).
         """
         if self._send_publishes is not None:
             self._send_publishes()
