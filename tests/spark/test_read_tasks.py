@@ -129,3 +129,23 @@ def test_an_unreachable_server_is_named_once() -> None:
     message = str(failure.value)
     assert message.startswith("no liftlog server answered at 127.0.0.1:1: "), message
     assert message.count("no liftlog server answered") == 1, message
+
+
+def test_a_worker_freezes_its_heap_once_after_its_first_whole_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    from liftlog.spark import source
+
+    frozen: list[int] = []
+    monkeypatch.setattr(source.gc, "freeze", lambda: frozen.append(1))
+    monkeypatch.setattr(source, "_worker_heap_frozen", False)
+
+    def failing() -> Any:
+        yield 1
+        raise LiftlogSparkError("the read failed")
+
+    with pytest.raises(LiftlogSparkError):
+        list(source._freeze_when_done(failing()))
+    assert frozen == []  # a failed task: perhaps not everything the tasks need is loaded yet
+    batches = source._freeze_when_done(iter([1, 2]))
+    assert next(batches) == 1 and frozen == []  # not while the task runs: its imports may not be done
+    assert list(batches) == [2] and frozen == [1]
+    assert list(source._freeze_when_done(iter([3]))) == [3] and frozen == [1]
