@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from unittest.mock import patch
 
 import pyarrow as pa
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from liftlog.api.stored import encode_fields
 from liftlog.client import CorruptDataError
 from liftlog.client.batches import decode_batches
+from liftlog.spark import arrow_batches
 from liftlog.spark.arrow_batches import arrow_batch
 from liftlog.spark.offsets import OffsetRange
 from liftlog.spark.reading import arrow_schema, columns_batch
@@ -72,15 +74,17 @@ def encoded(batches: list[list[NewRecord]], base: int, ts: int, gaps: list[int])
     gaps=st.lists(st.integers(0, 3), max_size=4),
     start_delta=st.integers(0, 14),
     end_cut=st.integers(0, 14),
+    lockstep=st.sampled_from([1, 2, 24]),  # batches walked by numpy steps while this many still walk
 )
 def test_plain_records_give_the_per_record_decoders_batch(
-    batches: list[list[NewRecord]], base: int, ts: int, gaps: list[int], start_delta: int, end_cut: int
+    batches: list[list[NewRecord]], base: int, ts: int, gaps: list[int], start_delta: int, end_cut: int, lockstep: int
 ) -> None:
     data = encoded(batches, base, ts, gaps)
     total = sum(len(b) for b in batches) + sum(gaps[: len(batches)])
     start = base + start_delta
     limit = max(start, base + total - end_cut)
-    got = column_wise(data, start, limit)
+    with patch.object(arrow_batches, "_LOCKSTEP", lockstep):
+        got = column_wise(data, start, limit)
     assert got is not None
     want = per_record(data, start, limit)
     assert got[1] == want[1]
@@ -171,4 +175,62 @@ def test_lengths_past_their_record_are_refused(key_len: int, value_len: int) -> 
 
     data = _resealed(RECORD_HEADER.pack(22 + 4, 0, 0, key_len, value_len, 0) + b"abcd", 1)
     with pytest.raises(CorruptDataError):
+        column_wise(data, 0, 2**62)
+
+
+def test_many_batches_of_any_count_are_walked_alike() -> None:
+    """Enough batches for numpy steps, of counts that leave some to finish in Python."""
+    batches = [
+        [NewRecord(bytes([i]) * ((i * 37 + j * 11) % 300), None if j % 3 else b"k", {}) for j in range(1 + i % 40)]
+        for i in range(70)
+    ]
+    data = encoded(batches, 5, 1_000, [])
+    limit = 5 + sum(len(b) for b in batches)
+    want, want_next = per_record(data, 5, limit)
+    for lockstep in (1, 24, 10**6):
+        with patch.object(arrow_batches, "_LOCKSTEP", lockstep):
+            batch, next_offset = column_wise(data, 5, limit)  # type: ignore[misc]
+        assert next_offset == want_next and batch is not None and batch.equals(want)
+
+
+def test_a_batch_claiming_more_records_than_its_bytes_hold_is_refused() -> None:
+    from liftlog.storage.records import RECORD_HEADER
+
+    data = _resealed(RECORD_HEADER.pack(22, 0, 0, -1, 0, 0), 2)
+    with pytest.raises(CorruptDataError, match="claims 2 records"):
+        column_wise(data, 0, 2**62)
+
+
+@pytest.mark.parametrize("lockstep", [1, 24])
+@pytest.mark.parametrize("length", [30, -26, -4, -1, 0, 21, 23, 2**31 - 1])
+def test_a_bad_length_amid_many_batches_is_refused(length: int, lockstep: int) -> None:
+    """One record's length, in the middle of one of 30 batches, sends its walk astray (or off the data)."""
+    from liftlog.storage.records import RECORD_HEADER
+
+    record = RECORD_HEADER.pack(30, 0, 0, -1, 8, 0) + b"v" * 8  # 4 + 30 bytes
+    damaged = struct.pack(">i", length) + record[4:]
+    batches = [_resealed(record * 5, 5) for _ in range(30)]
+    batches[17] = _resealed(record * 2 + damaged + record * 2, 5)
+    with patch.object(arrow_batches, "_LOCKSTEP", lockstep):
+        if length == 30:  # undamaged: the control
+            batch, _ = column_wise(b"".join(batches), 0, 2**62)  # type: ignore[misc]
+            assert batch.num_rows == 150
+        else:
+            with pytest.raises(CorruptDataError):
+                column_wise(b"".join(batches), 0, 2**62)
+
+
+@pytest.mark.parametrize("lockstep", [1, 24])
+@pytest.mark.parametrize("where", ["before the data", "in its last bytes"])
+def test_a_length_leading_out_of_the_data_is_refused(where: str, lockstep: int) -> None:
+    """A batch's last record placed before the data (numpy would read from its end) or in its last bytes."""
+    from liftlog.storage.records import BATCH_HEADER_SIZE, RECORD_HEADER
+
+    record = RECORD_HEADER.pack(30, 0, 0, -1, 8, 0) + b"v" * 8
+    rest = [_resealed(record * 5, 5) for _ in range(29)]
+    size = len(_resealed(record * 2, 2)) + sum(len(b) for b in rest)
+    target = -40 if where == "before the data" else size - 10
+    damaged = struct.pack(">i", target - (BATCH_HEADER_SIZE + 4)) + record[4:]
+    data = b"".join([_resealed(damaged + record, 2), *rest])
+    with patch.object(arrow_batches, "_LOCKSTEP", lockstep), pytest.raises(CorruptDataError):
         column_wise(data, 0, 2**62)

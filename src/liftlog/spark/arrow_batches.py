@@ -32,6 +32,9 @@ from liftlog.storage.records import RECORD_OVERHEAD
 __all__ = ["arrow_batch"]
 
 _LENGTH = struct.Struct(">i").unpack_from
+#: Batches still walking for which a numpy step beats a Python walk (measured: about 24).
+_LOCKSTEP = 24
+_NO_POSITIONS = np.empty(0, np.int64)
 #: The \x00fields header: name (2 + 7 bytes), value length (4), then the value's first byte (0x3A: a subject).
 _FIELDS_HEADER = len(FIELDS_NAME) + 4
 _SUBJECT_TAG = 0x3A
@@ -60,12 +63,13 @@ def arrow_batch(
     record needs the per-record decoder. Raises CorruptDataError for bytes
     that are not whole, intact batches.
     """
-    positions, bases, counts, batch_ends, next_offset = _record_starts(data, start, limit)
-    n = len(positions)
+    at, bases, counts, batch_ends, next_offset = _record_starts(data, start, limit)
+    n = len(at)
     if n == 0:
         return None, next_offset
+    if at.min() < 0 or at.max() > len(data) - RECORD_OVERHEAD:  # a walk a bad length led astray
+        raise CorruptDataError(f"a record of the batches fetched from offset {start} has an impossible length")
     buf = np.frombuffer(data, np.uint8)
-    at = np.frombuffer(positions, np.int64)
     fixed = buf[at[:, None] + np.arange(RECORD_OVERHEAD)].view(_RECORD_HEADER).reshape(n)
     length = fixed["length"].astype(np.int64)
     key_len = fixed["key_len"].astype(np.int64)
@@ -76,6 +80,7 @@ def arrow_batch(
     key_at = at + RECORD_OVERHEAD
     value_at = key_at + np.maximum(key_len, 0)
     fields_at = value_at + value_len
+    # A length under 22 fails the last check (fields_at is at least 26 past the start): so does a walk looping.
     if (
         (record_end > batch_end).any()
         or (key_len < -1).any()
@@ -129,32 +134,63 @@ def arrow_batch(
     return pa.RecordBatch.from_arrays(columns, schema=schema), next_offset
 
 
-def _record_starts(data: bytes, start: int, limit: int) -> tuple[array[int], list[int], list[int], list[int], int]:
-    """Where each record of the batches in range starts, with each such batch's base offset, count and end."""
-    positions: array[int] = array("q")
-    add = positions.append
-    bases: list[int] = []
-    counts: list[int] = []
-    batch_ends: list[int] = []
+def _record_starts(data: bytes, start: int, limit: int) -> tuple[Any, Any, Any, Any, int]:
+    """Where each record of the batches in range starts, with each such batch's base offset, count and end.
+
+    Records have variable length, so each start follows from the one before: a
+    walk per batch. Walks of different batches do not depend on each other, so
+    while enough batches are still walking one numpy step moves them all on a
+    record (longest batches first: those still walking are a prefix), and the
+    few left finish in Python; on 130 batches of 100 records that is 0.06
+    instead of 0.16 us a record. Lengths are not checked on the way:
+    :func:`arrow_batch` checks every record's against its batch afterwards,
+    and a count of records its batch's bytes cannot hold is refused here, so
+    no walk outlasts its bytes.
+    """
+    picked = []
     next_offset = start
     for base, last_delta, count, records_at, batch_end in checked_batches(data, limit):
         if base + last_delta >= start and count > 0:
-            p = records_at
-            try:
-                for _ in range(count):
-                    add(p)
-                    length = _LENGTH(data, p)[0]
-                    if length < 22:  # else a record could loop or run backwards
-                        raise CorruptDataError(f"a record of the batch at offset {base} has an impossible length")
-                    p += 4 + length
-            except struct.error as exc:
-                raise CorruptDataError(f"a record of the batch at offset {base} is malformed: {exc}") from exc
-            if p > batch_end:
-                raise CorruptDataError(f"the records of the batch at offset {base} run past its end")
-            bases.append(base)
-            counts.append(count)
-            batch_ends.append(batch_end)
+            if count > (batch_end - records_at) // RECORD_OVERHEAD:
+                raise CorruptDataError(f"the batch at offset {base} claims {count} records, more than its bytes hold")
+            picked.append((base, count, records_at, batch_end))
         next_offset = max(next_offset, min(base + last_delta + 1, limit))
+    if not picked:
+        return _NO_POSITIONS, (), (), (), next_offset
+    bases, counts, records_at, batch_ends = np.array(picked, np.int64).T
+    first = np.zeros(len(counts), np.int64)  # where each batch's records go in the result
+    np.cumsum(counts[:-1], out=first[1:])
+    positions = np.empty(int(first[-1] + counts[-1]), np.int64)
+    order = np.argsort(-counts, kind="stable")
+    left, dest, at = counts[order], first[order], records_at[order]
+    descending = -left
+    lengths = np.ndarray((len(data) - 3,), ">i4", buffer=data, strides=(1,))  # a length at every byte
+    k = 0  # records each walking batch has taken
+    walking = len(left)
+    try:
+        while walking >= _LOCKSTEP:
+            now = at[:walking]
+            positions[dest[:walking] + k] = now
+            now += lengths[now]
+            now += 4
+            k += 1
+            walking = int(np.searchsorted(descending, -k))  # batches of more than k records
+    except IndexError:  # a length that led past the data
+        raise CorruptDataError(
+            f"a record of the batches fetched from offset {start} has an impossible length"
+        ) from None
+    for b in range(walking):
+        p = int(at[b])
+        rest = array("q")
+        add = rest.append
+        try:
+            for _ in range(int(left[b]) - k):
+                add(p)
+                p += 4 + _LENGTH(data, p)[0]
+        except struct.error as exc:
+            raise CorruptDataError(f"a record of the batches fetched from offset {start} is malformed: {exc}") from exc
+        to = int(dest[b]) + k
+        positions[to : to + len(rest)] = np.frombuffer(rest, np.int64)
     return positions, bases, counts, batch_ends, next_offset
 
 
