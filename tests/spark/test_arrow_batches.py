@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from unittest.mock import patch
 
 import pyarrow as pa
@@ -53,6 +55,13 @@ plain_records = st.builds(
 )
 
 
+@contextmanager
+def walks(lockstep: int, at_once: int) -> Iterator[None]:
+    """Numpy steps while ``lockstep`` batches still walk; batches of ``at_once`` records walked as they come."""
+    with patch.object(arrow_batches, "_LOCKSTEP", lockstep), patch.object(arrow_batches, "_WALK_AT_ONCE", at_once):
+        yield
+
+
 def encoded(batches: list[list[NewRecord]], base: int, ts: int, gaps: list[int]) -> bytes:
     data = b""
     offset = base
@@ -75,15 +84,23 @@ def encoded(batches: list[list[NewRecord]], base: int, ts: int, gaps: list[int])
     start_delta=st.integers(0, 14),
     end_cut=st.integers(0, 14),
     lockstep=st.sampled_from([1, 2, 24]),  # batches walked by numpy steps while this many still walk
+    at_once=st.sampled_from([1, 3, 256]),  # batches of this many records walked in Python as they come
 )
 def test_plain_records_give_the_per_record_decoders_batch(
-    batches: list[list[NewRecord]], base: int, ts: int, gaps: list[int], start_delta: int, end_cut: int, lockstep: int
+    batches: list[list[NewRecord]],
+    base: int,
+    ts: int,
+    gaps: list[int],
+    start_delta: int,
+    end_cut: int,
+    lockstep: int,
+    at_once: int,
 ) -> None:
     data = encoded(batches, base, ts, gaps)
     total = sum(len(b) for b in batches) + sum(gaps[: len(batches)])
     start = base + start_delta
     limit = max(start, base + total - end_cut)
-    with patch.object(arrow_batches, "_LOCKSTEP", lockstep):
+    with walks(lockstep, at_once):
         got = column_wise(data, start, limit)
     assert got is not None
     want = per_record(data, start, limit)
@@ -187,8 +204,8 @@ def test_many_batches_of_any_count_are_walked_alike() -> None:
     data = encoded(batches, 5, 1_000, [])
     limit = 5 + sum(len(b) for b in batches)
     want, want_next = per_record(data, 5, limit)
-    for lockstep in (1, 24, 10**6):
-        with patch.object(arrow_batches, "_LOCKSTEP", lockstep):
+    for lockstep, at_once in [(1, 10**6), (24, 10**6), (1, 20), (24, 30), (10**6, 10**6), (10**6, 1)]:
+        with walks(lockstep, at_once):
             batch, next_offset = column_wise(data, 5, limit)  # type: ignore[misc]
         assert next_offset == want_next and batch is not None and batch.equals(want)
 
@@ -201,9 +218,9 @@ def test_a_batch_claiming_more_records_than_its_bytes_hold_is_refused() -> None:
         column_wise(data, 0, 2**62)
 
 
-@pytest.mark.parametrize("lockstep", [1, 24])
+@pytest.mark.parametrize(("lockstep", "at_once"), [(1, 256), (24, 256), (24, 5)])
 @pytest.mark.parametrize("length", [30, -26, -4, -1, 0, 21, 23, 2**31 - 1])
-def test_a_bad_length_amid_many_batches_is_refused(length: int, lockstep: int) -> None:
+def test_a_bad_length_amid_many_batches_is_refused(length: int, lockstep: int, at_once: int) -> None:
     """One record's length, in the middle of one of 30 batches, sends its walk astray (or off the data)."""
     from liftlog.storage.records import RECORD_HEADER
 
@@ -211,7 +228,7 @@ def test_a_bad_length_amid_many_batches_is_refused(length: int, lockstep: int) -
     damaged = struct.pack(">i", length) + record[4:]
     batches = [_resealed(record * 5, 5) for _ in range(30)]
     batches[17] = _resealed(record * 2 + damaged + record * 2, 5)
-    with patch.object(arrow_batches, "_LOCKSTEP", lockstep):
+    with walks(lockstep, at_once):
         if length == 30:  # undamaged: the control
             batch, _ = column_wise(b"".join(batches), 0, 2**62)  # type: ignore[misc]
             assert batch.num_rows == 150
@@ -220,9 +237,9 @@ def test_a_bad_length_amid_many_batches_is_refused(length: int, lockstep: int) -
                 column_wise(b"".join(batches), 0, 2**62)
 
 
-@pytest.mark.parametrize("lockstep", [1, 24])
+@pytest.mark.parametrize(("lockstep", "at_once"), [(1, 256), (24, 256), (24, 2)])
 @pytest.mark.parametrize("where", ["before the data", "in its last bytes"])
-def test_a_length_leading_out_of_the_data_is_refused(where: str, lockstep: int) -> None:
+def test_a_length_leading_out_of_the_data_is_refused(where: str, lockstep: int, at_once: int) -> None:
     """A batch's last record placed before the data (numpy would read from its end) or in its last bytes."""
     from liftlog.storage.records import BATCH_HEADER_SIZE, RECORD_HEADER
 
@@ -232,5 +249,5 @@ def test_a_length_leading_out_of_the_data_is_refused(where: str, lockstep: int) 
     target = -40 if where == "before the data" else size - 10
     damaged = struct.pack(">i", target - (BATCH_HEADER_SIZE + 4)) + record[4:]
     data = b"".join([_resealed(damaged + record, 2), *rest])
-    with patch.object(arrow_batches, "_LOCKSTEP", lockstep), pytest.raises(CorruptDataError):
+    with walks(lockstep, at_once), pytest.raises(CorruptDataError):
         column_wise(data, 0, 2**62)
