@@ -175,8 +175,9 @@ async def test_the_ack_inbox_on_the_lean_connection_survives_hostile_acks(
     router = AckRouter("s1")
     await router.start(server)
     await server.conn.flush()
-    waiting = router.expect(router.inbox, "c1")
-    good = encode_ack(api_pb2.Ack(ackInbox=router.inbox, correlationId="c1", offset=42))
+    inbox, cid, waiting = router.expect("orders", api_pb2.ALL, "orders")
+    fields = {"stream": "orders", "partitionSubject": "orders", "msgSubject": "orders", "ackPolicy": api_pb2.ALL}
+    good = encode_ack(api_pb2.Ack(ackInbox=inbox, correlationId=cid, offset=42, **fields))
     hostile = await nats.connect(nats_server.url)
     try:
         for payload in (
@@ -185,8 +186,12 @@ async def test_the_ack_inbox_on_the_lean_connection_survives_hostile_acks(
             b"not an envelope at all",
             good[: len(good) // 2],  # truncated
             b"\xff" * (512 * 1024),  # huge garbage
-            encode_ack(api_pb2.Ack(ackInbox=router.inbox, correlationId="nobody", offset=7)),  # forged, unknown
-            encode_ack(api_pb2.Ack(ackInbox="elsewhere", correlationId="c1", offset=7)),  # the wrong inbox
+            encode_ack(api_pb2.Ack(ackInbox=inbox, correlationId="nobody", offset=7, **fields)),  # forged, unknown
+            encode_ack(api_pb2.Ack(ackInbox="elsewhere", correlationId=cid, offset=7, **fields)),  # the wrong inbox
+            # The right id, but for another stream, another subject or another policy.
+            encode_ack(api_pb2.Ack(ackInbox=inbox, correlationId=cid, offset=7, **{**fields, "stream": "other"})),
+            encode_ack(api_pb2.Ack(ackInbox=inbox, correlationId=cid, offset=7, **{**fields, "msgSubject": "x"})),
+            encode_ack(api_pb2.Ack(ackInbox=inbox, correlationId=cid, offset=7, **{**fields, "ackPolicy": 0})),
         ):
             await hostile.publish(router.inbox, payload)
         await hostile.publish(router.inbox, good)
@@ -194,6 +199,7 @@ async def test_the_ack_inbox_on_the_lean_connection_survives_hostile_acks(
         ack = await asyncio.wait_for(waiting, 5)
         assert ack.offset == 42
         assert router.waiting == 0
+        assert router.dropped == {"no_waiter": 1, "mismatch": 3, "other_stream": 1}
         # A replay of the same ack finds no waiter and changes nothing.
         await hostile.publish(router.inbox, good)
         await hostile.flush()

@@ -45,10 +45,12 @@ from .model import (
 from .names import (
     ACTIVITY_STREAM,
     CURSORS_STREAM,
+    SERVER_INBOX_PREFIX,
     check_stream_usable,
     internal_stream_subject,
     is_internal_stream,
     subjects_overlap,
+    validate_ack_inbox,
     validate_new_stream,
     validate_stream_name,
     validate_stream_subject,
@@ -60,6 +62,7 @@ from .store import CorruptMetadataError, MetadataFile
 __all__ = [
     "ACTIVITY_STREAM",
     "CURSORS_STREAM",
+    "SERVER_INBOX_PREFIX",
     "ChangeGroupCoordinator",
     "ChangeIsr",
     "ChangeLeader",
@@ -103,6 +106,7 @@ __all__ = [
     "partition_subject",
     "place_partitions",
     "subjects_overlap",
+    "validate_ack_inbox",
     "validate_new_stream",
     "validate_stream_name",
     "validate_stream_subject",

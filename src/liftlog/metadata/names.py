@@ -25,12 +25,14 @@ __all__ = [
     "ACTIVITY_STREAM",
     "CURSORS_STREAM",
     "INBOX_PREFIX",
+    "SERVER_INBOX_PREFIX",
     "STREAM_NAME_MAX_LEN",
     "check_stream_usable",
     "internal_stream_subject",
     "is_internal_stream",
     "reserved_subjects",
     "subjects_overlap",
+    "validate_ack_inbox",
     "validate_new_stream",
     "validate_stream_name",
     "validate_stream_subject",
@@ -56,6 +58,8 @@ def internal_stream_subject(name: str, namespace: str) -> str:
 
 #: Where NATS clients (nats-py's new_inbox, this server's AckRouter) put ack and reply inboxes.
 INBOX_PREFIX = "_INBOX"
+#: The servers' private ack inboxes (``liftlog.server.acks``): only servers send there, sealed.
+SERVER_INBOX_PREFIX = "_INBOX.liftlog."
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_\-.]+")
 
@@ -106,6 +110,36 @@ def validate_subject(subject: str) -> None:
                 f"invalid subject {subject!r}: token {i + 1} ({token!r}) must be non-empty, "
                 "and '*' or '>' only as a whole token ('>' only last)"
             )
+
+
+def validate_ack_inbox(inbox: str, namespace: str) -> None:
+    """An ack inbox a client names: a subject the server may publish an ack to on its behalf.
+
+    A literal NATS subject (no whitespace or control characters, no empty tokens, no wildcards), and
+    none that only the servers or NATS itself speak on: the cluster's namespace, the servers' private
+    inboxes, and ``$``-subjects (``$SYS``, ``$JS.API``, ...). Raises InvalidStreamError naming the rule.
+    """
+    try:
+        validate_subject(inbox)
+    except InvalidStreamError as exc:
+        raise InvalidStreamError(f"ack inbox: {exc}") from None
+    tokens = inbox.split(".")
+    if "*" in tokens or tokens[-1] == ">":
+        raise InvalidStreamError(f"invalid ack inbox {inbox!r}: an ack goes to one subject, not a wildcard")
+    if inbox == namespace or inbox.startswith(namespace + "."):
+        raise InvalidStreamError(
+            f"invalid ack inbox {inbox!r}: subjects under {namespace + '.>'!r} are the cluster's own "
+            f"(clustering.namespace {namespace!r})"
+        )
+    if inbox + "." == SERVER_INBOX_PREFIX or inbox.startswith(SERVER_INBOX_PREFIX):
+        raise InvalidStreamError(
+            f"invalid ack inbox {inbox!r}: subjects under {SERVER_INBOX_PREFIX + '>'!r} are the servers' private "
+            "ack inboxes"
+        )
+    if inbox.startswith("$"):
+        raise InvalidStreamError(
+            f"invalid ack inbox {inbox!r}: '$' subjects belong to NATS itself ($SYS, $JS.API, ...)"
+        )
 
 
 def subjects_overlap(a: str, b: str) -> bool:

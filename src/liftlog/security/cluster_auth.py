@@ -127,6 +127,8 @@ class ClusterAuth:
             raise ValueError(f"max_age must be positive, got {max_age}")
         # Derived, so the same secret could key other uses without one tag standing for another.
         mac_key = hmac.digest(key, b"liftlog cluster messages v1", "sha256")
+        #: Keys the ack routes of calls waiting in a server (``liftlog.security.ack_routes``).
+        self.route_key = hmac.digest(key, b"liftlog ack routes v1", "sha256")
         self._mac = hmac.new(mac_key, digestmod=hashlib.sha256)
         self._boot = boot
         self._seq = 0

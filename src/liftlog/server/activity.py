@@ -124,10 +124,8 @@ class ActivityPublisher:
         message = api_pb2.Message(value=event)
         future = None
         if policy != api_pb2.NONE:
-            message.ackInbox = self._acks.inbox
-            message.correlationId = self._acks.new_correlation_id()
+            message.ackInbox, message.correlationId, future = self._acks.expect(subject, policy, ACTIVITY_STREAM)
             message.ackPolicy = policy
-            future = self._acks.expect(message.ackInbox, message.correlationId)
         try:
             await self._nats.publish(subject, encode_publish_message(message))
             if future is not None:

@@ -496,10 +496,12 @@ class ApiService:
             message.headers.update(req.headers)
         future = None
         if policy != api_pb2.NONE:
-            message.ackInbox, message.correlationId = self._ack_route(req.ackInbox, req.correlationId)
+            forward = self.client_route(req.ackInbox, req.correlationId)
+            message.ackInbox, message.correlationId, future = self._acks.expect(
+                meta.subject, policy, req.stream, forward
+            )
             message.ackPolicy = policy
-            future = self._acks.expect(message.ackInbox, message.correlationId)
-        await self._publish_envelope(meta.subject, message, future, future is not None and self.leads(meta))
+        await self._publish_envelope(meta.subject, message, future is not None and self.leads(meta))
         return future
 
     def leads(self, meta: PartitionMeta) -> bool:
@@ -517,24 +519,20 @@ class ApiService:
         while not part.accepting and part.closed_reason is None and loop.time() < deadline:
             await asyncio.sleep(0.02)
 
-    def _ack_route(self, inbox: str, correlation_id: str) -> tuple[str, str]:
-        """Where the ack goes, and the id it is matched by.
+    def client_route(self, inbox: str, correlation_id: str) -> tuple[str, str]:
+        """The caller's own (ack inbox, correlation id), for its ack; with an inbox, the ack goes there too.
 
-        A client that names its own ack inbox matches acks by its own ids. Otherwise the ack comes back
-        to this server's inbox, shared by every call and client: its id must be this server's own, or
-        two clients (or two PublishAsync calls) using the same ids would get each other's acks. The
-        caller's id is put back on the ack it returns (``_as_sent``).
+        The message itself always names this server's inbox and a route id of its own (``AckRouter``), so
+        no ack can reach the call but its own; the answer carries the caller's inbox and id (or none).
+        RpcFailure INVALID_ARGUMENT for an inbox the server may not publish to on the caller's behalf.
         """
-        if inbox:
-            return inbox, correlation_id or self._acks.new_correlation_id()
-        return self._acks.inbox, self._acks.new_correlation_id()
-
-    @staticmethod
-    def _as_sent(ack: api_pb2.Ack, correlation_id: str) -> api_pb2.Ack:
-        """The ack with the correlation id its publisher sent (the server matched it by its own)."""
-        if correlation_id:
-            ack.correlationId = correlation_id
-        return ack
+        if not inbox:
+            return inbox, correlation_id
+        try:
+            self._acks.check_inbox(inbox)
+        except InvalidStreamError as exc:
+            raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc)) from exc
+        return inbox, correlation_id
 
     def check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:
         size = len(req.value) + len(req.key)
@@ -545,20 +543,14 @@ class ApiService:
                 f"message of {size} bytes is larger than streams.max.message.bytes ({self._max_message_bytes})",
             )
 
-    async def _publish_envelope(
-        self,
-        subject: str,
-        message: api_pb2.Message,
-        future: asyncio.Future[api_pb2.Ack] | None,
-        led_here: bool = False,
-    ) -> None:
+    async def _publish_envelope(self, subject: str, message: api_pb2.Message, led_here: bool = False) -> None:
         payload = encode_publish_message(message)
-        await self.publish_payload(subject, payload, message.ackInbox, message.correlationId, led_here)
+        await self.publish_payload(subject, payload, message.correlationId, led_here)
 
     async def publish_payload(
-        self, subject: str, payload: bytes, inbox: str = "", correlation_id: str = "", led_here: bool = False
+        self, subject: str, payload: bytes, correlation_id: str = "", led_here: bool = False
     ) -> None:
-        """Publish on NATS; on failure, forget the ack awaited for (``inbox``, ``correlation_id``): RpcFailure.
+        """Publish on NATS; on failure, forget the ack awaited with ``correlation_id``: RpcFailure.
 
         ``led_here``: the partition's leader is this server, so the message comes back to this process
         within a NATS round trip, and the loop polls for it instead of sleeping. For a partition led
@@ -569,12 +561,12 @@ class ApiService:
             if led_here and self._keep_hot is not None:
                 self._keep_hot()
         except (MaxPayloadError, LeanMaxPayloadError) as exc:
-            self._acks.forget(inbox, correlation_id)
+            self._acks.forget(correlation_id)
             raise RpcFailure(
                 Code.INVALID_ARGUMENT, Reason.TOO_LARGE, f"message is larger than the NATS max payload: {exc}"
             ) from exc
         except Exception as exc:
-            self._acks.forget(inbox, correlation_id)
+            self._acks.forget(correlation_id)
             raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, f"cannot publish to NATS: {exc}") from exc
 
     def send_publishes_now(self) -> None:
@@ -596,10 +588,10 @@ class ApiService:
         if self._keep_hot is not None:
             self._keep_hot()
 
-    def expect_ack(self, inbox: str, correlation_id: str) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
-        """(ack inbox, correlation id, future of the ack) for a message about to be published."""
-        inbox, correlation_id = self._ack_route(inbox, correlation_id)
-        return inbox, correlation_id, self._acks.expect(inbox, correlation_id)
+    def expect_ack(self, subject: str, policy: int, stream: str | None) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
+        """(ack inbox, correlation id, future of the ack) for a message about to be published on ``subject``
+        for ``stream`` (None: any stream on the subject); see ``AckRouter.expect``."""
+        return self._acks.expect(subject, policy, stream)
 
     @property
     def max_message_bytes(self) -> int:
@@ -678,7 +670,7 @@ class ApiService:
             future = await self.send(request)
             if future is None:
                 return api_pb2.PublishResponse()
-            ack = self._as_sent(await self.await_ack(future, context.time_remaining()), request.correlationId)
+            ack = await self.await_ack(future, context.time_remaining())
         except RpcFailure as failure:
             await abort_with(context, failure)
         return api_pb2.PublishResponse(ack=ack)
@@ -701,13 +693,15 @@ class ApiService:
             message = api_pb2.Message(key=req.key, value=req.value, headers=req.headers, offset=-1)
             future = None
             if req.ackPolicy != api_pb2.NONE:
-                message.ackInbox, message.correlationId = self._ack_route(req.ackInbox, req.correlationId)
+                forward = self.client_route(req.ackInbox, req.correlationId)
+                message.ackInbox, message.correlationId, future = self._acks.expect(
+                    req.subject, req.ackPolicy, None, forward
+                )
                 message.ackPolicy = req.ackPolicy
-                future = self._acks.expect(message.ackInbox, message.correlationId)
-            await self._publish_envelope(req.subject, message, future)
+            await self._publish_envelope(req.subject, message)
             if future is None:
                 return api_pb2.PublishToSubjectResponse()
-            ack = self._as_sent(await self.await_ack(future, context.time_remaining()), req.correlationId)
+            ack = await self.await_ack(future, context.time_remaining())
         except RpcFailure as failure:
             await abort_with(context, failure)
         return api_pb2.PublishToSubjectResponse(ack=ack)
@@ -721,8 +715,7 @@ class ApiService:
             ack = self.ack_result(future)
         except RpcFailure as failure:
             return async_error(cid, failure)
-        if cid:
-            ack.correlationId = cid  # the caller's id (the server matched the ack by its own)
+        # The ack carries the caller's own inbox and id already (AckRouter); cid is the request's.
         # PublishResponse{ack = 1, correlationId = 3}, written here: no response message and no copy of the ack.
         encoded = ack.SerializeToString()
         out = b"\x0a" + _varint(len(encoded)) + encoded

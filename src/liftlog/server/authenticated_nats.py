@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from liftlog.metadata.names import SERVER_INBOX_PREFIX
 from liftlog.security.cluster_auth import TRAILER_SIZE, AuthError, ClusterAuth, ReplayGuard
 
 from .nats_types import MessageHandler, NatsClient, NatsMessage, NatsSubscription
@@ -29,8 +30,6 @@ __all__ = ["SERVER_INBOX_PREFIX", "AuthenticatedNats", "internal_subjects"]
 log = logging.getLogger(__name__)
 _warn = LogLimiter(log)
 
-#: Servers' private ack inboxes start with this (AckRouter); no stream may use it.
-SERVER_INBOX_PREFIX = "_INBOX.liftlog."
 #: How often (in opened messages) a guard forgets senders that fell silent.
 _PRUNE_EVERY = 4096
 

@@ -132,13 +132,9 @@ class BatchesService:
             if req.ackPolicy == api_pb2.NONE:
                 await api.publish_payload(meta.subject, encode_record_batch(envelope))
                 return batches_pb2.PublishResponse(baseOffset=-1, count=req.count, partitionSubject=meta.subject)
-            envelope.ackInbox, envelope.correlationId, future = api.expect_ack("", "")
+            envelope.ackInbox, envelope.correlationId, future = api.expect_ack(meta.subject, req.ackPolicy, req.stream)
             await api.publish_payload(
-                meta.subject,
-                encode_record_batch(envelope),
-                envelope.ackInbox,
-                envelope.correlationId,
-                api.leads(meta),
+                meta.subject, encode_record_batch(envelope), envelope.correlationId, api.leads(meta)
             )
             ack = await api.await_ack(future, context.time_remaining())
         except RpcFailure as failure:

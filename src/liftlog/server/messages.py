@@ -1,7 +1,7 @@
 """How a NATS message becomes a stored record, and a stored record an API ``Message``.
 
-A record keeps its message's NATS fields (subject, reply, ack inbox,
-correlation id, ack policy) in the reserved header ``\\x00fields``, already
+A record keeps its message's NATS fields (subject, reply, and a client's
+ack inbox, correlation id and ack policy: never a server's) in the reserved header ``\\x00fields``, already
 protobuf-encoded as ``Message`` fields (``liftlog.api.stored``): a catch-up
 read copies it into each message as it is, instead of parsing and
 re-encoding four headers. Records written before kept one header per field;
@@ -32,6 +32,7 @@ from liftlog.api.stored import (
 )
 from liftlog.api.stored import encode_fields as _fields
 from liftlog.api.stored import varint as _varint
+from liftlog.metadata.names import SERVER_INBOX_PREFIX
 from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
 from liftlog.storage.records import (
     BATCH_HEADER_SIZE,
@@ -106,7 +107,11 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
     inbox = message.ackInbox
     cid = message.correlationId
     policy = message.ackPolicy
-    fields = _fields(own_subject, reply, inbox, cid, policy if inbox else 0)
+    # A server's private inbox and route id are its own business: not stored, not served to readers.
+    if inbox and not inbox.startswith(SERVER_INBOX_PREFIX):
+        fields = _fields(own_subject, reply, inbox, cid, policy)
+    else:
+        fields = _fields(own_subject, reply, "", "", 0)
     if fields:
         headers[H_FIELDS] = fields
     record = NewRecord(message.value, message.key or None, headers or EMPTY_HEADERS)
@@ -116,12 +121,14 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
 def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, reply: str) -> Incoming | None:
     """The records of a batch envelope, or None when they are not well formed (then it is a plain value).
 
-    A batch's ack fields are stored with its records only when the records carry them already (a
-    coalesced PublishAsync, ``liftlog.server.publish_async``: one ``\x00fields`` header, the same in
-    every record); a ``liftlog.Batches/Publish`` batch's are the publisher's business, not stored.
+    A batch's ack fields are stored with its records only when the records carry them already (one
+    ``\x00fields`` header, the same in every record) and the inbox is not a server's private one; a
+    ``liftlog.Batches/Publish`` batch's are the publisher's business, not stored. Coalesced PublishAsync
+    batches (``liftlog.server.publish_async``) carry none: their inbox is the server's.
     """
     inbox = batch.ackInbox
-    own_fields = _fields("", "", inbox, batch.correlationId, batch.ackPolicy) if inbox else b""
+    stored = inbox and not inbox.startswith(SERVER_INBOX_PREFIX)  # a server's inbox is not stored (above)
+    own_fields = _fields("", "", inbox, batch.correlationId, batch.ackPolicy) if stored else b""
     try:
         info = check_records(batch.records, batch.count, (_H_FIELDS, own_fields) if own_fields else None)
     except InvalidBatch:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from liftlog.api import api_pb2
 from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import encode_record_batch
-from liftlog.api.stored import H_FIELDS, RESERVED, encode_fields, varint
+from liftlog.api.stored import RESERVED, varint
 from liftlog.storage.records import encode_headers, encode_prepared
 
 from .failures import RpcFailure, async_error
@@ -304,17 +304,14 @@ async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_p
         )
         await api.publish_payload(batch.subject, encode_record_batch(envelope))  # no ack awaited: no spinning
         return None
-    inbox, cid, future = api.expect_ack("", "")
+    inbox, cid, future = api.expect_ack(batch.subject, batch.policy, batch.first.stream)
     envelope.ackInbox = inbox
     envelope.correlationId = cid
-    # Each record keeps the ack fields a lone envelope's record would (the intake checks they are the batch's);
-    # encoded once for the batch, not once a record.
-    fields = {H_FIELDS: encode_fields("", "", inbox, cid, batch.policy)}
-    shared = encode_headers(fields)
+    # The records carry no ack fields: the inbox and route id are this server's, and not stored.
     envelope.records = encode_prepared(
-        [(k, v, encode_headers({**u, **fields}), len(u) + 1) if u else (k, v, shared, 1) for v, k, u in batch.records]
+        [(k, v, encode_headers(u), len(u)) if u else (k, v, b"", 0) for v, k, u in batch.records]
     )
-    await api.publish_payload(batch.subject, encode_record_batch(envelope), inbox, cid, api.leads(batch.meta))
+    await api.publish_payload(batch.subject, encode_record_batch(envelope), cid, api.leads(batch.meta))
     return future
 
 

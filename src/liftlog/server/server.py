@@ -33,7 +33,13 @@ from typing import IO, Any
 import nats
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
-from liftlog.metadata import CorruptMetadataError, MetadataFile
+from liftlog.metadata import (
+    CorruptMetadataError,
+    InvalidStreamError,
+    MetadataFile,
+    subjects_overlap,
+    validate_ack_inbox,
+)
 from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.metadata.model import CreateStream, ServerMeta, StreamSettings
@@ -45,6 +51,7 @@ from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
 from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_methods
+from liftlog.security.ack_routes import RouteIds
 from liftlog.security.authz import Authorizer
 from liftlog.security.cluster_auth import ClusterAuth, KeyFileError, generate_key_file, load_key
 from liftlog.security.master_key import MasterKeyError, load_master_keys
@@ -172,8 +179,13 @@ class Server:
             await self._start_nats()
             self._internal_nats = self._connected_nats if auth is None else self._authenticated(auth)
             self._replication_nats = self._replication_connection(auth)
-            self._acks = AckRouter(self.server_id)
-            await self._acks.start(self._replication_nats)
+            self._acks = AckRouter(
+                self.server_id,
+                RouteIds(auth.route_key if auth is not None else None),
+                self._check_ack_inbox,
+            )
+            # Clients' acks on the hot connection as it is: never sealed, never on the internal connection.
+            await self._acks.start(self._replication_nats, self._hot_nats.publish)
             self.replicator = self._make_replicator()
             spin_window = self.config.values["publish.spin.us"] / 1e6
             if spin_window > 0:
@@ -215,6 +227,20 @@ class Server:
             raise
         self._serving = True
         log.info("liftlog server %s listening on %s (NATS %s)", self.server_id, self.address, self.nats_url)
+
+    def _check_ack_inbox(self, inbox: str) -> None:
+        """Whether this server may publish an ack to ``inbox`` for a client (InvalidStreamError if not): a
+        literal subject outside the cluster's own and NATS's (``validate_ack_inbox``), where no stream
+        listens (the ack would be stored there, sent with this server's rights)."""
+        validate_ack_inbox(inbox, self.config.clustering.namespace)
+        if self.streams is None:
+            return
+        for stream in self.streams.metadata.streams.values():
+            for part in stream.partitions.values():
+                if subjects_overlap(inbox, part.subject):
+                    raise InvalidStreamError(
+                        f"invalid ack inbox {inbox!r}: stream {stream.name!r} listens on it ({part.subject!r})"
+                    )
 
     def _open_data_dir(self) -> None:
         data_dir = self.config.data_dir
