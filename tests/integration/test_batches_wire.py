@@ -158,7 +158,9 @@ async def test_client_reads_match_subscribe(server: LiftlogProcess, name: str) -
         async with sub:
             subscribed = [m async for m in sub]
         assert fetched == subscribed
-        assert fetched[-1].key == b"k" and fetched[-1].headers == {"h": b"v"} and fetched[-1].correlation_id
+        assert fetched[-1].key == b"k" and fetched[-1].headers == {"h": b"v"} and fetched[-1].ack_policy == 0
+        # A server's own ack inbox and route id are not stored (docs/security.md, "Acks").
+        assert not fetched[-1].correlation_id and not fetched[-1].ack_inbox
 
 
 # -- batched publish ---------------------------------------------------------------------

@@ -140,9 +140,10 @@ async def test_requests_read_together_go_to_nats_as_one_batch(
         assert [m.value for m in stored] == [b"v%d" % i for i in range(300)]
         assert [m.offset for m in stored] == list(range(300))
         assert [m.key for m in stored] == [b"k%d" % i if i % 2 else b"" for i in range(300)]
-        # User headers kept, reserved ones dropped; the ack fields stored as a lone envelope's would be.
+        # User headers kept, reserved ones dropped; as for a lone envelope, the server's ack inbox and route
+        # id are not stored.
         assert [dict(m.headers) for m in stored] == [{"h": b"%d" % i} if i % 3 == 0 else {} for i in range(300)]
-        assert all(m.ackInbox and m.correlationId and m.ackPolicy == api_pb2.LEADER for m in stored)
+        assert all(not m.ackInbox and not m.correlationId for m in stored)
         assert all(m.subject == name and not m.replySubject for m in stored)
 
 
@@ -198,8 +199,8 @@ async def test_a_wildcard_stream_on_the_subject_gets_every_message(
                 break
             await asyncio.sleep(0.1)
         assert [m.value for m in wild] == [b"%d" % i for i in range(100)]
-        # Its records keep the subject the messages came on, besides the ack fields.
-        assert all(m.subject == f"{name}.orders" and m.ackInbox and m.correlationId for m in wild)
+        # Its records keep the subject the messages came on (and not the server's ack fields).
+        assert all(m.subject == f"{name}.orders" and not m.ackInbox and not m.correlationId for m in wild)
 
 
 async def test_coalescing_off_keeps_one_envelope_per_message(

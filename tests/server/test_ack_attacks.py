@@ -22,6 +22,7 @@ from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.api.envelope import decode_ack, decode_publish_message, encode_publish_message
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.security.cluster_auth import generate_key_file
+from liftlog.server.metrics import LoopLagMonitor, ServerCollector
 from liftlog.server.server import Server
 from liftlog.storage.faults import FaultyFileIO
 
@@ -142,9 +143,11 @@ async def test_a_client_cannot_name_an_inbox_only_servers_may_use(server: Server
         await asyncio.sleep(0.2)
         assert [m.value for m in await stored(server.address, "victim")] == [b"nats"]
         assert [s for s in seen if s != "victim"] == []
-        assert dict(server._acks.dropped) == {
-            "unsigned_route" if inbox.startswith("_INBOX.liftlog.") else "refused_inbox": 1
-        }
+        reason = "unsigned_route" if inbox.startswith("_INBOX.liftlog.") else "refused_inbox"
+        assert dict(server._acks.dropped) == {reason: 1}
+        metrics = ServerCollector(server, LoopLagMonitor(), 10)
+        (family,) = [f for f in metrics.collect() if f.name == "liftlog_acks_dropped"]
+        assert {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}[reason] == 1
     finally:
         await watcher.close()
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from liftlog.api import api_pb2
-from liftlog.api.envelope import decode_ack
+from liftlog.api.envelope import decode_ack, encode_ack
 from liftlog.metadata import InvalidStreamError, validate_ack_inbox
 from liftlog.security.ack_routes import RouteIds
 from liftlog.server.acks import AckRouter, DuplicateRoute
@@ -206,3 +206,24 @@ async def test_a_refused_client_inbox_gets_no_ack_and_is_counted() -> None:
     assert [s for s, _ in internal.published] == ["_INBOX.liftlog.s2.0123456789abcdef"]
     assert router.dropped == {"refused_inbox": 3, "unsigned_route": 3}
     await router.stop()
+
+
+async def test_for_a_partition_led_here_only_this_servers_own_ack_counts() -> None:
+    """A replaced leader that has not learned it yet writes the same message at an offset of its stale log
+    and acks it over NATS; that ack must not win the race with the real leader's (this server's)."""
+    router, _, _ = await started()
+    inbox, cid, fut = router.expect("orders", LEADER, "orders", local=True)
+    await router._on_nats_ack(_Msg(inbox, encode_ack(ack_for(inbox, cid, ackPolicy=LEADER, offset=99))))
+    assert not fut.done() and router.dropped == {"foreign_leader": 1}
+    router.deliver(ack_for(inbox, cid, ackPolicy=LEADER, offset=5))
+    assert (await fut).offset == 5
+    # Led elsewhere: the leader's ack comes over NATS, as it must.
+    inbox, cid, fut = router.expect("orders", LEADER, "orders")
+    await router._on_nats_ack(_Msg(inbox, encode_ack(ack_for(inbox, cid, ackPolicy=LEADER, offset=6))))
+    assert (await fut).offset == 6
+    await router.stop()
+
+
+class _Msg:
+    def __init__(self, subject: str, data: bytes) -> None:
+        self.subject, self.data, self.reply = subject, data, ""

@@ -82,7 +82,9 @@ class Api:
         self.published.append(1)
         return self._future()
 
-    def expect_ack(self, subject: str, policy: int, stream: str | None) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
+    def expect_ack(
+        self, subject: str, policy: int, stream: str | None, *, local: bool = False
+    ) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
         return "inbox", "cid", self._future()
 
     async def publish_payload(self, subject: str, payload: bytes, cid: str = "", led_here: bool = False) -> None:

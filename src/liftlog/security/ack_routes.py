@@ -8,9 +8,12 @@ thing that ties an ack to its call, so it must not be guessable:
     id = hex(token)            without a cluster secret (32 hex digits)
     id = hex(token | tag)      with one (64 hex digits)
 
-``token`` is 16 random bytes (128 bits). ``tag`` is HMAC-SHA256, truncated to
-128 bits, keyed by a key derived from the cluster secret, over the token, the
-inbox, the subject the message is published on and the ack policy. A leader
+``token`` is 16 random bytes (128 bits). ``tag`` is keyed BLAKE2b (128-bit
+output), keyed by a key derived from the cluster secret, over the token, the
+inbox, the subject the message is published on and the ack policy. BLAKE2b's
+keyed mode rather than HMAC-SHA256 (as ``cluster_auth`` uses for large
+messages) because a tag is made per publish over about 80 bytes: 0.85 against
+2.8-3.4 us here. A leader
 acks to another server's inbox only if the tag holds, so a client that
 copies an inbox and id out of an envelope it saw on NATS cannot have a
 leader send an ack for its own message (on another subject, or with ack
@@ -23,6 +26,7 @@ Sans-IO but for the random bytes (``os.urandom``, read in blocks: one system cal
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 
@@ -57,7 +61,7 @@ class RouteIds:
     def _tag(self, token: bytes, inbox: str, subject: str, policy: int) -> bytes:
         assert self._key is not None
         signed = b"\0".join((token, inbox.encode(), subject.encode(), str(policy).encode()))
-        return hmac.digest(self._key, signed, "sha256")[:TAG_BYTES]
+        return hashlib.blake2b(signed, key=self._key, digest_size=TAG_BYTES).digest()
 
     def new(self, inbox: str, subject: str, policy: int) -> str:
         """A fresh id for a message to ``subject`` whose ack (with ``policy``) goes to ``inbox``."""

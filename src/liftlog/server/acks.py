@@ -9,8 +9,12 @@ Rules (each is a promise a publisher relies on):
    with the cluster secret: ``liftlog.security.ack_routes``). Ids are never
    reused; a second registration of one is refused, never replaces the first.
 2. An ack completes a waiter only if its stream, subjects and policy match
-   what the waiter registered. Anything else is dropped and counted in
-   ``dropped`` by reason; the waiter keeps waiting.
+   what the waiter registered, and, for a partition this server led when the
+   call published, only if this server made it: a replaced leader that has
+   not yet learned so (a "zombie") writes and acks the same message at an
+   offset of its stale log, and its ack over NATS could win the race with
+   ours. Anything else is dropped and counted in ``dropped`` by reason; the
+   waiter keeps waiting.
 3. An ack for this server's inbox never leaves the process: a local leader
    hands it over directly. An ack for another server's inbox goes out sealed
    on the internal connection, and only if its route id is signed for that
@@ -50,7 +54,7 @@ from liftlog.security.ack_routes import RouteIds
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 
-__all__ = ["AckRouter", "DuplicateRoute", "Expected"]
+__all__ = ["DROP_REASONS", "AckRouter", "DuplicateRoute", "Expected"]
 
 log = logging.getLogger(__name__)
 #: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
@@ -65,6 +69,8 @@ OTHER_STREAM = "other_stream"  # another stream on the same subject acked it too
 MISMATCH = "mismatch"  # the id of a waiter, but another subject or policy
 UNSIGNED_ROUTE = "unsigned_route"  # to another server's inbox without a valid signature
 REFUSED_INBOX = "refused_inbox"  # a client-named inbox the server may not publish to
+FOREIGN_LEADER = "foreign_leader"  # from another server, for a call whose partition was led here
+DROP_REASONS = (NO_WAITER, OTHER_STREAM, MISMATCH, UNSIGNED_ROUTE, REFUSED_INBOX, FOREIGN_LEADER)
 
 
 class DuplicateRoute(RuntimeError):
@@ -82,6 +88,8 @@ class Expected(NamedTuple):
     #: The caller's own ack inbox and correlation id, which the ack it gets carries (None: neither, for
     #: an ack shared by several callers); with an inbox, the ack is published there too.
     forward: tuple[str, str] | None
+    #: The partition was led here when the message was published: only this server's own ack counts.
+    local: bool
 
 
 class AckRouter:
@@ -132,17 +140,24 @@ class AckRouter:
         self._waiters.clear()
 
     def expect(
-        self, subject: str, policy: int, stream: str | None = None, forward: tuple[str, str] | None = None
+        self,
+        subject: str,
+        policy: int,
+        stream: str | None = None,
+        forward: tuple[str, str] | None = None,
+        *,
+        local: bool = False,
     ) -> tuple[str, str, asyncio.Future[Ack]]:
         """(inbox, correlation id, future of the ack) for a message about to be published on ``subject``.
 
         ``forward``: the caller's own (ack inbox, correlation id), the inbox checked with ``check_inbox``.
+        ``local``: this server leads the partition, so its ack comes from here and none over NATS counts.
         """
         correlation_id = self._ids.new(self.inbox, subject, policy)
         if correlation_id in self._waiters:  # 128 random bits: only a broken random source gets here
             raise DuplicateRoute(f"ack route id {correlation_id} is already awaited")
         fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
-        self._waiters[correlation_id] = (fut, Expected(subject, policy, stream, forward))
+        self._waiters[correlation_id] = (fut, Expected(subject, policy, stream, forward, local))
         fut.add_done_callback(lambda f: self._drop_cancelled(correlation_id, f))
         return self.inbox, correlation_id, fut
 
@@ -166,7 +181,7 @@ class AckRouter:
         """Route an ack a partition led here made (see the rules in the module docstring)."""
         inbox = ack.ackInbox
         if inbox == self.inbox:
-            self._complete(ack)
+            self._complete(ack, True)
         elif inbox.startswith(SERVER_INBOX_PREFIX):
             if self._server_route(ack):
                 self._queue(self._internal, inbox, encode_ack(ack))
@@ -203,12 +218,23 @@ class AckRouter:
         if len(self._internal) + len(self._external) == 1:
             self._wake.set()
 
-    def _complete(self, ack: Ack) -> None:
+    def _complete(self, ack: Ack, here: bool) -> None:
+        """Hand ``ack`` (made here, or received over NATS) to its waiter if it matches."""
         entry = self._waiters.get(ack.correlationId)
         if entry is None:
             self.dropped[NO_WAITER] += 1
             return
         fut, expected = entry
+        if expected.local and not here:
+            self.dropped[FOREIGN_LEADER] += 1
+            _warn.warning(
+                "dropped an ack from another server for %s/%s, led here when the message was published "
+                "(a replaced leader that had not learned it yet?)",
+                ack.stream,
+                ack.partitionSubject,
+                key="foreign-leader",
+            )
+            return
         if ack.msgSubject != expected.subject or ack.ackPolicy != expected.policy:
             self.dropped[MISMATCH] += 1
             _warn.warning(
@@ -243,7 +269,7 @@ class AckRouter:
         if ack.ackInbox != self.inbox:
             self.dropped[MISMATCH] += 1
             return
-        self._complete(ack)
+        self._complete(ack, False)
 
     async def _send_loop(self) -> None:
         while True:

@@ -495,13 +495,14 @@ class ApiService:
         if req.headers:  # copying an empty map field still costs a MutableMapping.update
             message.headers.update(req.headers)
         future = None
+        led_here = self.leads(meta)
         if policy != api_pb2.NONE:
             forward = self.client_route(req.ackInbox, req.correlationId)
             message.ackInbox, message.correlationId, future = self._acks.expect(
-                meta.subject, policy, req.stream, forward
+                meta.subject, policy, req.stream, forward, local=led_here
             )
             message.ackPolicy = policy
-        await self._publish_envelope(meta.subject, message, future is not None and self.leads(meta))
+        await self._publish_envelope(meta.subject, message, future is not None and led_here)
         return future
 
     def leads(self, meta: PartitionMeta) -> bool:
@@ -588,10 +589,12 @@ class ApiService:
         if self._keep_hot is not None:
             self._keep_hot()
 
-    def expect_ack(self, subject: str, policy: int, stream: str | None) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
+    def expect_ack(
+        self, subject: str, policy: int, stream: str | None, *, local: bool = False
+    ) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
         """(ack inbox, correlation id, future of the ack) for a message about to be published on ``subject``
-        for ``stream`` (None: any stream on the subject); see ``AckRouter.expect``."""
-        return self._acks.expect(subject, policy, stream)
+        for ``stream`` (None: any stream on the subject), ``local`` if led here; see ``AckRouter.expect``."""
+        return self._acks.expect(subject, policy, stream, local=local)
 
     @property
     def max_message_bytes(self) -> int:

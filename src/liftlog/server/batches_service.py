@@ -132,10 +132,11 @@ class BatchesService:
             if req.ackPolicy == api_pb2.NONE:
                 await api.publish_payload(meta.subject, encode_record_batch(envelope))
                 return batches_pb2.PublishResponse(baseOffset=-1, count=req.count, partitionSubject=meta.subject)
-            envelope.ackInbox, envelope.correlationId, future = api.expect_ack(meta.subject, req.ackPolicy, req.stream)
-            await api.publish_payload(
-                meta.subject, encode_record_batch(envelope), envelope.correlationId, api.leads(meta)
+            led_here = api.leads(meta)
+            envelope.ackInbox, envelope.correlationId, future = api.expect_ack(
+                meta.subject, req.ackPolicy, req.stream, local=led_here
             )
+            await api.publish_payload(meta.subject, encode_record_batch(envelope), envelope.correlationId, led_here)
             ack = await api.await_ack(future, context.time_remaining())
         except RpcFailure as failure:
             await abort_with(context, failure)

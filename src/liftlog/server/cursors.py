@@ -86,7 +86,7 @@ class CursorService:
         key = cursor_key(req.cursorId, req.stream, req.partition)
         pid, part = await self._leader(key)  # first: "cursors are off" says more than anything about the stream
         self._check_target(req.stream, req.partition)
-        inbox, correlation_id, future = self._api.expect_ack(part.subject, api_pb2.ALL, CURSORS_STREAM)
+        inbox, correlation_id, future = self._api.expect_ack(part.subject, api_pb2.ALL, CURSORS_STREAM, local=True)
         message = api_pb2.Message(
             key=key,
             value=encode_cursor(req.cursorId, req.stream, req.partition, req.offset),

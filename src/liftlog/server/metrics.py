@@ -31,6 +31,7 @@ from liftlog.api import api_pb2
 from liftlog.histogram import FSYNC_SECONDS, Histogram
 from liftlog.metadata import PartitionState
 
+from .acks import DROP_REASONS
 from .rlimits import open_files_limit
 
 if TYPE_CHECKING:
@@ -347,6 +348,19 @@ class ServerCollector(Collector):
         yield _counter("liftlog_nats_messages_sent", "Messages published to NATS", stats.get("out_msgs", 0))
         yield _counter("liftlog_nats_received_bytes", "Payload bytes received from NATS", stats.get("in_bytes", 0))
         yield _counter("liftlog_nats_sent_bytes", "Payload bytes published to NATS", stats.get("out_bytes", 0))
+        acks = server.ack_router
+        dropped = CounterMetricFamily(
+            "liftlog_acks_dropped",
+            "Acks not delivered, by reason: no_waiter (late or unknown), other_stream (another stream on the "
+            "subject acked it too), mismatch (a waiting call's id on an ack for another subject or policy), "
+            "unsigned_route (to a server inbox without a valid route signature), refused_inbox (a client-named "
+            "inbox the server may not publish to), foreign_leader (from another server, for a partition led here when "
+            "the call published: a replaced leader that had not learned it yet)",
+            labels=["reason"],
+        )
+        for reason in DROP_REASONS:
+            dropped.add_metric([reason], acks.dropped[reason] if acks is not None else 0)
+        yield dropped
         yield _counter(
             "liftlog_nats_slow_consumer_drops",
             "Messages the NATS client dropped because a subscription's queue was full (lost intake)",

@@ -304,14 +304,15 @@ async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_p
         )
         await api.publish_payload(batch.subject, encode_record_batch(envelope))  # no ack awaited: no spinning
         return None
-    inbox, cid, future = api.expect_ack(batch.subject, batch.policy, batch.first.stream)
+    led_here = api.leads(batch.meta)
+    inbox, cid, future = api.expect_ack(batch.subject, batch.policy, batch.first.stream, local=led_here)
     envelope.ackInbox = inbox
     envelope.correlationId = cid
     # The records carry no ack fields: the inbox and route id are this server's, and not stored.
     envelope.records = encode_prepared(
         [(k, v, encode_headers(u), len(u)) if u else (k, v, b"", 0) for v, k, u in batch.records]
     )
-    await api.publish_payload(batch.subject, encode_record_batch(envelope), cid, api.leads(batch.meta))
+    await api.publish_payload(batch.subject, encode_record_batch(envelope), cid, led_here)
     return future
 
 

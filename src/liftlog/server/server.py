@@ -156,6 +156,11 @@ class Server:
         return self._nc
 
     @property
+    def ack_router(self) -> AckRouter | None:
+        """Routes acks to the calls that wait for them (None before start)."""
+        return self._acks
+
+    @property
     def lean_nats_connection(self) -> LeanNats | None:
         """The hot path's connection (``nats.lean.connection``), if there is one."""
         return self._lean
