@@ -739,15 +739,19 @@ class Server:
         """Wait for a read-index barrier begun with every NATS connection up and none lost since, then lead."""
         cluster, streams = self.cluster, self.streams
         assert cluster is not None and streams is not None
+        # A request the metadata leader never got (NATS just came back, or the leader is still deaf) is
+        # retried soon: the partitions led here take no writes meanwhile. Slower answers get longer.
+        timeout = 1.0
         while not self._stopping:
             outages = self._nats_outages
             if not self._nats_connected():
                 await asyncio.sleep(0.1)
                 continue
             try:
-                index = await cluster.raft.read_barrier(timeout=5.0)
+                index = await cluster.raft.read_barrier(timeout=timeout)
             except (NotLeader, ProposalDropped, TimeoutError) as exc:
                 log.debug("waiting for the metadata leader before leading partitions: %s", exc)
+                timeout = min(timeout * 2, 5.0)
                 await asyncio.sleep(0.2)
                 continue
             if outages != self._nats_outages or not self._nats_connected():
