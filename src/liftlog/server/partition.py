@@ -20,6 +20,7 @@ Event-loop only, not thread-safe. ``start``/``stop``/``pause`` await.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -268,6 +269,10 @@ class Partition:
                 await sub.drain()
             except Exception as exc:  # a closed connection has nothing left to drain
                 log.debug("draining %s: %s", self, exc)
+                # nats-py refuses to drain while it reconnects; left registered, the subscription would be
+                # renewed with the connection and deliver again.
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         if self._pending:
             self._write_pending()
 

@@ -127,6 +127,10 @@ class Server:
         self.access: AccessControl | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        #: NATS connections lost so far: leadership resumes only after a metadata barrier begun since the last.
+        self._nats_outages = 0
+        #: Proving the metadata current before leading (at start, and after every lost NATS connection).
+        self._confirming: asyncio.Task[None] | None = None
         #: Set when a part the server cannot run without broke (the metadata Raft loop); see ``failure``.
         self.failed = asyncio.Event()
         self.failure = ""
@@ -421,6 +425,8 @@ class Server:
         try:
             lean = LeanNats(
                 servers,
+                on_disconnected=self._nats_lost,
+                on_reconnected=self._on_lean_reconnected,
                 name=f"liftlog-{self.server_id}-intake",
                 user=cfg.user,
                 password=cfg.password,
@@ -645,10 +651,37 @@ class Server:
     async def _on_nats_disconnected(self) -> None:
         if not self._stopping:
             log.warning("disconnected from NATS; reconnecting")
+        await self._nats_lost()
 
     async def _on_nats_reconnected(self) -> None:
         url = self._nc.connected_url if self._nc is not None else None
         log.info("reconnected to NATS at %s", url.netloc if url is not None else "?")
+        self._nats_back()
+
+    async def _on_lean_reconnected(self) -> None:
+        self._nats_back()
+
+    async def _nats_lost(self) -> None:
+        """A NATS connection dropped: what this server missed meanwhile may include the loss of its
+        leaderships. Partitions led here stop taking writes until the metadata is proven current."""
+        self._nats_outages += 1
+        if self._stopping or self.streams is None or not self.streams.may_lead:
+            return  # not leading yet (starting): the start's barrier decides
+        led = sum(1 for p in self.streams.partitions.values() if p.leader is not None)
+        if led:
+            log.warning(
+                "NATS connection lost: the %d partition(s) led here take no writes until the metadata is current", led
+            )
+        await self.streams.suspend_leading()
+
+    def _nats_back(self) -> None:
+        """A NATS connection is back: once every one is, prove the metadata current, then lead again."""
+        if self._stopping or self.streams is None or self.streams.may_lead:
+            return
+        # Not before the start's own barrier began (it runs after the local catch-up), nor twice at once.
+        if self._confirming is not None and self._confirming.done():
+            self._confirming = asyncio.get_running_loop().create_task(self._lead_when_current(), name="catch-up")
+            self._tasks.append(self._confirming)
 
     # -- operations: metrics and health -------------------------------------
 
@@ -723,25 +756,40 @@ class Server:
         group committed before it asked. Alone in the group that is immediate;
         otherwise it is retried in the background until a leader answers.
         """
+        cluster = self.cluster
+        assert cluster is not None
+        self._confirming = asyncio.get_running_loop().create_task(self._lead_when_current(), name="catch-up")
+        self._tasks.append(self._confirming)
+        if cluster.voters == (self.server_id,):
+            await self._confirming
+
+    def _nats_connected(self) -> bool:
+        return (self._nc is None or self._nc.is_connected) and (self._lean is None or self._lean.is_connected)
+
+    async def _lead_when_current(self) -> None:
+        """Wait for a read-index barrier begun with every NATS connection up and none lost since, then lead."""
         cluster, streams = self.cluster, self.streams
         assert cluster is not None and streams is not None
-
-        async def barrier() -> None:
-            while True:
-                try:
-                    index = await cluster.raft.read_barrier(timeout=5.0)
-                except (NotLeader, ProposalDropped, TimeoutError) as exc:
-                    log.debug("waiting for the metadata leader before leading partitions: %s", exc)
-                    await asyncio.sleep(0.2)
-                    continue
-                log.info("metadata current at index %d: taking up partition leaderships", index)
-                streams.allow_leading()
-                return
-
-        if cluster.voters == (self.server_id,):
-            await barrier()
-        else:
-            self._tasks.append(asyncio.get_running_loop().create_task(barrier(), name="catch-up"))
+        # A request the metadata leader never got (NATS just came back, or the leader is still deaf) is
+        # retried soon: the partitions led here take no writes meanwhile. Slower answers get longer.
+        timeout = 1.0
+        while not self._stopping:
+            outages = self._nats_outages
+            if not self._nats_connected():
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                index = await cluster.raft.read_barrier(timeout=timeout)
+            except (NotLeader, ProposalDropped, TimeoutError) as exc:
+                log.debug("waiting for the metadata leader before leading partitions: %s", exc)
+                timeout = min(timeout * 2, 5.0)
+                await asyncio.sleep(0.2)
+                continue
+            if outages != self._nats_outages or not self._nats_connected():
+                continue  # a connection dropped meanwhile: what it missed may postdate the barrier
+            log.info("metadata current at index %d: taking up partition leaderships", index)
+            streams.allow_leading()
+            return
 
     def _bind_grpc(self) -> None:
         assert self.streams is not None and self._acks is not None and self.cluster is not None

@@ -188,6 +188,25 @@ class StreamManager:
         self.may_lead = False
         self._leading_reconciled = False
 
+    async def suspend_leading(self) -> None:
+        """Stop taking writes for the partitions led here until ``allow_leading``: a NATS connection
+        dropped, so the controller may have given our leaderships to others meanwhile.
+
+        Left listening, a leader that was replaced while cut off takes the messages published on its
+        subject the moment its connection is back, before the metadata telling it that it was replaced
+        arrives (over 100 ms in the chaos runs): it writes and acknowledges each at an offset of its
+        stale log that is truncated soon after, while the new leader stores the same message elsewhere,
+        and the publisher takes whichever ack comes first. The publisher's server then gives an offset
+        where the message is not (ack LEADER), or an error for a message that was committed (the old
+        leader's ack-ALL waiters fail when it steps down). Leaders keep their role and their followers;
+        only their intake stops, and a publish through this server waits for it (``until_listening``).
+        """
+        self.defer_leading()
+        await asyncio.gather(
+            *(p.stop_intake() for p in self.partitions.values() if p.leader is not None and p.accepting),
+            return_exceptions=True,
+        )
+
     def allow_leading(self) -> None:
         """The metadata is known to be current: take up the leaderships it gives us."""
         if not self.may_lead:
@@ -400,6 +419,8 @@ class StreamManager:
                 self._confirmations.add(task)
                 task.add_done_callback(self._confirmations.discard)
         if leader and not self.may_lead:
+            if part.accepting:  # suspended (suspend_leading): no writes until the metadata is known current
+                await part.stop_intake()
             return  # _set_role runs again once allowed
         if replicator is not None and role != hosted.role:
             if leader:
