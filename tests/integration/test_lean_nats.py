@@ -9,9 +9,11 @@ import json
 import urllib.request
 from pathlib import Path
 
+import grpc
 import nats
 import pytest
 
+from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.client import Client, LiftlogError
 
 from .harness import LiftlogProcess, NatsProcess, free_port
@@ -68,11 +70,22 @@ async def test_intake_and_publishes_survive_a_nats_restart(tmp_path: Path, lean:
             assert any(n.endswith("-intake") for n in names) == (lean == "true"), names
 
             nats_server.stop()
+            # While NATS is away a publish fails at once, on either connection: nats-py would buffer it and
+            # deliver it after the reconnect, long after its caller was told it timed out.
+            async with grpc.aio.insecure_channel(server.address) as ch:
+                started = asyncio.get_running_loop().time()
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await api_pb2_grpc.APIStub(ch).Publish(
+                        api_pb2.PublishRequest(stream="orders", value=b"during the outage"), timeout=10
+                    )
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+                assert asyncio.get_running_loop().time() - started < 8  # at most the ack timeout (5 s)
             nats_server = NatsProcess(tmp_path / "nats2.log", f"http_port: {monitor}", port=nats_server.port)
             await publish_until_stored(client, "orders", b"after the restart")
             stored = await values(client, "orders")
             assert stored[:2] == [b"from a client", b"from an app"]
             assert b"after the restart" in stored[2:]
+            assert b"during the outage" not in stored
 
             text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
             received = next(

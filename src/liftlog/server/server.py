@@ -237,6 +237,18 @@ class Server:
         self._serving = True
         log.info("liftlog server %s listening on %s (NATS %s)", self.server_id, self.address, self.nats_url)
 
+    async def _publish_for_clients(self, subject: str, payload: bytes) -> None:
+        """Publish a client's message on the hot connection; ConnectionError at once while it is down.
+
+        nats-py would buffer it and send it seconds later, after the reconnect: by then its caller has been
+        told it timed out (and may retry: a duplicate), and the partition may have a new leader. The lean
+        connection refuses such publishes itself.
+        """
+        nc = self._hot_nats
+        if isinstance(nc, nats.aio.client.Client) and (nc.is_reconnecting or not nc.is_connected):
+            raise ConnectionError("not connected to NATS (reconnecting)")
+        await nc.publish(subject, payload)
+
     def _check_ack_inbox(self, inbox: str) -> None:
         """Whether this server may publish an ack to ``inbox`` for a client (InvalidStreamError if not): a
         literal subject outside the cluster's own and NATS's (``validate_ack_inbox``), where no stream
@@ -813,7 +825,7 @@ class Server:
             streams=self.streams,
             cluster=self.cluster,
             acks=self._acks,
-            publish=self._hot_nats.publish,
+            publish=self._publish_for_clients,
             keep_hot=self.spinner.keep_hot if self.spinner is not None else None,
             send_publishes=self._lean.send_now if self._lean is not None else None,
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
