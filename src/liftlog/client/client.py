@@ -231,6 +231,7 @@ class Client(Routing):
         optimistic_concurrency_control: bool | None = None,
         encryption: bool | None = None,
         unclean_leader_election: bool | None = None,
+        duplicate_window_ms: int | None = None,
         exist_ok: bool = False,
     ) -> None:
         """Create stream `name` recording NATS `subject` (wildcards allowed).
@@ -239,7 +240,9 @@ class Client(Routing):
         `replication_factor` -1 means every server. The per-stream settings
         left None take the server's defaults. `unclean_leader_election`
         (liftlog servers only) lets a replica that is not in sync lead when no
-        in-sync one is left, which loses what it lacks. Raises
+        in-sync one is left, which loses what it lacks. `duplicate_window_ms`
+        (liftlog servers only): a message with an id is stored at most once
+        per partition within this window (0: off). Raises
         :class:`StreamExistsError` when the name is taken, unless `exist_ok`.
         """
         req = api_pb2.CreateStreamRequest(
@@ -253,6 +256,7 @@ class Client(Routing):
             (req.segmentMaxBytes, segment_max_bytes),
             (req.segmentMaxAge, segment_max_age_ms),
             (req.autoPauseTime, auto_pause_time_ms),
+            (req.duplicateWindow, duplicate_window_ms),
         )
         for field64, value64 in int64s:
             if value64 is not None:

@@ -150,6 +150,7 @@ class StreamSettings:
     optimistic_concurrency_control: bool | None = None
     encryption: bool | None = None
     unclean_leader_election: bool | None = None
+    duplicate_window_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}

@@ -198,6 +198,7 @@ class ApiService:
             optimistic_concurrency_control=_nullable(req, "optimisticConcurrencyControl"),
             encryption=_nullable(req, "encryption"),
             unclean_leader_election=_nullable(req, "uncleanLeaderElection"),
+            duplicate_window_ms=_nullable(req, "duplicateWindow"),
         )
         for name, value in settings.to_dict().items():
             if not isinstance(value, bool) and value < 0:

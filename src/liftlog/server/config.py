@@ -323,6 +323,20 @@ SETTINGS: tuple[Setting, ...] = (
         "files of earlier master keys, kept to decrypt what they encrypted while keys are rotated; re-read on SIGHUP",
     ),
     _s("streams.max.message.bytes", parse_size, 1 << 20, "largest message accepted"),
+    _s(
+        "streams.duplicate.window",
+        parse_duration_ms,
+        120_000,
+        "a message with an id (Nats-Msg-Id header) is stored at most once per partition within this window; "
+        "a duplicate is acked with the original's offset (0: off)",
+    ),
+    _s(
+        "streams.duplicate.max.ids",
+        _int(0),
+        100_000,
+        "most message ids a partition's leader remembers (about 200 bytes each); past it the oldest are "
+        "forgotten early, shortening the window (liftlog_partition_duplicate_ids_evicted_total)",
+    ),
     _s("streams.fsync.policy", _choice("never", "interval", "always"), "never", "when the log is fsynced"),
     _s("streams.fsync.interval", parse_duration_ms, 1000, "fsync interval with the interval policy"),
     _s(
@@ -487,6 +501,8 @@ class StreamsConfig:
     concurrency_control: bool
     encryption: bool
     max_message_bytes: int
+    duplicate_window: int
+    duplicate_max_ids: int
     fsync_policy: str
     fsync_interval: int
     segment_max_bytes_min: int

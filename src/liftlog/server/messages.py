@@ -33,6 +33,7 @@ from liftlog.api.stored import (
 from liftlog.api.stored import encode_fields as _fields
 from liftlog.api.stored import varint as _varint
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
+from liftlog.replication.duplicates import MSG_ID_HEADER, MSG_ID_HEADER_BYTES
 from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
 from liftlog.storage.records import (
     BATCH_HEADER_SIZE,
@@ -42,9 +43,18 @@ from liftlog.storage.records import (
     RecordsInfo,
     check_records,
     decode_new_records,
+    header_values,
 )
 
-__all__ = ["Encoded", "Incoming", "encode_messages", "incoming_from_nats", "record_size", "record_to_message"]
+__all__ = [
+    "Encoded",
+    "Incoming",
+    "encode_messages",
+    "incoming_from_nats",
+    "msg_id_in_nats_headers",
+    "record_size",
+    "record_to_message",
+]
 
 _POLICY_BYTES = {p: bytes([p]) for p in (api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE)}
 
@@ -75,6 +85,8 @@ class Incoming(NamedTuple):
     more: tuple[NewRecord, ...] = ()
     #: A batched publish's records, when they can be stored as they came (then ``record`` is a stand-in).
     encoded: Encoded | None = None
+    #: Its records' message ids (``Nats-Msg-Id``), one per record (b"" for none); empty when none has one.
+    msg_ids: tuple[bytes, ...] = ()
 
 
 def record_size(record: NewRecord) -> int:
@@ -85,8 +97,27 @@ def record_size(record: NewRecord) -> int:
     return size
 
 
-def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject: str) -> Incoming:
-    """Unwrap a Publish or record batch envelope if there is one; anything else is a plain value."""
+def msg_id_in_nats_headers(raw: bytes) -> bytes:
+    """The ``Nats-Msg-Id`` in a NATS message's raw header block (``NATS/1.0\r\nName: value\r\n...``), or b""."""
+    at = raw.find(_NATS_MSG_ID)
+    if at < 0:
+        return b""
+    start = at + len(_NATS_MSG_ID)
+    end = raw.find(b"\r\n", start)
+    return raw[start : end if end >= 0 else len(raw)].strip()
+
+
+_NATS_MSG_ID = b"\r\n" + MSG_ID_HEADER_BYTES + b":"
+
+
+def incoming_from_nats(
+    subject: str, reply: str, data: bytes, partition_subject: str, nats_msg_id: bytes = b""
+) -> Incoming:
+    """Unwrap a Publish or record batch envelope if there is one; anything else is a plain value.
+
+    ``nats_msg_id``: the message's ``Nats-Msg-Id`` NATS header. It is stored as a record header of that
+    name, where an envelope carries its id too; an envelope's own header wins.
+    """
     message = None
     own_subject = subject if subject != partition_subject else ""
     if data[:1] == b"\xb9":
@@ -98,10 +129,13 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
         else:
             message = decode_publish_message(data)
     if message is None:
+        ids = (nats_msg_id,) if nats_msg_id else ()
         if not own_subject and not reply:
-            return Incoming(NewRecord(data), subject, "", "", api_pb2.NONE, -1)
+            headers = {MSG_ID_HEADER: nats_msg_id} if nats_msg_id else EMPTY_HEADERS
+            return Incoming(NewRecord(data, None, headers), subject, "", "", api_pb2.NONE, -1, msg_ids=ids)
         fields = _fields(own_subject, reply, "", "", 0)
-        return Incoming(NewRecord(data, None, {H_FIELDS: fields}), subject, "", "", api_pb2.NONE, -1)
+        headers = {MSG_ID_HEADER: nats_msg_id, H_FIELDS: fields} if nats_msg_id else {H_FIELDS: fields}
+        return Incoming(NewRecord(data, None, headers), subject, "", "", api_pb2.NONE, -1, msg_ids=ids)
 
     headers = {k: v for k, v in message.headers.items() if not k.startswith(RESERVED)} if message.headers else {}
     inbox = message.ackInbox
@@ -114,8 +148,11 @@ def incoming_from_nats(subject: str, reply: str, data: bytes, partition_subject:
         fields = _fields(own_subject, reply, "", "", 0)
     if fields:
         headers[H_FIELDS] = fields
+    msg_id = headers.get(MSG_ID_HEADER) or nats_msg_id
+    if msg_id:
+        headers[MSG_ID_HEADER] = msg_id
     record = NewRecord(message.value, message.key or None, headers or EMPTY_HEADERS)
-    return Incoming(record, subject, inbox, cid, policy, message.offset)
+    return Incoming(record, subject, inbox, cid, policy, message.offset, msg_ids=(msg_id,) if msg_id else ())
 
 
 def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, reply: str) -> Incoming | None:
@@ -134,16 +171,23 @@ def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, 
     except InvalidBatch:
         return None
     expected = batch.expectedOffset if batch.HasField("expectedOffset") else -1
+    ids: tuple[bytes, ...] = ()
+    if info.has_headers:
+        found = header_values(batch.records, info.positions, MSG_ID_HEADER_BYTES)
+        if any(found):
+            ids = tuple(v or b"" for v in found)
     fields = _fields(own_subject, reply, "", "", 0)
     if not fields and not info.reserved_headers:  # the usual batch: stored as it came
         encoded = Encoded(batch.records, batch.count, info)
-        return Incoming(_STAND_IN, subject, inbox, batch.correlationId, batch.ackPolicy, expected, (), encoded)
+        return Incoming(_STAND_IN, subject, inbox, batch.correlationId, batch.ackPolicy, expected, (), encoded, ids)
     with_ack = _fields(own_subject, reply, inbox, batch.correlationId, batch.ackPolicy) if own_fields else b""
     records = [
         _with_fields(r, with_ack if own_fields and r.headers.get(H_FIELDS) == own_fields else fields)
         for r in decode_new_records(batch.records, batch.count)
     ]
-    return Incoming(records[0], subject, inbox, batch.correlationId, batch.ackPolicy, expected, tuple(records[1:]))
+    return Incoming(
+        records[0], subject, inbox, batch.correlationId, batch.ackPolicy, expected, tuple(records[1:]), None, ids
+    )
 
 
 _H_FIELDS = H_FIELDS.encode()

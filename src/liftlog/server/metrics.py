@@ -116,11 +116,22 @@ _PARTITION_COUNTERS = (
     ("liftlog_partition_bytes_replicated", "Bytes copied from the leader as a follower", "bytes_replicated"),
     ("liftlog_partition_fetches_served", "Followers' replication fetches answered as leader", "fetches_served"),
     ("liftlog_partition_fetch_bytes_served", "Bytes of batches sent to followers as leader", "fetch_bytes_served"),
+    (
+        "liftlog_partition_duplicates",
+        "Messages answered as duplicates of one stored within the duplicate window (message ids)",
+        "duplicates_acked",
+    ),
+    (
+        "liftlog_partition_duplicate_ids_evicted",
+        "Message ids forgotten before their window passed (streams.duplicate.max.ids)",
+        "duplicate_ids_evicted",
+    ),
 )
 _PARTITION_GAUGES = (
     ("liftlog_partition_subscriptions", "Subscriptions open on this partition"),
     ("liftlog_partition_segments", "Segments of the log"),
     ("liftlog_partition_size_bytes", "Bytes of the log's segments"),
+    ("liftlog_partition_duplicate_ids", "Message ids the leader remembers for its duplicate window"),
 )
 
 
@@ -131,6 +142,7 @@ def _summable(part: Partition) -> list[float]:
     values.append(part.subscribers)
     values.append(len(log.segments) if log is not None else 0)
     values.append(log.size_bytes if log is not None else 0)
+    values.append(len(part.duplicates))
     return values
 
 

@@ -32,6 +32,7 @@ from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.natswire import Event as NatsEvent
 from liftlog.natswire import LeanNats
+from liftlog.replication.duplicates import MSG_ID_HEADER, DuplicateWindow
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
 from liftlog.storage import (
@@ -47,8 +48,10 @@ from liftlog.storage import (
 from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.encryption import BatchCipher, EncryptionError
 from liftlog.storage.fileio import DEFAULT_FILE_IO
+from liftlog.storage.records import ATTR_MSG_IDS, decode_records
 
-from .messages import Incoming, incoming_from_nats, record_size
+from .duplicates import Screened, record_offsets, screen
+from .messages import Incoming, incoming_from_nats, msg_id_in_nats_headers, record_size
 from .nats_types import IntakeNats, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 
@@ -96,6 +99,8 @@ class PartitionOptions:
         "cleaner_interval_ns",
         "created",
         "descriptors",
+        "duplicate_max_ids",
+        "duplicate_window_ns",
         "encrypt",
         "file_io",
         "local_only",
@@ -120,8 +125,13 @@ class PartitionOptions:
         cipher: BatchCipher | None = None,
         encrypt: bool = False,
         local_only: bool = False,
+        duplicate_window_ns: int = 0,
+        duplicate_max_ids: int = 0,
     ) -> None:
         self.log_config = log_config
+        #: Message ids are deduplicated within this window (0: off), at most this many per partition.
+        self.duplicate_window_ns = duplicate_window_ns
+        self.duplicate_max_ids = duplicate_max_ids
         #: A servers' own stream (cursors): written only by this server (``take_local``), never from NATS.
         self.local_only = local_only
         #: The server's batch cipher (its master keys); ``encrypt``: the stream is encrypted at rest.
@@ -217,6 +227,12 @@ class Partition:
         #: Seconds from a message's write to its ack, per ack policy (shared by the server's partitions).
         self._ack_latency = ack_latency if ack_latency is not None else new_ack_latency()
         self._acked_now = 0
+        #: The message ids this replica stored lately, as leader (rebuilt from the log when it takes over).
+        self.duplicates = DuplicateWindow(options.duplicate_window_ns, options.duplicate_max_ids)
+        #: Acks of duplicates that wait for their originals' commit: (offset needed, ack).
+        self._duplicate_waiters: list[tuple[int, api_pb2.Ack]] = []
+        #: Duplicates acknowledged as such, as leader (a metric).
+        self.duplicates_acked = 0
 
     # -- lifecycle -------------------------------------------------------
 
@@ -298,7 +314,9 @@ class Partition:
         # queue without yielding; writing when the queue is empty makes every burst one batch.
         if self._intake_arrived is not None:
             self._intake_arrived()
-        self._pending.append(incoming_from_nats(msg.subject, msg.reply, msg.data, self.subject))
+        headers = getattr(msg, "headers", None)  # nats-py's Msg: a dict of its NATS headers, or None
+        msg_id = headers.get(MSG_ID_HEADER, "").encode() if headers else b""
+        self._pending.append(incoming_from_nats(msg.subject, msg.reply, msg.data, self.subject, msg_id))
         sub = self._sub
         if sub is None or not sub.pending_msgs or len(self._pending) >= self.options.batch_max:
             try:
@@ -312,7 +330,9 @@ class Partition:
         if self._intake_arrived is not None:
             self._intake_arrived()
         subject = self.subject
-        self._pending.extend([incoming_from_nats(m[2], m[3], m[4], subject) for m in msgs])
+        self._pending.extend(
+            [incoming_from_nats(m[2], m[3], m[4], subject, msg_id_in_nats_headers(m[5]) if m[5] else b"") for m in msgs]
+        )
         try:
             self._write_pending()
         except Exception:
@@ -343,6 +363,14 @@ class Partition:
                 key=f"{self}:deposed",
             )
             return
+        screened: list[Screened] | None = None
+        if self.duplicates.enabled:
+            for item in items:
+                if item.msg_ids:
+                    # Duplicates are answered, not written; what is new goes on to the checks below.
+                    screened = screen(items, self.duplicates, now)
+                    items = [s.write for s in screened if s.write is not None]
+                    break
         next_offset = log_.log_end_offset
         max_bytes = self.options.log_config.max_record_bytes
         occ = self.options.occ
@@ -378,8 +406,12 @@ class Partition:
         if written:
             self.messages_received = self.messages_received.record(now)
             self.last_activity = now
-        for item, last_offset in written:
-            self._written(item, last_offset, now)  # a batch is acknowledged with its last offset
+        if screened is None:
+            for item, last_offset in written:
+                self._written(item, last_offset, now)  # a batch is acknowledged with its last offset
+        else:
+            self._remember_ids(written, now)
+            self._written_screened(screened, written, now)
         if self._acked_now:
             self._ack_latency[api_pb2.LEADER].observe(0.0, self._acked_now)
             self._acked_now = 0
@@ -439,6 +471,7 @@ class Partition:
             max_lag_messages,
         )
         self._leader_did(self.leader.isr_committed(tuple(meta.isr), now))
+        self.rebuild_duplicates(now)
 
     def serve_fetch(self, follower: str, offset: int, epoch: int, max_bytes: int) -> tuple[FetchAnswer, bytes]:
         """A follower's fetch: what to answer and the raw batches (empty when it is caught up)."""
@@ -458,6 +491,7 @@ class Partition:
 
     def leader_tick(self, now: int) -> None:
         if self.leader is not None:
+            self.duplicates.expire(now)
             self._leader_did(self.leader.tick(now))
 
     def isr_committed(self, now: int) -> None:
@@ -483,11 +517,14 @@ class Partition:
         self._sync_now()  # acks held for an fsync go out (or fail) as a leader's would
         self.leader = None
         self._deposed = True
+        self.duplicates.clear()  # rebuilt from the log if it leads again: the log is the only truth
         self.fail_commit_waiters("the partition has a new leader")
 
     def fail_commit_waiters(self, reason: str) -> None:
         """Acks waiting for a commit this replica can no longer make: tell their publishers."""
         waiters, self._commit_waiters = self._commit_waiters, deque()
+        waiters.extend(ack for _, ack in self._duplicate_waiters)
+        self._duplicate_waiters = []
         for ack in waiters:
             ack.ackError = api_pb2.Ack.UNKNOWN
             ack.offset = -1
@@ -513,9 +550,10 @@ class Partition:
             encoded = run[0].encoded
             try:
                 if encoded is not None:
-                    log_.append_encoded(encoded.data, encoded.record_count, epoch, now, encoded.info)
+                    attributes = ATTR_MSG_IDS if run[0].msg_ids else 0
+                    log_.append_encoded(encoded.data, encoded.record_count, epoch, now, encoded.info, attributes)
                 else:
-                    log_.append(_records(run), epoch, now)
+                    log_.append(_records(run), epoch, now, ATTR_MSG_IDS if any(i.msg_ids for i in run) else 0)
             except RecordTooLarge:
                 if encoded is not None:
                     rejected.append((run[0], api_pb2.Ack.TOO_LARGE))
@@ -549,7 +587,7 @@ class Partition:
         written: list[tuple[Incoming, int]] = []
         for item in items:
             try:
-                self.log.append([item.record, *item.more], self._write_epoch, now)
+                self.log.append([item.record, *item.more], self._write_epoch, now, ATTR_MSG_IDS if item.msg_ids else 0)
             except (RecordTooLarge, StorageError, OSError) as exc:
                 if isinstance(exc, RecordTooLarge):
                     rejected.append((item, api_pb2.Ack.TOO_LARGE))
@@ -617,10 +655,15 @@ class Partition:
 
     def _fail_waiters_from(self, offset: int, reason: str) -> None:
         """Ack-ALL messages at or past ``offset`` (no longer in the log) are told they failed."""
+        self.duplicates.truncate(offset)  # those ids' records are gone: a retry must be stored again
         waiters = self._commit_waiters
         failed = 0
+        gone = [ack for needed, ack in self._duplicate_waiters if needed >= offset]
+        if gone:
+            self._duplicate_waiters = [(n, ack) for n, ack in self._duplicate_waiters if n < offset]
         while waiters and waiters[-1].offset >= offset:
-            ack = waiters.pop()
+            gone.append(waiters.pop())
+        for ack in gone:
             ack.ackError = api_pb2.Ack.UNKNOWN
             ack.offset = -1
             self._ack_sink(ack)
@@ -629,6 +672,88 @@ class Partition:
             _limited.warning(
                 "%s: %d ack-ALL messages not acknowledged: %s", self, failed, reason, key=f"{self}:unsynced"
             )
+
+    # -- message ids -------------------------------------------------------
+
+    @property
+    def duplicate_ids_evicted(self) -> int:
+        return self.duplicates.evicted
+
+    def _remember_ids(self, written: list[tuple[Incoming, int]], now: int) -> None:
+        """Add the ids of what was just written (at ``now``) to the duplicate window."""
+        add = self.duplicates.add
+        for item, last in written:
+            ids = item.msg_ids
+            if ids:
+                first = last - len(ids) + 1
+                for k, msg_id in enumerate(ids):
+                    if msg_id:
+                        add(msg_id, first + k, now)
+
+    def _written_screened(self, screened: list[Screened], written: list[tuple[Incoming, int]], now: int) -> None:
+        """Ack what ``append`` screened for duplicates: the new as written, duplicates with their originals."""
+        last_by_item = {id(item): last for item, last in written}
+        last_offsets = {
+            i: last_by_item[id(s.write)]
+            for i, s in enumerate(screened)
+            if s.write is not None and id(s.write) in last_by_item
+        }
+        for i, (s, offsets) in enumerate(zip(screened, record_offsets(screened, last_offsets), strict=True)):
+            if offsets is None:  # all of it was new
+                if i in last_offsets:
+                    assert s.write is not None
+                    self._written(s.write, last_offsets[i], now)
+                continue
+            if s.write is not None and i not in last_offsets:
+                continue  # its new records were refused: _refused answers it
+            assert s.places is not None
+            duplicates = [k for k, place in enumerate(s.places) if place[0] != "new"]
+            self.duplicates_acked += len(duplicates)
+            item = s.received
+            if not item.ack_inbox or item.ack_policy == api_pb2.NONE:
+                continue
+            if -1 in offsets:  # a duplicate of a record of this append that was not written after all
+                self._refused(item, api_pb2.Ack.UNKNOWN, now)
+                continue
+            ack = self._ack(item, offsets[-1], now)
+            ack.duplicate = s.write is None
+            if len(offsets) > 1:
+                ack.recordOffsets.extend(offsets)
+                ack.duplicateRecords.extend(duplicates)
+            self._ack_once_kept(ack, max(offsets))
+
+    def _ack_once_kept(self, ack: api_pb2.Ack, needed: int) -> None:
+        """Send ``ack`` once what its policy promises holds up to offset ``needed``: in the leader's log
+        (durable, under group commit) for LEADER, committed for ALL."""
+        log_ = self.log
+        assert log_ is not None
+        if ack.ackPolicy == api_pb2.LEADER:
+            if log_.unsynced and needed >= log_.durable_end:
+                self._unsynced_acks.append(ack)
+            else:
+                self._ack_sink(ack)
+        elif needed <= log_.high_watermark:
+            ack.commitTimestamp = self._clock()
+            self._ack_sink(ack)
+        else:
+            self._duplicate_waiters.append((needed, ack))
+
+    def rebuild_duplicates(self, now: int) -> None:
+        """Load the ids of the records still within the duplicate window from the log (a new leader)."""
+        window = self.duplicates
+        window.clear()
+        if not window.enabled or self.log is None:
+            return
+        log_ = self.log
+        start = log_.offset_for_timestamp(now - window.window_ns)
+        if start is None:
+            return
+        for data, header in log_.read_batches(start):
+            if header.attributes & ATTR_MSG_IDS:  # no other batch holds an id
+                for record in decode_records(data, header, start):
+                    msg_id = record.headers.get(MSG_ID_HEADER)
+                    if msg_id:
+                        window.add(bytes(msg_id), record.offset, record.timestamp)
 
     def _refused(self, item: Incoming, error: int, now: int) -> None:
         if item.ack_inbox:
@@ -708,6 +833,16 @@ class Partition:
                 count += 1
             if count:
                 latency.observe((now - received) / 1e9, count)
+        if self._duplicate_waiters:
+            now = self._clock()
+            waiting: list[tuple[int, api_pb2.Ack]] = []
+            for needed, ack in self._duplicate_waiters:
+                if needed <= offset:
+                    ack.commitTimestamp = now
+                    self._ack_sink(ack)
+                else:
+                    waiting.append((needed, ack))
+            self._duplicate_waiters = waiting
         self.wake_readers()
 
     # -- readers ---------------------------------------------------------

@@ -603,6 +603,9 @@ class StreamManager:
             cipher=self.cipher,
             encrypt=bool(s.encryption),
             local_only=stream.name == CURSORS_STREAM,
+            duplicate_window_ns=(s.duplicate_window_ms if s.duplicate_window_ms is not None else d.duplicate_window)
+            * 1_000_000,
+            duplicate_max_ids=d.duplicate_max_ids,
         )
         part = Partition(
             meta,

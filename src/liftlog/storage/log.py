@@ -268,10 +268,13 @@ class CommitLog:
 
     # -- writing -------------------------------------------------------
 
-    def append(self, records: Sequence[NewRecord], leader_epoch: int = 0, timestamp: int | None = None) -> int:
+    def append(
+        self, records: Sequence[NewRecord], leader_epoch: int = 0, timestamp: int | None = None, attributes: int = 0
+    ) -> int:
         """Assign offsets to ``records``, write them as one batch, return the new LEO.
 
-        Records without a timestamp get ``timestamp``, by default the clock's now.
+        Records without a timestamp get ``timestamp``, by default the clock's now. ``attributes``: the
+        batch's (``ATTR_MSG_IDS``).
 
         Raises RecordTooLarge (nothing written) for a record over
         ``max_record_bytes``, StaleLeaderEpoch for an epoch older than the
@@ -285,7 +288,7 @@ class CommitLog:
             raise StaleLeaderEpoch(leader_epoch, latest)
         now = self._clock() if timestamp is None else timestamp
         base = self.log_end_offset
-        data = encode_batch(base, leader_epoch, records, now, self.config.max_record_bytes)
+        data = encode_batch(base, leader_epoch, records, now, self.config.max_record_bytes, attributes)
         if self.encrypt:
             data = self._encrypt(data)
         header = parse_batch_header(data)
@@ -299,6 +302,7 @@ class CommitLog:
         leader_epoch: int = 0,
         timestamp: int | None = None,
         info: RecordsInfo | None = None,
+        attributes: int = 0,
     ) -> int:
         """Append ``count`` records encoded elsewhere (``encode_records``) as one batch; return the new LEO.
 
@@ -310,7 +314,9 @@ class CommitLog:
         if latest is not None and leader_epoch < latest:
             raise StaleLeaderEpoch(leader_epoch, latest)
         now = self._clock() if timestamp is None else timestamp
-        data = seal_records(self.log_end_offset, leader_epoch, records, count, now, self.config.max_record_bytes, info)
+        data = seal_records(
+            self.log_end_offset, leader_epoch, records, count, now, self.config.max_record_bytes, info, attributes
+        )
         if self.encrypt:
             data = self._encrypt(data)
         self._write(data, [parse_batch_header(data)], now)

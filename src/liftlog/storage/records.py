@@ -44,6 +44,7 @@ from crc32c import crc32c
 from .errors import InvalidBatch, RecordTooLarge
 
 __all__ = [
+    "ATTR_MSG_IDS",
     "BATCH_HEADER_SIZE",
     "EMPTY_HEADERS",
     "LOG_OVERHEAD",
@@ -64,6 +65,7 @@ __all__ = [
     "encode_headers",
     "encode_prepared",
     "encode_records",
+    "header_values",
     "iter_batch_headers",
     "parse_batch_header",
     "record_keys",
@@ -72,6 +74,9 @@ __all__ = [
 ]
 
 MAGIC = 1
+#: Batch attribute: some record of the batch has a ``Nats-Msg-Id`` header (a message id), so a new leader
+#: rebuilding its duplicate window reads this batch's records; it skips the others by their header alone.
+ATTR_MSG_IDS = 0x0020
 BATCH_HEADER = struct.Struct(">qiiBIHiqqi")
 BATCH_HEADER_SIZE = BATCH_HEADER.size  # 47
 #: Bytes needed to learn a batch's total size: base_offset and length.
@@ -142,6 +147,7 @@ def encode_batch(
     records: Sequence[NewRecord],
     default_timestamp: int,
     max_record_bytes: int = 2**31 - 1,
+    attributes: int = 0,
 ) -> bytes:
     """Encode ``records`` as one batch whose first record gets ``base_offset``.
 
@@ -153,7 +159,7 @@ def encode_batch(
     if not records:
         raise InvalidBatch("a batch needs at least one record")
     body, first_ts, max_ts = _encode_records(records, default_timestamp, max_record_bytes)
-    return _seal(base_offset, leader_epoch, len(records) - 1, first_ts, max_ts, len(records), body)
+    return _seal(base_offset, leader_epoch, len(records) - 1, first_ts, max_ts, len(records), body, attributes)
 
 
 def encode_records(records: Sequence[NewRecord], default_timestamp: int = 0) -> bytes:
@@ -276,6 +282,8 @@ class RecordsInfo(NamedTuple):
     largest_record: int
     #: Whether a header name starts with NUL (reserved for the server).
     reserved_headers: bool
+    #: Whether any record has a header.
+    has_headers: bool = False
 
 
 #: Batches checked lately, by content. A batched publish is checked by the RPC that takes it and again by the
@@ -318,7 +326,7 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
     end = len(data)
     pos = 0
     largest = largest_record = 0
-    reserved = False
+    reserved = any_headers = False
     positions: list[int] = []
     append = positions.append
     unpack = RECORD_HEADER.unpack_from
@@ -338,6 +346,7 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
             size = value_len + key_len if key_len > 0 else value_len
             p = pos + RECORD_OVERHEAD + size
             if n_headers:
+                any_headers = True
                 known = (n_headers == 1 and data[p:record_end] == allowed) or (
                     shape is not None
                     and n_headers == shape[0]
@@ -364,7 +373,30 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
         raise InvalidBatch(f"record {i} of the batch has a header name that is not UTF-8 ({exc.reason})") from None
     if pos != end:
         raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
-    return RecordsInfo(positions, largest, largest_record + 4, reserved)
+    return RecordsInfo(positions, largest, largest_record + 4, reserved, any_headers)
+
+
+def header_values(data: bytes | memoryview, positions: list[int], name: bytes) -> list[bytes | None]:
+    """The value of header ``name`` of each record starting at ``positions`` of checked records (None where a
+    record has no such header)."""
+    unpack = RECORD_HEADER.unpack_from
+    unpack_name = _HEADER_NAME.unpack_from
+    unpack_value = _HEADER_VALUE.unpack_from
+    out: list[bytes | None] = []
+    for pos in positions:
+        _length, _delta, _ts, key_len, value_len, n_headers = unpack(data, pos)
+        found = None
+        p = pos + RECORD_OVERHEAD + value_len + (key_len if key_len > 0 else 0)
+        for _ in range(n_headers):
+            (name_len,) = unpack_name(data, p)
+            name_end = p + 2 + name_len
+            (size,) = unpack_value(data, name_end)
+            if data[p + 2 : name_end] == name:
+                found = bytes(data[name_end + 4 : name_end + 4 + size])
+                break
+            p = name_end + 4 + size
+        out.append(found)
+    return out
 
 
 def _same_shape(data: bytes, p: int, parts: tuple[tuple[int, bytes], ...]) -> bool:
@@ -416,6 +448,7 @@ def seal_records(
     timestamp: int,
     max_record_bytes: int = 2**31 - 1,
     info: RecordsInfo | None = None,
+    attributes: int = 0,
 ) -> bytes:
     """A batch of records encoded elsewhere (a batched publish), stored as they are but for their timestamps.
 
@@ -432,7 +465,7 @@ def seal_records(
     stamp = _TIMESTAMP.pack_into
     for pos in info.positions:
         stamp(buf, pos + 8, timestamp)
-    return _seal(base_offset, leader_epoch, count - 1, timestamp, timestamp, count, bytes(buf))
+    return _seal(base_offset, leader_epoch, count - 1, timestamp, timestamp, count, bytes(buf), attributes)
 
 
 _TIMESTAMP = struct.Struct(">q")
@@ -475,9 +508,10 @@ def _seal(
     max_ts: int,
     count: int,
     records: bytes,
+    attributes: int = 0,
 ) -> bytes:
     """Prefix encoded records with a batch header and its CRC."""
-    tail = struct.pack(">Hiqqi", 0, last_offset_delta, first_ts, max_ts, count) + records
+    tail = struct.pack(">Hiqqi", attributes, last_offset_delta, first_ts, max_ts, count) + records
     crc = crc32c(tail)
     length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(records)
     return struct.pack(">qiiBI", base_offset, length, leader_epoch, MAGIC, crc) + tail
@@ -657,7 +691,8 @@ def retain_records(
     if not kept or first_ts is None:
         return None
     lod = header.last_offset_delta if last_offset_delta is None else last_offset_delta
-    return _seal(header.base_offset, header.leader_epoch, lod, first_ts, max_ts, kept, b"".join(parts))
+    attributes = header.attributes & ATTR_MSG_IDS  # a rebuilt duplicate window must still find its ids
+    return _seal(header.base_offset, header.leader_epoch, lod, first_ts, max_ts, kept, b"".join(parts), attributes)
 
 
 def record_keys(buf: bytes | bytearray | memoryview, header: BatchHeader) -> list[tuple[int, bytes | None]]:

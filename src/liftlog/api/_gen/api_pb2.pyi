@@ -76,7 +76,7 @@ class NullableBool(_message.Message):
     def __init__(self, value: _Optional[bool] = ...) -> None: ...
 
 class CreateStreamRequest(_message.Message):
-    __slots__ = ("subject", "name", "group", "replicationFactor", "partitions", "retentionMaxBytes", "retentionMaxMessages", "retentionMaxAge", "cleanerInterval", "segmentMaxBytes", "segmentMaxAge", "compactMaxGoroutines", "compactEnabled", "autoPauseTime", "autoPauseDisableIfSubscribers", "minIsr", "optimisticConcurrencyControl", "encryption", "uncleanLeaderElection")
+    __slots__ = ("subject", "name", "group", "replicationFactor", "partitions", "retentionMaxBytes", "retentionMaxMessages", "retentionMaxAge", "cleanerInterval", "segmentMaxBytes", "segmentMaxAge", "compactMaxGoroutines", "compactEnabled", "autoPauseTime", "autoPauseDisableIfSubscribers", "minIsr", "optimisticConcurrencyControl", "encryption", "uncleanLeaderElection", "duplicateWindow")
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class CreateStreamRequest(_message.Message):
     OPTIMISTICCONCURRENCYCONTROL_FIELD_NUMBER: _ClassVar[int]
     ENCRYPTION_FIELD_NUMBER: _ClassVar[int]
     UNCLEANLEADERELECTION_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATEWINDOW_FIELD_NUMBER: _ClassVar[int]
     subject: str
     name: str
     group: str
@@ -115,7 +116,8 @@ class CreateStreamRequest(_message.Message):
     optimisticConcurrencyControl: NullableBool
     encryption: NullableBool
     uncleanLeaderElection: NullableBool
-    def __init__(self, subject: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., replicationFactor: _Optional[int] = ..., partitions: _Optional[int] = ..., retentionMaxBytes: _Optional[_Union[NullableInt64, _Mapping]] = ..., retentionMaxMessages: _Optional[_Union[NullableInt64, _Mapping]] = ..., retentionMaxAge: _Optional[_Union[NullableInt64, _Mapping]] = ..., cleanerInterval: _Optional[_Union[NullableInt64, _Mapping]] = ..., segmentMaxBytes: _Optional[_Union[NullableInt64, _Mapping]] = ..., segmentMaxAge: _Optional[_Union[NullableInt64, _Mapping]] = ..., compactMaxGoroutines: _Optional[_Union[NullableInt32, _Mapping]] = ..., compactEnabled: _Optional[_Union[NullableBool, _Mapping]] = ..., autoPauseTime: _Optional[_Union[NullableInt64, _Mapping]] = ..., autoPauseDisableIfSubscribers: _Optional[_Union[NullableBool, _Mapping]] = ..., minIsr: _Optional[_Union[NullableInt32, _Mapping]] = ..., optimisticConcurrencyControl: _Optional[_Union[NullableBool, _Mapping]] = ..., encryption: _Optional[_Union[NullableBool, _Mapping]] = ..., uncleanLeaderElection: _Optional[_Union[NullableBool, _Mapping]] = ...) -> None: ...
+    duplicateWindow: NullableInt64
+    def __init__(self, subject: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., replicationFactor: _Optional[int] = ..., partitions: _Optional[int] = ..., retentionMaxBytes: _Optional[_Union[NullableInt64, _Mapping]] = ..., retentionMaxMessages: _Optional[_Union[NullableInt64, _Mapping]] = ..., retentionMaxAge: _Optional[_Union[NullableInt64, _Mapping]] = ..., cleanerInterval: _Optional[_Union[NullableInt64, _Mapping]] = ..., segmentMaxBytes: _Optional[_Union[NullableInt64, _Mapping]] = ..., segmentMaxAge: _Optional[_Union[NullableInt64, _Mapping]] = ..., compactMaxGoroutines: _Optional[_Union[NullableInt32, _Mapping]] = ..., compactEnabled: _Optional[_Union[NullableBool, _Mapping]] = ..., autoPauseTime: _Optional[_Union[NullableInt64, _Mapping]] = ..., autoPauseDisableIfSubscribers: _Optional[_Union[NullableBool, _Mapping]] = ..., minIsr: _Optional[_Union[NullableInt32, _Mapping]] = ..., optimisticConcurrencyControl: _Optional[_Union[NullableBool, _Mapping]] = ..., encryption: _Optional[_Union[NullableBool, _Mapping]] = ..., uncleanLeaderElection: _Optional[_Union[NullableBool, _Mapping]] = ..., duplicateWindow: _Optional[_Union[NullableInt64, _Mapping]] = ...) -> None: ...
 
 class CreateStreamResponse(_message.Message):
     __slots__ = ()
@@ -231,7 +233,7 @@ class Message(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., stream: _Optional[str] = ..., partition: _Optional[int] = ..., subject: _Optional[str] = ..., replySubject: _Optional[str] = ..., headers: _Optional[_Mapping[str, bytes]] = ..., ackInbox: _Optional[str] = ..., correlationId: _Optional[str] = ..., ackPolicy: _Optional[_Union[AckPolicy, str]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("stream", "partitionSubject", "msgSubject", "offset", "ackInbox", "correlationId", "ackPolicy", "receptionTimestamp", "commitTimestamp", "ackError")
+    __slots__ = ("stream", "partitionSubject", "msgSubject", "offset", "ackInbox", "correlationId", "ackPolicy", "receptionTimestamp", "commitTimestamp", "ackError", "duplicate", "recordOffsets", "duplicateRecords")
     class Error(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OK: _ClassVar[Ack.Error]
@@ -254,6 +256,9 @@ class Ack(_message.Message):
     RECEPTIONTIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     COMMITTIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     ACKERROR_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    RECORDOFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATERECORDS_FIELD_NUMBER: _ClassVar[int]
     stream: str
     partitionSubject: str
     msgSubject: str
@@ -264,7 +269,10 @@ class Ack(_message.Message):
     receptionTimestamp: int
     commitTimestamp: int
     ackError: Ack.Error
-    def __init__(self, stream: _Optional[str] = ..., partitionSubject: _Optional[str] = ..., msgSubject: _Optional[str] = ..., offset: _Optional[int] = ..., ackInbox: _Optional[str] = ..., correlationId: _Optional[str] = ..., ackPolicy: _Optional[_Union[AckPolicy, str]] = ..., receptionTimestamp: _Optional[int] = ..., commitTimestamp: _Optional[int] = ..., ackError: _Optional[_Union[Ack.Error, str]] = ...) -> None: ...
+    duplicate: bool
+    recordOffsets: _containers.RepeatedScalarFieldContainer[int]
+    duplicateRecords: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stream: _Optional[str] = ..., partitionSubject: _Optional[str] = ..., msgSubject: _Optional[str] = ..., offset: _Optional[int] = ..., ackInbox: _Optional[str] = ..., correlationId: _Optional[str] = ..., ackPolicy: _Optional[_Union[AckPolicy, str]] = ..., receptionTimestamp: _Optional[int] = ..., commitTimestamp: _Optional[int] = ..., ackError: _Optional[_Union[Ack.Error, str]] = ..., duplicate: _Optional[bool] = ..., recordOffsets: _Optional[_Iterable[int]] = ..., duplicateRecords: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("key", "value", "stream", "partition", "headers", "ackInbox", "correlationId", "ackPolicy", "expectedOffset")

@@ -1,5 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
 from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -21,18 +23,24 @@ class PublishRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., records: _Optional[bytes] = ..., count: _Optional[int] = ..., ackPolicy: _Optional[int] = ..., expectedOffset: _Optional[int] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
-    __slots__ = ("baseOffset", "count", "partitionSubject", "receptionTimestamp", "commitTimestamp")
+    __slots__ = ("baseOffset", "count", "partitionSubject", "receptionTimestamp", "commitTimestamp", "duplicate", "recordOffsets", "duplicateRecords")
     BASEOFFSET_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     PARTITIONSUBJECT_FIELD_NUMBER: _ClassVar[int]
     RECEPTIONTIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     COMMITTIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    RECORDOFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATERECORDS_FIELD_NUMBER: _ClassVar[int]
     baseOffset: int
     count: int
     partitionSubject: str
     receptionTimestamp: int
     commitTimestamp: int
-    def __init__(self, baseOffset: _Optional[int] = ..., count: _Optional[int] = ..., partitionSubject: _Optional[str] = ..., receptionTimestamp: _Optional[int] = ..., commitTimestamp: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    recordOffsets: _containers.RepeatedScalarFieldContainer[int]
+    duplicateRecords: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, baseOffset: _Optional[int] = ..., count: _Optional[int] = ..., partitionSubject: _Optional[str] = ..., receptionTimestamp: _Optional[int] = ..., commitTimestamp: _Optional[int] = ..., duplicate: _Optional[bool] = ..., recordOffsets: _Optional[_Iterable[int]] = ..., duplicateRecords: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RecordBatchEnvelope(_message.Message):
     __slots__ = ("records", "count", "ackInbox", "correlationId", "ackPolicy", "expectedOffset")
