@@ -28,7 +28,14 @@ from liftlog.api.stored import (
     decode_fields,
     stored_subject,
 )
-from liftlog.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LOG_OVERHEAD, MAGIC, RECORD_HEADER
+from liftlog.storage.records import (
+    ATTR_MSG_IDS,
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    RECORD_HEADER,
+)
 
 from .errors import CorruptDataError
 from .types import Message, message
@@ -204,7 +211,7 @@ def checked_batches(data: bytes, limit: int) -> Iterator[tuple[int, int, int, in
             raise CorruptDataError(f"the batch at offset {base} fails its CRC check")
         if base >= limit:
             return
-        if attrs:  # servers decrypt before they answer: these bytes are not records
+        if attrs & ~ATTR_MSG_IDS:  # servers decrypt before they answer: these bytes are not records
             raise CorruptDataError(
                 f"the batch at offset {base} has attributes {attrs:#x} (encrypted?), which no read returns"
             )

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import secrets
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, MutableMapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -62,6 +62,7 @@ from liftlog.client.errors import (
     UnimplementedError,
     error_from_ack,
 )
+from liftlog.client.msg_ids import MSG_ID_HEADER, new_msg_id
 from liftlog.client.nats_helpers import connect_nats, encode_publish, publish_and_wait_ack, to_bytes, to_headers
 from liftlog.client.publish_async import PublishBatch, publish_async_attempt
 from liftlog.client.publish_batches import BatchesUnsupported, publish_batched, publish_prepared
@@ -130,7 +131,10 @@ class Client(Routing):
     :meth:`nats_publish`. `tls`: a :class:`TlsConfig` (CA, client
     certificate for mTLS, server name), an ``ssl.SSLContext``, or True for
     TLS with the system's CAs; a server whose certificate fails the checks
-    raises :class:`TlsError` at once, without retries.
+    raises :class:`TlsError` at once, without retries. `idempotent` (the
+    default): every message published gets an id (the ``Nats-Msg-Id`` header)
+    unless it has one, kept across retries, so that a liftlog server stores a
+    retried message once (README, "Message ids").
 
     Use it as ``async with Client("127.0.0.1:9292") as client: ...``; calling
     :meth:`connect` is optional (it checks a server answers), :meth:`close` is
@@ -148,6 +152,7 @@ class Client(Routing):
         metadata_max_age: float = 30.0,
         nats_servers: Sequence[str] = (),
         tls: TlsOption = None,
+        idempotent: bool = True,
     ) -> None:
         super().__init__(
             addresses,
@@ -164,6 +169,15 @@ class Client(Routing):
         self._nats_lock = asyncio.Lock()
         #: Whether publish_many may use liftlog.Batches (False once a server did not offer it: Liftbridge).
         self._batches_offered = True
+        #: Give every message published an id (``Nats-Msg-Id``) unless it has one: retries are then stored once.
+        self.idempotent = idempotent
+
+    def _with_msg_id(self, headers: MutableMapping[str, bytes], msg_id: bytes | str | None) -> None:
+        """Set the ``Nats-Msg-Id`` header: ``msg_id``, the caller's own header, or (idempotent) a new id."""
+        if msg_id is not None:
+            headers[MSG_ID_HEADER] = to_bytes(msg_id)
+        elif self.idempotent and MSG_ID_HEADER not in headers:
+            headers[MSG_ID_HEADER] = new_msg_id()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -318,6 +332,7 @@ class Client(Routing):
         ack_inbox: str = "",
         correlation_id: str = "",
         timeout: float | None = None,
+        msg_id: bytes | str | None = None,
     ) -> Ack | None:
         """Publish one message to a stream partition (the ``Publish`` RPC, sent to the leader).
 
@@ -332,7 +347,10 @@ class Client(Routing):
         :class:`AckTimeoutError`. Returns the :class:`Ack`, or None with
         ``AckPolicy.NONE``. A message the server refuses raises (for example
         :class:`IncorrectOffsetError`, :class:`ReadonlyError`). Retried on
-        :class:`NotLeaderError` and :class:`UnavailableError` (at least once).
+        :class:`NotLeaderError` and :class:`UnavailableError`, with the same
+        `msg_id` (by default a new random one, see the class): a liftlog server
+        stores it once, and answers a retry of a stored message with its
+        offset and ``Ack.duplicate``.
         """
         self.check_open()
         req = api_pb2.PublishRequest(
@@ -340,6 +358,7 @@ class Client(Routing):
             expectedOffset=-1 if expected_offset is None else expected_offset,
             **_message_fields(value, key, headers, ack_policy, ack_inbox, correlation_id),
         )
+        self._with_msg_id(req.headers, msg_id)
         if partition is None:
             partition = await self._partition_for_key(stream, req.key)
         req.partition = partition
@@ -363,6 +382,7 @@ class Client(Routing):
         ack_inbox: str = "",
         correlation_id: str = "",
         timeout: float | None = None,
+        msg_id: bytes | str | None = None,
     ) -> Ack | None:
         """Publish one message to NATS `subject` through any server (``PublishToSubject``).
 
@@ -374,6 +394,7 @@ class Client(Routing):
         req = api_pb2.PublishToSubjectRequest(
             subject=subject, **_message_fields(value, key, headers, ack_policy, ack_inbox, correlation_id)
         )
+        self._with_msg_id(req.headers, msg_id)
         deadline = self.timeout if timeout is None else timeout
         resp: api_pb2.PublishToSubjectResponse = await self._call_any(
             "publish_to_subject", req, timeout=deadline, timeout_error=AckTimeoutError
@@ -442,6 +463,7 @@ class Client(Routing):
                     timeout=deadline,
                     resend_unacked=resend_unacked,
                     return_acks=return_acks,
+                    msg_ids=self.idempotent,
                 )
             except BatchesUnsupported as unsupported:
                 self._batches_offered = False  # a Liftbridge server: PublishAsync from now on
@@ -985,6 +1007,7 @@ class Client(Routing):
         ack_policy: AckPolicy = AckPolicy.NONE,
         envelope: bool = True,
         timeout: float | None = None,
+        msg_id: bytes | str | None = None,
     ) -> Ack | None:
         """Publish on NATS `subject` directly (connecting to `nats_servers` on first use).
 
@@ -999,6 +1022,10 @@ class Client(Routing):
         nc = await self._nats()
         if not envelope and (key is not None or headers or ack_policy != AckPolicy.NONE):
             raise InvalidArgumentError("key, headers and acks need an envelope (envelope=True)")
+        if envelope:  # the id rides in the envelope's headers (a raw value has none)
+            with_id: dict[str, bytes] = to_headers(headers) if headers else {}
+            self._with_msg_id(with_id, msg_id)
+            headers = with_id or None
         if ack_policy == AckPolicy.NONE:  # fire and forget
             if envelope:
                 payload = encode_publish(value, key=key, headers=headers, ack_policy=ack_policy)

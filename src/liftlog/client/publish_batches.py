@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from liftlog.api import batches_pb2
 from liftlog.client.errors import AckTimeoutError, LiftlogError, UnimplementedError, as_publish_failure
+from liftlog.client.msg_ids import MSG_ID_HEADER, new_msg_id
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.types import Ack, AckPolicy, OutgoingMessage, PublishValue
 from liftlog.client.types import batch_ack as make_ack
@@ -35,6 +36,8 @@ __all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "BatchesUnsupported", "publish_batch
 
 CHUNK_MESSAGES = 1000
 CHUNK_BYTES = 256 << 10  # well under NATS's default max payload of 1 MiB
+#: A record's index in its chunk, as the end of its message id.
+_INDEXES = [b"%x" % i for i in range(CHUNK_MESSAGES)]
 
 Value = PublishValue
 
@@ -60,14 +63,18 @@ async def publish_batched(
     timeout: float,
     resend_unacked: bool,
     return_acks: bool = True,
+    msg_ids: bool = False,
 ) -> list[Ack]:
     """Publish ``values`` in chunks; the acks in input order (none with ``AckPolicy.NONE`` or ``return_acks`` False).
+
+    ``msg_ids``: give every record without a ``Nats-Msg-Id`` header one (its chunk's random prefix and its
+    index), so that a chunk sent again after a failure is stored once.
 
     Raises BatchesUnsupported, before anything is stored, when the server does not offer batches.
     """
     default_key = to_bytes(key) if key is not None else None
     default_headers = to_headers(headers) if headers else None
-    chunks = _chunks(values, _chunk_size(window), default_key, default_headers)
+    chunks = _chunks(values, _chunk_size(window), default_key, default_headers, msg_ids)
     try:
         return await _publish_chunks(
             client, stream, partition, chunks, ack_policy, window, timeout, resend_unacked, return_acks
@@ -197,6 +204,13 @@ async def _send(
         return []
     subject = resp.partitionSubject
     received, committed = resp.receptionTimestamp, resp.commitTimestamp
+    if resp.recordOffsets or resp.duplicate:  # message ids: some were stored already (the originals' offsets)
+        offsets = list(resp.recordOffsets) or list(range(resp.baseOffset, resp.baseOffset + resp.count))
+        duplicates = set(range(resp.count)) if resp.duplicate else set(resp.duplicateRecords)
+        return [
+            make_ack(stream, subject, offset, ack_policy, received, committed, i in duplicates)
+            for i, offset in enumerate(offsets)
+        ]
     return [
         make_ack(stream, subject, offset, ack_policy, received, committed)
         for offset in range(resp.baseOffset, resp.baseOffset + resp.count)
@@ -239,15 +253,17 @@ async def _chunks(
     size: int,
     key: bytes | None,
     headers: dict[str, bytes] | None,
+    msg_ids: bool = False,
 ) -> AsyncIterator[tuple[object, bytes, int]]:
     """(the input values, their records encoded, their count) per chunk of at most ``size`` messages and about
-    CHUNK_BYTES."""
+    CHUNK_BYTES; with ``msg_ids``, every record without an id gets one."""
     raw: list[Value] = []
     records: list[NewRecord] = []
     used = 0
     empty: Mapping[str, bytes] = {}
     plain_headers = headers or empty
     items = values if isinstance(values, AsyncIterable) else _aiter(values)
+    prefix = b""
     async for value in items:
         if isinstance(value, NewRecord):
             record = value
@@ -263,6 +279,13 @@ async def _chunks(
         if records and used + cost > CHUNK_BYTES:  # a big message starts a chunk of its own
             yield raw, encode_records(records), len(records)
             raw, records, used = [], [], 0
+        if msg_ids:
+            if not records:  # a chunk's records share a random prefix, and each adds its index in the chunk
+                prefix = new_msg_id() + b"."
+            if MSG_ID_HEADER not in record.headers:
+                record = NewRecord(
+                    record.value, record.key, {**record.headers, MSG_ID_HEADER: prefix + _INDEXES[len(records)]}
+                )
         raw.append(value)
         records.append(record)
         used += cost

@@ -215,6 +215,9 @@ class Ack:
     reception_timestamp: int
     commit_timestamp: int
     error: AckError = AckError.OK
+    #: The message's id (``Nats-Msg-Id``) was stored already within the stream's duplicate window: it was
+    #: not stored again, and ``offset`` is the original's (liftlog servers).
+    duplicate: bool = False
 
     @classmethod
     def from_proto(cls, ack: api_pb2.Ack) -> Ack:
@@ -230,12 +233,21 @@ class Ack:
             ack.receptionTimestamp,
             ack.commitTimestamp,
             _ACK_ERRORS.get(ack.ackError, AckError.UNKNOWN),
+            ack.duplicate,
         )
 
 
-def batch_ack(stream: str, subject: str, offset: int, ack_policy: AckPolicy, received: int, committed: int) -> Ack:
+def batch_ack(
+    stream: str,
+    subject: str,
+    offset: int,
+    ack_policy: AckPolicy,
+    received: int,
+    committed: int,
+    duplicate: bool = False,
+) -> Ack:
     """The :class:`Ack` of one message of a batched publish (made fast, like ``message``)."""
-    a = _UnfrozenAck(stream, subject, subject, offset, "", "", ack_policy, received, committed, AckError.OK)
+    a = _UnfrozenAck(stream, subject, subject, offset, "", "", ack_policy, received, committed, AckError.OK, duplicate)
     _set_class(a, Ack)
     return a  # type: ignore[no-any-return]
 

@@ -140,12 +140,16 @@ class BatchesService:
             ack = await api.await_ack(future, context.time_remaining())
         except RpcFailure as failure:
             await abort_with(context, failure)
+        offsets = ack.recordOffsets
         return batches_pb2.PublishResponse(
-            baseOffset=ack.offset - req.count + 1,
+            baseOffset=offsets[0] if offsets else ack.offset - req.count + 1,
             count=req.count,
             partitionSubject=ack.partitionSubject,
             receptionTimestamp=ack.receptionTimestamp,
             commitTimestamp=ack.commitTimestamp,
+            duplicate=ack.duplicate,
+            recordOffsets=offsets,
+            duplicateRecords=ack.duplicateRecords,
         )
 
     @staticmethod

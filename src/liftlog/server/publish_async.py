@@ -65,7 +65,20 @@ HOLD_S = 0.005
 class _Batch:
     """Requests for one partition and ack policy taken in one read: one NATS message."""
 
-    __slots__ = ("ack_body", "failure", "first", "future", "last", "meta", "policy", "records", "size", "subject")
+    __slots__ = (
+        "ack_body",
+        "duplicates",
+        "failure",
+        "first",
+        "future",
+        "last",
+        "meta",
+        "offsets",
+        "policy",
+        "records",
+        "size",
+        "subject",
+    )
 
     def __init__(self, meta: PartitionMeta, policy: int, first: api_pb2.PublishRequest) -> None:
         self.meta = meta
@@ -78,6 +91,9 @@ class _Batch:
         self.failure: RpcFailure | None = None
         self.last = -1  # the offset of its last message, once acked
         self.ack_body = b""  # its ack encoded, offset and correlation id left for each answer
+        #: With message ids, when some requests duplicated stored messages: each request's offset, and which.
+        self.offsets: list[int] = []
+        self.duplicates: set[int] = set()
 
 
 # A queue entry: (the caller's correlation id, what answers it, its index in a _Batch).
@@ -316,6 +332,10 @@ async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_p
     return future
 
 
+#: Ack.duplicate = true (field 1000, varint): appended to one request's answer of a coalesced batch.
+_DUPLICATE = api_pb2.Ack(duplicate=True).SerializeToString()
+
+
 def _batch_answers(api: ApiService, batch: _Batch, entries: list[_Entry]) -> list[bytes]:
     """The encoded PublishResponses of some of a batch's requests: the batch's ack with each one's offset."""
     if not batch.ack_body:
@@ -326,6 +346,12 @@ def _batch_answers(api: ApiService, batch: _Batch, entries: list[_Entry]) -> lis
             batch.failure = failure
             return [async_error(cid, failure) for cid, _, _ in entries]
         batch.last = ack.offset
+        if ack.recordOffsets or ack.duplicate:  # message ids: some requests duplicated stored messages
+            count = len(batch.records)
+            batch.offsets = list(ack.recordOffsets) or [ack.offset - count + 1 + i for i in range(count)]
+            batch.duplicates = set(range(count)) if ack.duplicate else set(ack.duplicateRecords)
+            for name in ("recordOffsets", "duplicateRecords", "duplicate"):
+                ack.ClearField(name)
         ack.ClearField("offset")
         batch.ack_body = ack.SerializeToString()
     # Ack{offset = 4, correlationId = 6} appended inside PublishResponse{ack = 1, correlationId = 3}: the
@@ -334,8 +360,12 @@ def _batch_answers(api: ApiService, batch: _Batch, entries: list[_Entry]) -> lis
     head = batch.ack_body + b"\x20"
     first = batch.last - len(batch.records) + 1
     out: list[bytes] = []
+    offsets, duplicates = batch.offsets, batch.duplicates
     for cid, _, index in entries:
-        body = head + varint(first + index)
+        if offsets:
+            body = head + varint(offsets[index]) + (_DUPLICATE if index in duplicates else b"")
+        else:
+            body = head + varint(first + index)
         if cid:
             raw = cid.encode()
             tail = varint(len(raw)) + raw

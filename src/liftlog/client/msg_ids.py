@@ -1,0 +1,28 @@
+"""The message ids this client gives what it publishes (``Nats-Msg-Id``), so that its retries are idempotent.
+
+A liftlog server stores a message whose id it stored already within the
+stream's duplicate window at most once, and answers the retry with the
+original's offset (``Ack.duplicate``). An id is made before the first
+attempt and sent again with every retry. Liftbridge servers store the header
+like any other.
+
+Ids are random, not counters: two clients, or one client before and after a
+restart, never make the same one. 96 random bits (16 characters) for a
+message; a chunk of ``publish_many`` shares a random prefix, and its records
+add their index to it.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Final
+
+__all__ = ["MSG_ID_HEADER", "new_msg_id"]
+
+MSG_ID_HEADER: Final = "Nats-Msg-Id"
+
+
+def new_msg_id() -> bytes:
+    """A fresh random id: 16 URL-safe base64 characters (96 bits)."""
+    return base64.urlsafe_b64encode(os.urandom(12))
