@@ -90,9 +90,22 @@ async def test_batched_publishes_are_deduplicated_per_record(server: Server) -> 
         partial = await client.publish_many("orders", records("4", "2", "5"))
         assert [(a.offset, a.duplicate) for a in partial] == [(3, False), (1, True), (4, False)]
         assert await values(client) == [b"v-1", b"v-2", b"v-3", b"v-4", b"v-5"]
-        # Without ids of their own, publish_many's chunks get ids; sent once, every message is new.
+        # Without ids of their own, publish_many's chunks get one each; sent once, every message is new.
         fresh = await client.publish_many("orders", [b"x", b"x", b"x"])
         assert [a.offset for a in fresh] == [5, 6, 7] and not any(a.duplicate for a in fresh)
+
+
+async def test_a_chunk_sent_again_is_stored_once_by_its_batch_id(server: Server) -> None:
+    """What publish_many's chunks carry (one Liftlog-Batch-Id on the first record), sent twice as a retry
+    sends it: the second is answered with the first's offsets."""
+    chunk = [NewRecord(b"first", None, {"Liftlog-Batch-Id": b"chunk-1"}), NewRecord(b"second"), NewRecord(b"third")]
+    async with Client(server.address) as client:
+        await client.publish("orders", b"before")
+        acks = await client.publish_many("orders", chunk, ack_policy=AckPolicy.ALL)
+        again = await client.publish_many("orders", chunk, ack_policy=AckPolicy.ALL)
+        assert [(a.offset, a.duplicate) for a in acks] == [(1, False), (2, False), (3, False)]
+        assert [(a.offset, a.duplicate) for a in again] == [(1, True), (2, True), (3, True)]
+        assert await values(client) == [b"before", b"first", b"second", b"third"]
 
 
 async def test_coalesced_publish_async_requests_are_answered_per_request(server: Server) -> None:

@@ -175,3 +175,34 @@ def test_plain_nats_messages_and_envelopes_carry_their_ids_into_the_record(tmp_p
     assert plain.msg_ids == (b"nats-id",) and plain.record.headers == {"Nats-Msg-Id": b"nats-id"}
     part.append([plain, incoming_from_nats("orders", "", b"plain again", "orders", b"nats-id")])
     assert stored(part) == [b"plain"]
+
+
+def test_a_batch_id_makes_the_whole_batch_a_duplicate_or_not_and_survives_a_rebuild(tmp_path: Path) -> None:
+    acks: list[api_pb2.Ack] = []
+    clock = Clock()
+    part = partition(tmp_path, acks, clock)
+
+    def chunk(batch_id: bytes, cid: str) -> Incoming:
+        records = [NewRecord(b"a", None, {"Liftlog-Batch-Id": batch_id}), NewRecord(b"b"), NewRecord(b"c")]
+        envelope = RecordBatchEnvelope(
+            records=encode_records(records), count=3, ackInbox="inbox", correlationId=cid, ackPolicy=LEADER
+        )
+        item = incoming_from_nats("orders", "", encode_record_batch(envelope), "orders")
+        assert item.batch_id == batch_id and item.msg_ids == ()
+        return item
+
+    part.append([with_id(b"x", None, "0"), chunk(b"B", "1"), chunk(b"B", "2")])  # a repeat in the same append
+    part.append([chunk(b"B", "3"), chunk(b"C", "4")])
+    summary = [(a.correlationId, a.offset, a.duplicate, list(a.recordOffsets)) for a in acks]
+    assert summary == [
+        ("0", 0, False, []),
+        ("1", 3, False, []),
+        ("2", 3, True, [1, 2, 3]),
+        ("3", 3, True, [1, 2, 3]),
+        ("4", 6, False, []),
+    ]
+    part.become_follower()
+    part.become_leader("s1", clock.now, max_lag_ns=10**12)
+    part.append([chunk(b"C", "5")])
+    assert (acks[-1].offset, acks[-1].duplicate, list(acks[-1].recordOffsets)) == (6, True, [4, 5, 6])
+    assert stored(part) == [b"x", b"a", b"b", b"c", b"a", b"b", b"c"]

@@ -7,9 +7,9 @@ attempt and sent again with every retry. Liftbridge servers store the header
 like any other.
 
 Ids are random, not counters: two clients, or one client before and after a
-restart, never make the same one. 96 random bits (16 characters) for a
-message; a chunk of ``publish_many`` shares a random prefix, and its records
-add their index to it.
+restart, never make the same one: 96 random bits (16 characters). A chunk of
+``publish_many`` gets one id for all its records (``Liftlog-Batch-Id`` on its
+first record): per-record ids cost a leader a header read per record.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import base64
 import os
 from typing import Final
 
-__all__ = ["MSG_ID_HEADER", "new_msg_id"]
+__all__ = ["BATCH_ID_HEADER", "MSG_ID_HEADER", "new_msg_id"]
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
+#: One id for a whole chunk of ``publish_many`` (on its first record): a leader reads one header per chunk.
+BATCH_ID_HEADER: Final = "Liftlog-Batch-Id"
 
 
 def new_msg_id() -> bytes:

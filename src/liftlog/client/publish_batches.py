@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from liftlog.api import batches_pb2
 from liftlog.client.errors import AckTimeoutError, LiftlogError, UnimplementedError, as_publish_failure
-from liftlog.client.msg_ids import MSG_ID_HEADER, new_msg_id
+from liftlog.client.msg_ids import BATCH_ID_HEADER, new_msg_id
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.types import Ack, AckPolicy, OutgoingMessage, PublishValue
 from liftlog.client.types import batch_ack as make_ack
@@ -36,8 +36,6 @@ __all__ = ["CHUNK_BYTES", "CHUNK_MESSAGES", "BatchesUnsupported", "publish_batch
 
 CHUNK_MESSAGES = 1000
 CHUNK_BYTES = 256 << 10  # well under NATS's default max payload of 1 MiB
-#: A record's index in its chunk, as the end of its message id.
-_INDEXES = [b"%x" % i for i in range(CHUNK_MESSAGES)]
 
 Value = PublishValue
 
@@ -67,8 +65,9 @@ async def publish_batched(
 ) -> list[Ack]:
     """Publish ``values`` in chunks; the acks in input order (none with ``AckPolicy.NONE`` or ``return_acks`` False).
 
-    ``msg_ids``: give every record without a ``Nats-Msg-Id`` header one (its chunk's random prefix and its
-    index), so that a chunk sent again after a failure is stored once.
+    ``msg_ids``: give every chunk an id (a ``Liftlog-Batch-Id`` header on its first record, one random id for
+    the whole chunk), so that a chunk sent again after a failure is stored once: a liftlog server answers it
+    with the original's offsets. Records' own ``Nats-Msg-Id`` headers are honoured too, each on its own.
 
     Raises BatchesUnsupported, before anything is stored, when the server does not offer batches.
     """
@@ -263,7 +262,6 @@ async def _chunks(
     empty: Mapping[str, bytes] = {}
     plain_headers = headers or empty
     items = values if isinstance(values, AsyncIterable) else _aiter(values)
-    prefix = b""
     async for value in items:
         if isinstance(value, NewRecord):
             record = value
@@ -279,13 +277,9 @@ async def _chunks(
         if records and used + cost > CHUNK_BYTES:  # a big message starts a chunk of its own
             yield raw, encode_records(records), len(records)
             raw, records, used = [], [], 0
-        if msg_ids:
-            if not records:  # a chunk's records share a random prefix, and each adds its index in the chunk
-                prefix = new_msg_id() + b"."
-            if MSG_ID_HEADER not in record.headers:
-                record = NewRecord(
-                    record.value, record.key, {**record.headers, MSG_ID_HEADER: prefix + _INDEXES[len(records)]}
-                )
+        if msg_ids and not records and BATCH_ID_HEADER not in record.headers:
+            # The chunk's id, on its first record (one header, not one per record).
+            record = NewRecord(record.value, record.key, {**record.headers, BATCH_ID_HEADER: new_msg_id()})
         raw.append(value)
         records.append(record)
         used += cost

@@ -26,11 +26,28 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MSG_ID_HEADER", "MSG_ID_HEADER_BYTES", "DuplicateWindow"]
+__all__ = [
+    "BATCH_ID_HEADER",
+    "BATCH_ID_HEADER_BYTES",
+    "MSG_ID_HEADER",
+    "MSG_ID_HEADER_BYTES",
+    "DuplicateWindow",
+    "batch_key",
+]
 
 #: The header a message's id travels in (NATS headers of plain publishers, or a Liftbridge envelope's headers).
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 MSG_ID_HEADER_BYTES: Final = MSG_ID_HEADER.encode()
+#: The header of a batched publish's first record that gives the whole batch one id: the batch is stored at
+#: most once within the window (a duplicate batch is answered with its original's offsets). One id per
+#: batch instead of one per record: a leader reads one header, not one per record.
+BATCH_ID_HEADER: Final = "Liftlog-Batch-Id"
+BATCH_ID_HEADER_BYTES: Final = BATCH_ID_HEADER.encode()
+
+
+def batch_key(batch_id: bytes) -> bytes:
+    """A batch id's key in the window, apart from message ids."""
+    return b"\x00batch:" + batch_id
 
 
 class DuplicateWindow:

@@ -6,6 +6,9 @@ What a publish whose records carry ids (``Nats-Msg-Id``) becomes:
 - every record is a duplicate: nothing is written; the ack gives the originals' offsets and says so;
 - some are: only the new records are written, in their order, and the ack lists every record's offset.
 
+A batch whose first record carries a ``Liftlog-Batch-Id`` (our client's ``publish_many`` chunks) is a
+duplicate as a whole, or not at all: one lookup for the batch instead of one per record.
+
 An id repeated within one append (a retry that arrived right behind its original, or twice in one
 batch) is a duplicate of its first occurrence, whose offset is known once that is written.
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from liftlog.replication.duplicates import DuplicateWindow
+from liftlog.replication.duplicates import DuplicateWindow, batch_key
 from liftlog.storage import NewRecord
 from liftlog.storage.records import decode_new_records
 
@@ -45,6 +48,18 @@ def screen(items: list[Incoming], window: DuplicateWindow, now: int) -> list[Scr
     pending: dict[bytes, tuple[int, int]] = {}  # id -> (screened index, record index in its write)
     for item in items:
         ids = item.msg_ids
+        if item.batch_id:  # one id for the whole batch: all of it is a duplicate, or none
+            key = batch_key(item.batch_id)
+            count = _count(item)
+            original = window.original(key, now)
+            if original is not None:
+                out.append(Screened(item, None, tuple(("dup", original + k) for k in range(count))))
+                continue
+            if key in pending:
+                j, _ = pending[key]
+                out.append(Screened(item, None, tuple(("same", j, k) for k in range(count))))
+                continue
+            pending[key] = (len(out), 0)
         if not ids:
             out.append(Screened(item, item, None))
             continue

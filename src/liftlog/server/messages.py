@@ -33,7 +33,7 @@ from liftlog.api.stored import (
 from liftlog.api.stored import encode_fields as _fields
 from liftlog.api.stored import varint as _varint
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
-from liftlog.replication.duplicates import MSG_ID_HEADER, MSG_ID_HEADER_BYTES
+from liftlog.replication.duplicates import BATCH_ID_HEADER_BYTES, MSG_ID_HEADER, MSG_ID_HEADER_BYTES
 from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
 from liftlog.storage.records import (
     BATCH_HEADER_SIZE,
@@ -87,6 +87,8 @@ class Incoming(NamedTuple):
     encoded: Encoded | None = None
     #: Its records' message ids (``Nats-Msg-Id``), one per record (b"" for none); empty when none has one.
     msg_ids: tuple[bytes, ...] = ()
+    #: A batched publish's id for the whole batch (``Liftlog-Batch-Id`` on its first record), or b"".
+    batch_id: bytes = b""
 
 
 def record_size(record: NewRecord) -> int:
@@ -172,21 +174,36 @@ def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, 
         return None
     expected = batch.expectedOffset if batch.HasField("expectedOffset") else -1
     ids: tuple[bytes, ...] = ()
+    batch_id = b""
     if info.has_headers:
-        found = header_values(batch.records, info.positions, MSG_ID_HEADER_BYTES)
+        # The first record's headers only, unless others have some: reading every record's costs per record.
+        positions = info.positions if info.later_headers else info.positions[:1]
+        found = header_values(batch.records, positions, MSG_ID_HEADER_BYTES)
         if any(found):
-            ids = tuple(v or b"" for v in found)
+            ids = tuple(v or b"" for v in found) + (b"",) * (batch.count - len(found))
+        batch_id = header_values(batch.records, info.positions[:1], BATCH_ID_HEADER_BYTES)[0] or b""
     fields = _fields(own_subject, reply, "", "", 0)
     if not fields and not info.reserved_headers:  # the usual batch: stored as it came
         encoded = Encoded(batch.records, batch.count, info)
-        return Incoming(_STAND_IN, subject, inbox, batch.correlationId, batch.ackPolicy, expected, (), encoded, ids)
+        return Incoming(
+            _STAND_IN, subject, inbox, batch.correlationId, batch.ackPolicy, expected, (), encoded, ids, batch_id
+        )
     with_ack = _fields(own_subject, reply, inbox, batch.correlationId, batch.ackPolicy) if own_fields else b""
     records = [
         _with_fields(r, with_ack if own_fields and r.headers.get(H_FIELDS) == own_fields else fields)
         for r in decode_new_records(batch.records, batch.count)
     ]
     return Incoming(
-        records[0], subject, inbox, batch.correlationId, batch.ackPolicy, expected, tuple(records[1:]), None, ids
+        records[0],
+        subject,
+        inbox,
+        batch.correlationId,
+        batch.ackPolicy,
+        expected,
+        tuple(records[1:]),
+        None,
+        ids,
+        batch_id,
     )
 
 

@@ -32,7 +32,7 @@ from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.natswire import Event as NatsEvent
 from liftlog.natswire import LeanNats
-from liftlog.replication.duplicates import MSG_ID_HEADER, DuplicateWindow
+from liftlog.replication.duplicates import BATCH_ID_HEADER, MSG_ID_HEADER, DuplicateWindow, batch_key
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
 from liftlog.storage import (
@@ -366,7 +366,7 @@ class Partition:
         screened: list[Screened] | None = None
         if self.duplicates.enabled:
             for item in items:
-                if item.msg_ids:
+                if item.msg_ids or item.batch_id:
                     # Duplicates are answered, not written; what is new goes on to the checks below.
                     screened = screen(items, self.duplicates, now)
                     items = [s.write for s in screened if s.write is not None]
@@ -550,10 +550,11 @@ class Partition:
             encoded = run[0].encoded
             try:
                 if encoded is not None:
-                    attributes = ATTR_MSG_IDS if run[0].msg_ids else 0
+                    attributes = ATTR_MSG_IDS if run[0].msg_ids or run[0].batch_id else 0
                     log_.append_encoded(encoded.data, encoded.record_count, epoch, now, encoded.info, attributes)
                 else:
-                    log_.append(_records(run), epoch, now, ATTR_MSG_IDS if any(i.msg_ids for i in run) else 0)
+                    with_ids = any(i.msg_ids or i.batch_id for i in run)
+                    log_.append(_records(run), epoch, now, ATTR_MSG_IDS if with_ids else 0)
             except RecordTooLarge:
                 if encoded is not None:
                     rejected.append((run[0], api_pb2.Ack.TOO_LARGE))
@@ -587,7 +588,8 @@ class Partition:
         written: list[tuple[Incoming, int]] = []
         for item in items:
             try:
-                self.log.append([item.record, *item.more], self._write_epoch, now, ATTR_MSG_IDS if item.msg_ids else 0)
+                with_ids = bool(item.msg_ids or item.batch_id)
+                self.log.append([item.record, *item.more], self._write_epoch, now, ATTR_MSG_IDS if with_ids else 0)
             except (RecordTooLarge, StorageError, OSError) as exc:
                 if isinstance(exc, RecordTooLarge):
                     rejected.append((item, api_pb2.Ack.TOO_LARGE))
@@ -689,6 +691,8 @@ class Partition:
                 for k, msg_id in enumerate(ids):
                     if msg_id:
                         add(msg_id, first + k, now)
+            if item.batch_id:
+                add(batch_key(item.batch_id), last - _count(item) + 1, now)
 
     def _written_screened(self, screened: list[Screened], written: list[tuple[Incoming, int]], now: int) -> None:
         """Ack what ``append`` screened for duplicates: the new as written, duplicates with their originals."""
@@ -754,6 +758,9 @@ class Partition:
                     msg_id = record.headers.get(MSG_ID_HEADER)
                     if msg_id:
                         window.add(bytes(msg_id), record.offset, record.timestamp)
+                    batch_id = record.headers.get(BATCH_ID_HEADER)
+                    if batch_id and record.offset == header.base_offset:
+                        window.add(batch_key(bytes(batch_id)), record.offset, record.timestamp)
 
     def _refused(self, item: Incoming, error: int, now: int) -> None:
         if item.ack_inbox:

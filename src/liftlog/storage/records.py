@@ -284,6 +284,8 @@ class RecordsInfo(NamedTuple):
     reserved_headers: bool
     #: Whether any record has a header.
     has_headers: bool = False
+    #: Whether a record other than the first has a header.
+    later_headers: bool = False
 
 
 #: Batches checked lately, by content. A batched publish is checked by the RPC that takes it and again by the
@@ -326,7 +328,7 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
     end = len(data)
     pos = 0
     largest = largest_record = 0
-    reserved = any_headers = False
+    reserved = any_headers = later_headers = False
     positions: list[int] = []
     append = positions.append
     unpack = RECORD_HEADER.unpack_from
@@ -347,6 +349,8 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
             p = pos + RECORD_OVERHEAD + size
             if n_headers:
                 any_headers = True
+                if i:
+                    later_headers = True
                 known = (n_headers == 1 and data[p:record_end] == allowed) or (
                     shape is not None
                     and n_headers == shape[0]
@@ -373,7 +377,7 @@ def _check_records(data: bytes, count: int, allowed_header: tuple[bytes, bytes] 
         raise InvalidBatch(f"record {i} of the batch has a header name that is not UTF-8 ({exc.reason})") from None
     if pos != end:
         raise InvalidBatch(f"{end - pos} bytes follow the batch's {count} records")
-    return RecordsInfo(positions, largest, largest_record + 4, reserved, any_headers)
+    return RecordsInfo(positions, largest, largest_record + 4, reserved, any_headers, later_headers)
 
 
 def header_values(data: bytes | memoryview, positions: list[int], name: bytes) -> list[bytes | None]:
