@@ -59,6 +59,34 @@ def test_a_rerun_writes_only_what_the_failed_attempt_did_not(liftlog_server: Any
     assert other.skipped == 0
 
 
+def test_a_zombie_attempt_writing_beside_its_retry_stores_each_row_once(
+    liftlog_server: Any, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two attempts of one task that both scanned the partition before either wrote (the scan saw nothing of
+    the other, as when a zombie attempt still writes beside its retry): the rows' message ids (task and row)
+    make the server store each row once."""
+    from liftlog.spark import writing
+
+    addr = (liftlog_server.address,)
+    make_stream(liftlog_server.address, stream_name)
+    rows = [b"z%03d" % i for i in range(300)]
+    txn = Txn("query-z", 1, 0)
+    monkeypatch.setattr(writing, "existing_rows", lambda client, **kw: _nothing(client))
+    first = write_batches(addr, iter([batch(rows)]), default_stream=stream_name, txn=txn)
+    # The other attempt gets the rows in another order, with a key column: the per-row path, the same ids.
+    second = write_batches(
+        addr, iter([batch(list(reversed(rows)), [None] * len(rows))]), default_stream=stream_name, txn=txn
+    )
+    assert first.total == second.total == len(rows)  # both sent everything: neither saw the other
+    messages = read_all(liftlog_server.address, stream_name)
+    assert sorted(m.value for m in messages) == rows
+    assert all(m.headers["Nats-Msg-Id"].startswith(b"query-z/1/0/") for m in messages)
+
+
+async def _nothing(client: Any) -> set[bytes]:
+    return set()
+
+
 def test_without_txn_rows_are_written_again(liftlog_server: Any, stream_name: str) -> None:
     addr = (liftlog_server.address,)
     make_stream(liftlog_server.address, stream_name)
@@ -204,7 +232,7 @@ def test_many_batches_keep_their_order_headers_and_row_ids(liftlog_server: Any, 
         expected = [v for b in batches for i, v in enumerate(b.column("value").to_pylist()) if i % 2 == p]
         assert [m.value for m in got] == expected
         for m in got[:4]:
-            user = {k: v for k, v in m.headers.items() if k not in (TXN_HEADER, ROW_HEADER)}
+            user = {k: v for k, v in m.headers.items() if k not in (TXN_HEADER, ROW_HEADER, "Nats-Msg-Id")}
             assert user == ({"n": m.value.split(b"-")[1].lstrip(b"0")} if p else {})
             assert m.headers[TXN_HEADER] == b"q-order/1/0" and m.headers[ROW_HEADER]
 

@@ -19,8 +19,13 @@ partition, a task reads that partition backwards from its end, collecting the
 row ids of earlier attempts of the same task, until it meets a message of the
 same query from an earlier batch (micro-batches run one after another, so
 nothing of this batch lies before it) or the start of the log; rows already
-there are skipped. Keyless rows without a partition go to a partition chosen
-from their digest, not round robin, so a re-run sends them to the same place.
+there are skipped. Each message also carries ``<task>/<row id>`` as its
+message id (``Nats-Msg-Id``): a liftlog server stores it at most once within
+its duplicate window, which covers what the scan cannot see, a zombie
+attempt still writing while its retry runs. The scan stays for retries that
+come later than the window (a query restarted hours after a failure).
+Keyless rows without a partition go to a partition chosen from their digest,
+not round robin, so a re-run sends them to the same place.
 The scan first waits for the partition's commits to reach its log end, so a
 message an earlier attempt sent without seeing its ack is not missed. The
 same check replaces the client's blind resend when a partition's leader goes
@@ -54,6 +59,7 @@ from liftlog.client import (
     UnavailableError,
     UnimplementedError,
 )
+from liftlog.client.msg_ids import MSG_ID_HEADER
 from liftlog.client.routing import partition_for_key
 from liftlog.client.tls import TlsConfig
 from liftlog.storage.records import PreparedRecord, decode_new_records, encode_headers, encode_prepared
@@ -439,7 +445,11 @@ def write_batches(
                             result.skipped += 1
                             continue
                         txn_part = txn_header + _ROW_NAME + _I32(len(row_id)) + row_id
-                        group.records.append((key, value, user_headers + txn_part, n_headers + 2))
+                        if MSG_ID_HEADER in headers:  # the row's own id governs the server's deduplication
+                            group.records.append((key, value, user_headers + txn_part, n_headers + 2))
+                        else:
+                            id_part = _msg_id_header(tag, row_id)
+                            group.records.append((key, value, id_part + txn_part + user_headers, n_headers + 3))
                         group.row_ids.append(row_id)
                     else:
                         group.records.append((key, value, user_headers, n_headers))
@@ -527,14 +537,19 @@ def _plain_groups(
         if place not in seen:
             seen[place] = bc.run(functools.partial(existing_rows, stream=place[0], partition=place[1], txn=txn))
     head = txn_header + _ROW_NAME
+    tag = txn.tag
     if targets is None and not seen[places[0]]:  # the usual batch: one partition, nothing written yet
         group = groups[places[0]] = _Group(row_ids=row_ids)
         if all(len(row_id) == _PLAIN_ROW_ID for row_id in row_ids):
+            id_head = _MSG_ID_NAME + _I32(len(tag) + 1 + _PLAIN_ROW_ID) + tag + b"/"
             head += _I32(_PLAIN_ROW_ID)
-            group.records = [(None, value, head + row_id, 2) for value, row_id in zip(values, row_ids, strict=True)]
+            group.records = [
+                (None, value, id_head + row_id + head + row_id, 3)
+                for value, row_id in zip(values, row_ids, strict=True)
+            ]
         else:
             group.records = [
-                (None, value, head + _I32(len(row_id)) + row_id, 2)
+                (None, value, _msg_id_header(tag, row_id) + head + _I32(len(row_id)) + row_id, 3)
                 for value, row_id in zip(values, row_ids, strict=True)
             ]
         return groups
@@ -546,7 +561,7 @@ def _plain_groups(
         group = groups.get(place)
         if group is None:
             group = groups[place] = _Group()
-        group.records.append((None, value, head + _I32(len(row_id)) + row_id, 2))
+        group.records.append((None, value, _msg_id_header(tag, row_id) + head + _I32(len(row_id)) + row_id, 3))
         group.row_ids.append(row_id)
     return groups
 
@@ -561,6 +576,15 @@ Place = tuple[str, int]
 _I32 = struct.Struct(">i").pack
 #: The row id header's encoded name (its value follows: int32 length, bytes).
 _ROW_NAME = encode_headers({ROW_HEADER: b""})[:-4]
+#: The message id header's (Nats-Msg-Id: the server deduplicates within its window).
+_MSG_ID_NAME = encode_headers({MSG_ID_HEADER: b""})[:-4]
+
+
+def _msg_id_header(tag: bytes, row_id: bytes) -> bytes:
+    """A row's message id header, encoded: ``<task>/<row id>``. It goes first among the row's headers: a
+    leader reads a record's headers until it finds its id."""
+    msg_id = tag + b"/" + row_id
+    return _MSG_ID_NAME + _I32(len(msg_id)) + msg_id
 
 
 @dataclass(slots=True)
