@@ -34,6 +34,7 @@ __all__ = [
     "Attempt",
     "Deposals",
     "Key",
+    "LeaderWindow",
     "Logs",
     "Outcome",
     "Publication",
@@ -452,21 +453,69 @@ def read_replica(cluster: ChaosCluster, sid: str, stream: str, partition: int) -
     return {m.offset: m.value for m in messages}
 
 
-class Deposals:
-    """When leaders stopped leading: a lost ack-LEADER message is allowed only if its leader crashed or was
-    deposed after the ack was asked for. ``history``: (time, key, leader) each time a key's leader changed."""
+@dataclass(frozen=True)
+class LeaderWindow:
+    """The README's ack-LEADER promise ("What survives what") in the chaos cluster's settings (``SETTINGS``).
 
-    def __init__(self, crashes: dict[str, list[float]], history: list[tuple[float, Key, str]]) -> None:
+    An acked ack-LEADER message may be lost, or stored at another offset than acked, only if it was acked
+    from ``lag`` before its leader's leadership ended (what followers had not copied yet) to ``lease`` after
+    the controller replaced it (a replaced leader that had not heard; the lease stops it). The checker sees
+    those moments only through the monitor, which learns of a new leader up to ``failover`` after the old
+    leader's fault began (liveness timeout, election, its own poll), and ``slack`` covers its clock reads.
+    """
+
+    #: clustering.leader.lease.time: not set in the chaos settings, so half the 2 s liveness timeout.
+    lease: float = 1.0
+    #: clustering.replica.max.lag.time.
+    lag: float = 2.0
+    #: From a leader's fault to the monitor seeing its successor: liveness 2 s, election, poll 0.25 s.
+    failover: float = 4.0
+    slack: float = 0.5
+
+
+class Deposals:
+    """When leaderships ended, for the ack-LEADER promise (``LeaderWindow``).
+
+    ``history``: (time, key, leader) each time the monitor saw a key's leader change; ``crashes``: when each
+    server was killed or lost power; ``impaired``: when each fault on a server began (cut, blackhole, pause,
+    disk, a NATS restart...), which may end its leaderships before anyone can tell. A lost or moved message
+    is excused only by such an end of leadership of its partition in the window around its ack: a change
+    of leader seen at C excuses acks from C - lag - failover to C + lease; a crash or fault at E of a server
+    that led the partition around the ack excuses acks from E - lag to E + lease.
+    """
+
+    def __init__(
+        self,
+        crashes: dict[str, list[float]],
+        history: list[tuple[float, Key, str]],
+        impaired: dict[str, list[float]] | None = None,
+        window: LeaderWindow | None = None,
+    ) -> None:
         self.crashes = crashes
         self.history = history
+        self.impaired = impaired or {}
+        self.window = window or LeaderWindow()
 
     def excuses(self, pub: Publication) -> bool:
         ack = pub.ack
         if ack is None:
             return True
-        if any(t >= ack.started for t in self.crashes.get(ack.server, [])):
+        w = self.window
+        changes = [t for t, key, _leader in self.history if key == pub.key]
+        if any(ack.started <= c + w.lease + w.slack and ack.ended >= c - w.lag - w.failover - w.slack for c in changes):
             return True
-        return any(t >= ack.started and key == pub.key and leader != ack.server for t, key, leader in self.history)
+        ends = [
+            e
+            for sid in self._leaders(pub.key, ack.started - w.slack, ack.ended)
+            for e in (*self.crashes.get(sid, []), *self.impaired.get(sid, []))
+        ]
+        return any(ack.started <= e + w.lease + w.slack and ack.ended >= e - w.lag - w.slack for e in ends)
+
+    def _leaders(self, key: Key, start: float, end: float) -> set[str]:
+        """Who led ``key`` between ``start`` and ``end``, as the monitor saw it."""
+        mine = sorted((t, leader) for t, k, leader in self.history if k == key)
+        before = [leader for t, leader in mine if t <= start]
+        return {leader for t, leader in mine if start < t <= end} | set(before[-1:])
 
 
 #: ``partition chaos0/1 is fenced: ...`` and its kin in a server's log; the time is the line's first 23 chars.

@@ -98,12 +98,17 @@ def run_seed(
         monitor = Monitor(cluster, list(opts.spec.streams)).start()
         workload = LoadWorkload(cluster, monitor, opts.spec).start()
         started = time.monotonic()
+        #: When each fault on a server began: it may end the server's leaderships (the ack-LEADER window).
+        impaired: dict[str, list[float]] = {sid: [] for sid in IDS}
         for step in steps:
             while (now := time.monotonic() - started) < step.at:
                 show(now)
                 time.sleep(min(0.1, step.at - now))
             show(step.at, step.describe())
             (cluster.undo if step.undo else cluster.apply)(step.event)
+            if not step.undo and step.event.action is not Fault.CLOCK:
+                for sid in IDS if step.event.action is Fault.NATS else step.event.targets:
+                    impaired.setdefault(sid, []).append(time.monotonic())
         while (now := time.monotonic() - started) < duration:
             show(now)
             time.sleep(0.1)
@@ -131,7 +136,7 @@ def run_seed(
         report, _ = check(
             cluster,
             workload,
-            deposals=Deposals(cluster.crashes, monitor.history),
+            deposals=Deposals(cluster.crashes, monitor.history, impaired),
             fenced_seen=monitor.fenced_seen,
             tolerate_loss=tolerate,
         )

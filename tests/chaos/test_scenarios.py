@@ -23,6 +23,8 @@ from tests.integration.harness import NatsProcess
 from .checker import (
     Attempt,
     Deposals,
+    Key,
+    LeaderWindow,
     Logs,
     Outcome,
     Publication,
@@ -278,6 +280,33 @@ def test_the_checker_holds_each_ack_policy_to_its_promise() -> None:
     measured = Report()
     evaluate(measured, publications, [], logs, {("s", 0): "a", ("s", 1): "b"}, deposals, tolerate_loss=True)
     assert (measured.acked_lost, measured.acked_lost_tolerated) == (0, 1)
+
+
+def test_the_checker_excuses_lost_ack_leader_messages_only_in_the_window_around_an_end_of_leadership() -> None:
+    """From replica.max.lag.time before a leadership ended to the lease after (README, "What survives what")."""
+    w = LeaderWindow(lease=1.0, lag=2.0, failover=4.0, slack=0.5)
+    # s/0: a leads from 0 and is cut off at 45; with no controller until 70 (say), the monitor sees b lead at
+    # 70. The window around a change starts lag + failover (+ slack) before it: the monitor cannot tell when
+    # the leadership ended, but a fault can.
+    history: list[tuple[float, Key, str]] = [(0.0, ("s", 0), "a"), (70.0, ("s", 0), "b")]
+    deposals = Deposals({"a": [], "b": [], "c": [80.0]}, history, {"a": [45.0]}, w)
+
+    def excused(started: float, partition: int = 0, server: str = "a") -> bool:
+        attempt = Attempt(server, Outcome.ACKED, started, started + 0.1, 7)
+        return deposals.excuses(Publication(b"v", partition, [attempt], stream="s", policy=api_pb2.LEADER))
+
+    assert excused(44.0), "acked just before its leader was cut off, not copied yet"
+    assert excused(45.9), "a cut-off leader acks until its lease runs out"
+    assert not excused(47.0), "past the lease after the cut: a zombie ack"
+    assert not excused(60.0), "long after the cut, long before the change"
+    assert excused(64.0), "within lag + failover before the change"
+    assert excused(71.0), "within the lease after the controller's change (a leader that had not heard)"
+    assert not excused(72.0), "past the lease after the change"
+    assert not excused(30.0), "long before any end of leadership"
+    assert not excused(44.0, partition=1), "no end of leadership of that partition"
+    # The call went to c, which crashed at 80 but never led s/0: its crash excuses nothing there. (The old
+    # rule blamed the server the call went to, with no bound in time.)
+    assert not excused(79.5, server="c")
 
 
 def test_a_fence_the_log_shows_is_found_with_its_duration() -> None:

@@ -216,3 +216,51 @@ def test_a_silent_leader_is_reported_once_per_timeout() -> None:
     assert f.failed(T0 + 10 * S)[0] == ReportLeader("a", 3, 10 * S)
     f.fetched(3, -1, 0, True, T0 + 11 * S)  # it answers again
     assert f.failed(T0 + 12 * S) == [Fetch(0, 3)]
+
+
+# -- leader lease ----------------------------------------------------------------
+
+LEASE = 1 * S
+
+
+def test_a_leader_acknowledges_only_until_its_lease_runs_out() -> None:
+    ld = leader(lease_ns=LEASE, lease_until=5 * S)
+    assert ld.may_ack(5 * S - 1)
+    assert not ld.may_ack(5 * S), "the end of the lease is exclusive"
+    assert ld.lease_left(4 * S) == S and ld.lease_left(6 * S) == 0
+
+
+def test_a_renewal_counts_from_when_its_request_was_sent_not_when_its_answer_came() -> None:
+    ld = leader(lease_ns=LEASE)
+    assert not ld.may_ack(0), "a leader with no renewal yet acknowledges nothing"
+    ld.renewed(asked_at=10 * S)  # the answer came at, say, 10.8 s: the lease still ends at 11 s
+    assert ld.may_ack(11 * S - 1) and not ld.may_ack(11 * S)
+
+
+def test_a_late_answer_to_an_older_request_never_shortens_the_lease() -> None:
+    ld = leader(lease_ns=LEASE)
+    ld.renewed(asked_at=10 * S)
+    ld.renewed(asked_at=9 * S)  # asked earlier, answered later
+    assert ld.lease_until == 11 * S
+
+
+def test_a_lapsed_lease_holds_again_after_a_renewal() -> None:
+    ld = leader(lease_ns=LEASE, lease_until=2 * S)
+    assert not ld.may_ack(3 * S)
+    ld.renewed(asked_at=3 * S)
+    assert ld.may_ack(3 * S) and ld.may_ack(4 * S - 1)
+
+
+def test_without_a_lease_a_leader_always_acknowledges() -> None:
+    ld = leader()
+    ld.renewed(asked_at=0)
+    assert ld.may_ack(10**18) and ld.lease_left(0) is None
+
+
+def test_follower_fetches_do_not_renew_the_lease() -> None:
+    # A follower that reaches us may be the one a controller that cannot reach us is about to elect.
+    ld = leader(lease_ns=LEASE, lease_until=T0 + S)
+    ld.appended(5, T0)
+    ld.fetch("b", 5, 3, T0 + S // 2)
+    ld.fetch("c", 5, 3, T0 + S // 2)
+    assert ld.lease_until == T0 + S and not ld.may_ack(T0 + S)

@@ -133,6 +133,8 @@ class LivenessTracker:
 
     A new controller knows nothing yet, so it gives every server a full
     timeout from its own start (``reset``) before declaring anyone dead.
+    Times are a monotonic clock's: a wall clock stepped forward would declare
+    live servers dead while their leader leases still hold.
     """
 
     def __init__(self, timeout_ns: int) -> None:
@@ -150,8 +152,9 @@ class LivenessTracker:
     def last_heard(self, server_id: str) -> int | None:
         return self._heard.get(server_id)
 
-    def changes(self, metadata: Metadata, now: int) -> list[SetServerLiveness]:
-        """Operations that bring ``metadata``'s liveness flags in line with what was heard."""
+    def changes(self, metadata: Metadata, now: int, stamp: int | None = None) -> list[SetServerLiveness]:
+        """Operations that bring ``metadata``'s liveness flags in line with what was heard; ``stamp`` is the
+        (wall clock) time they record, ``now`` by default."""
         ops = []
         for server in sorted(metadata.servers.values(), key=lambda s: s.id):
             heard = self._heard.get(server.id)
@@ -159,5 +162,5 @@ class LivenessTracker:
                 continue  # the grace period only delays deaths; coming back takes a heartbeat
             alive = now - (heard if heard is not None else self._since) < self.timeout_ns
             if alive != server.alive:
-                ops.append(SetServerLiveness(server.id, alive, now))
+                ops.append(SetServerLiveness(server.id, alive, now if stamp is None else stamp))
         return ops

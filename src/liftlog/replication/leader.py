@@ -24,6 +24,19 @@ Rules (seed 000, seed 003, seed 004):
 - A caught-up follower gets an empty answer and sleeps; the leader
   remembers it as *waiting* and asks the shell to notify it
   (``NotifyFollowers``) at the next append.
+- The lease: a leader acknowledges (and writes) only while ``may_ack(now)``,
+  i.e. before ``lease_until``. ``renewed(asked_at)`` moves it to
+  ``asked_at + lease_ns``, never back. ``asked_at`` is when the shell *sent*
+  the request whose answer is the evidence: a metadata read-index barrier,
+  answered by a controller that confirmed its term with a quorum and counted
+  the request as a sign of life, and applied here up to its index. The
+  controller replaces a leader only after hearing nothing from it for the
+  liveness timeout, so with ``lease_ns`` below that timeout a replaced
+  leader's lease has run out before its successor is named. Follower fetches
+  renew nothing: a follower that reaches us may be the very one a controller
+  that cannot reach us is about to elect. Lease times are the shell's
+  *monotonic* clock, not the ``now`` of the other events (a wall clock that
+  can jump); ``lease_ns`` None means no lease (a leader nobody can replace).
 
 Sans-IO: times come in as arguments (ns), effects go out as actions.
 """
@@ -106,6 +119,10 @@ class LeaderReplica:
     max_lag_ns: int
     max_lag_messages: int = 0
     retry_ns: int = 1_000_000_000
+    #: How long one renewal lets this leader acknowledge (None: no lease, acknowledge always).
+    lease_ns: int | None = None
+    #: Monotonic ns until which it may acknowledge; a new leader starts from its server's last renewal.
+    lease_until: int = 0
     followers: dict[str, FollowerProgress] = field(init=False)
     _proposal: _Proposal | None = field(init=False, default=None)
     #: Followers whose admission to the ISR is proposed but not settled (KIP-497's maximal ISR), with the
@@ -239,7 +256,22 @@ class LeaderReplica:
             self._joining.pop(r, None)
         return self._advance_hw()
 
+    def renewed(self, asked_at: int) -> None:
+        """Evidence that the controller heard from this server at or after ``asked_at`` (monotonic ns), and
+        that this server has acted on every metadata change committed before then: lead until
+        ``asked_at + lease_ns``."""
+        if self.lease_ns is not None:
+            self.lease_until = max(self.lease_until, asked_at + self.lease_ns)
+
     # -- queries ---------------------------------------------------------
+
+    def may_ack(self, now: int) -> bool:
+        """Whether the lease holds at ``now`` (monotonic ns): if not, write nothing and acknowledge nothing."""
+        return self.lease_ns is None or now < self.lease_until
+
+    def lease_left(self, now: int) -> int | None:
+        """Nanoseconds the lease still holds at ``now`` (0 once run out; None without a lease)."""
+        return None if self.lease_ns is None else max(self.lease_until - now, 0)
 
     def lag(self, replica: str) -> int:
         """Messages ``replica`` is behind the leader (0 for the leader)."""

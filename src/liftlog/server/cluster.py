@@ -293,6 +293,7 @@ class MetadataService:
         heartbeat_interval: float = 1.0,
         liveness_timeout: float = 5.0,
         clock: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], int] = time.monotonic_ns,
         on_failure: Callable[[BaseException], None] | None = None,
         unclean_leader_election: bool = False,
         rebalance_delay: float = 10.0,
@@ -312,6 +313,8 @@ class MetadataService:
         self._prefix = f"{namespace}.raft.metadata."
         self._streams = streams
         self._clock = clock
+        #: Liveness is a duration: measured on this clock, which no NTP step moves.
+        self._monotonic = monotonic
         self._heartbeat_interval = heartbeat_interval
         self._liveness = LivenessTracker(int(liveness_timeout * 1e9))
         self._unclean = unclean_leader_election
@@ -328,6 +331,7 @@ class MetadataService:
             state_machine=self,
             bootstrap_peers=bootstrap_peers,
             on_failure=on_failure,
+            on_read_request=self._on_read_request,
         )
         self._nats: NatsClient
         self._subs: list[NatsSubscription] = []
@@ -427,7 +431,7 @@ class MetadataService:
         self._leader_changed.set()
         self._leader_changed = asyncio.Event()
         if role is Role.LEADER and self._leader_task is None:
-            self._liveness.reset(self._clock())
+            self._liveness.reset(self._monotonic())
             self._failover = Failover(
                 metadata=lambda: self.metadata,
                 propose=self.propose_result,
@@ -746,9 +750,9 @@ class MetadataService:
             while True:
                 # Checked more often than servers heartbeat: a dead leader's partitions move sooner.
                 await asyncio.sleep(min(self._heartbeat_interval, 0.25))
-                now = self._clock()
+                now = self._monotonic()
                 self._liveness.heard(self.server_id, now)
-                for op in self._liveness.changes(self.metadata, now):
+                for op in self._liveness.changes(self.metadata, now, self._clock()):
                     log.warning("server %s is %s", op.id, "alive again" if op.alive else "not answering")
                     try:
                         await self.raft.propose(encode_operation(op))
@@ -838,7 +842,13 @@ class MetadataService:
             await msg.respond(encode_join_answer(answer))
 
     def _on_heartbeat_from(self, server_id: str) -> None:
-        self._liveness.heard(server_id, self._clock())
+        self._liveness.heard(server_id, self._monotonic())
+
+    def _on_read_request(self, server_id: str) -> None:
+        # A read-index request is a sign of life: a server renews its leader lease with one, and the lease
+        # is only safe if the controller that answers it waits a full liveness timeout from here.
+        if self.raft.is_leader:
+            self._on_heartbeat_from(server_id)
 
     async def _on_heartbeat(self, msg: NatsMessage) -> None:
         if self.raft.is_leader:

@@ -373,6 +373,15 @@ SETTINGS: tuple[Setting, ...] = (
     _s("clustering.raft.fsync", _bool, True, "fsync the metadata Raft log (off only for tests)"),
     _s("clustering.server.heartbeat.interval", parse_duration_ms, 1000, "servers tell the controller they are alive"),
     _s("clustering.server.liveness.timeout", parse_duration_ms, 3000, "a silent server counts as dead after this"),
+    _s(
+        "clustering.leader.lease.time",
+        parse_duration_ms,
+        0,
+        "a partition leader that has had no answer from the metadata leader for this long writes and acknowledges "
+        "nothing, whatever the ack policy, until it hears again; below clustering.server.liveness.timeout, so "
+        "that a leader the controller replaces has stopped before its successor starts (0: half the liveness "
+        "timeout); it bounds how long a cut-off leader's ack-LEADER messages can be lost",
+    ),
     _s("clustering.replica.max.lag.time", parse_duration_ms, 15_000, "drop a follower from the ISR after this"),
     _s("clustering.replica.max.lag.messages", _int(0), 0, "also drop a follower this many messages behind (0: off)"),
     _s("clustering.replica.max.leader.timeout", parse_duration_ms, 15_000, "report a silent leader after this"),
@@ -538,6 +547,7 @@ class ClusteringConfig:
     raft_fsync: bool
     server_heartbeat_interval: int
     server_liveness_timeout: int
+    leader_lease_time: int
     replica_max_lag_time: int
     replica_max_lag_messages: int
     replica_max_leader_timeout: int
@@ -721,6 +731,16 @@ def load_config(
     if values["clustering.raft.election.timeout"] < 2 * values["clustering.raft.heartbeat.interval"]:
         raise ConfigError(
             "clustering.raft.election.timeout", "must be at least twice clustering.raft.heartbeat.interval"
+        )
+    liveness = values["clustering.server.liveness.timeout"]
+    if not values["clustering.leader.lease.time"]:
+        values["clustering.leader.lease.time"] = max(liveness // 2, 1)
+    elif values["clustering.leader.lease.time"] >= liveness:
+        raise ConfigError(
+            "clustering.leader.lease.time",
+            f"{values['clustering.leader.lease.time']} ms is not below clustering.server.liveness.timeout "
+            f"({liveness} ms): a leader the controller replaces could still acknowledge while its successor does "
+            "(half the liveness timeout leaves room for clock drift and the controller's checks; 0 picks that)",
         )
     if values["clustering.auth.key"] and values["clustering.auth.key.file"]:
         raise ConfigError(

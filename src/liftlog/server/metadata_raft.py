@@ -32,6 +32,7 @@ from liftlog.raft import (
     ConfChange,
     ConfChangeOp,
     EntryKind,
+    MessageType,
     NotLeader,
     PersistedState,
     ProposalDropped,
@@ -127,8 +128,12 @@ class MetadataRaft:
         bootstrap_peers: tuple[str, ...] = (),
         rng: random.Random | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        on_read_request: Callable[[str], None] | None = None,
     ) -> None:
         self.server_id = server_id
+        #: Told the sender of every read-index request that reaches this server (a sign of life, when it
+        #: leads: the senders' leader leases count on the controller treating it as one).
+        self._on_read_request = on_read_request
         self._dir = directory
         self._prefix = f"{namespace}.raft.metadata."
         self._settings = settings
@@ -288,6 +293,8 @@ class MetadataRaft:
         except CodecError as exc:
             _warn.warning("dropping a malformed Raft message on %s: %s", msg.subject, exc)
             return
+        if message.type is MessageType.READ_INDEX and self._on_read_request is not None:
+            self._on_read_request(message.src)
         self._inbox.put_nowait(lambda node: node.step(message))
 
     async def _run(self) -> None:

@@ -225,6 +225,27 @@ class ServerCollector(Collector):
             "Partitions led here with fewer in-sync replicas than min.insync.replicas (ack-ALL publishes refused)",
             under_min_isr,
         )
+        yield _counter(
+            "liftlog_leader_lease_lapses",
+            "Times the leader lease (clustering.leader.lease.time) ran out while this server led partitions: no "
+            "answer from the metadata leader in time, so they wrote and acknowledged nothing until renewed",
+            streams.lease_lapses,
+        )
+        yield _counter(
+            "liftlog_leader_lease_renewals",
+            "Renewals of the leader lease (metadata read barriers)",
+            streams.lease_renewals,
+        )
+        yield _counter(
+            "liftlog_leader_lease_refused_messages",
+            "Messages not written, and LEADER acks not sent, because the leader lease had run out (hosted partitions)",
+            sum(part.lease_refused for _key, part in parts),
+        )
+        yield _gauge(
+            "liftlog_leader_lease_remaining_seconds",
+            "How long the leader lease still holds without a renewal (0: ran out)",
+            streams.lease_left() / 1e9,
+        )
         yield _gauge(
             "liftlog_partitions_fenced", "Partitions hosted here whose log refuses writes after a failed write", fenced
         )

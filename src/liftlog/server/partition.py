@@ -13,6 +13,11 @@ Rules:
   carries the error so the publisher learns why.
 - ``stop`` drains the NATS subscription and writes what was received
   before closing the log, so nothing the server took in is dropped.
+- A leader whose lease ran out (``LeaderReplica.may_ack``) writes nothing and
+  acknowledges nothing, not even with an error: the controller may already
+  have named a successor that takes the same messages, and an error ack would
+  race with its ack. The publisher's ack times out (UNKNOWN), as it does for a
+  leader cut off altogether. Held LEADER acks are checked again at the fsync.
 
 Event-loop only, not thread-safe. ``start``/``stop``/``pause`` await.
 """
@@ -167,8 +172,13 @@ class Partition:
         leader_actions: LeaderActionSink | None = None,
         ack_latency: AckLatency | None = None,
         intake_arrived: Callable[[], None] | None = None,
+        monotonic: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.meta = meta
+        #: The leader lease's clock (a wall clock may jump; the lease is a duration).
+        self._monotonic = monotonic
+        #: Messages not written, and LEADER acks not sent, because the leader lease had run out (metrics).
+        self.lease_refused = 0
         #: Called for each message the intake receives from NATS (the loop spinner's ``cool``).
         self._intake_arrived = intake_arrived
         self.stream = meta.stream
@@ -349,6 +359,9 @@ class Partition:
         log_ = self.log
         if log_ is None:
             raise PartitionClosed(self._closed_reason or "closed")
+        if self.leader is not None and not self.leader.may_ack(self._monotonic()):
+            self._lease_lapsed(len(items), "messages not written")
+            return
         now = self._clock()
         if self._deposed:
             # A follower's log takes only its leader's batches. Written here, a message would sit at an
@@ -452,8 +465,19 @@ class Partition:
 
     # -- replication: leader side ---------------------------------------
 
-    def become_leader(self, server_id: str, now: int, *, max_lag_ns: int, max_lag_messages: int = 0) -> None:
-        """Lead from the current metadata: record the new leader epoch at the LEO, then track followers."""
+    def become_leader(
+        self,
+        server_id: str,
+        now: int,
+        *,
+        max_lag_ns: int,
+        max_lag_messages: int = 0,
+        lease_ns: int | None = None,
+        lease_until: int = 0,
+    ) -> None:
+        """Lead from the current metadata: record the new leader epoch at the LEO, then track followers.
+
+        ``lease_ns``/``lease_until``: the leader lease and the server's latest renewal (monotonic ns)."""
         assert self.log is not None
         meta = self.meta
         self.follower = None
@@ -469,6 +493,8 @@ class Partition:
             now,
             max_lag_ns,
             max_lag_messages,
+            lease_ns=lease_ns,
+            lease_until=lease_until,
         )
         self._leader_did(self.leader.isr_committed(tuple(meta.isr), now))
         self.rebuild_duplicates(now)
@@ -493,6 +519,17 @@ class Partition:
         if self.leader is not None:
             self.duplicates.expire(now)
             self._leader_did(self.leader.tick(now))
+
+    def lease_renewed(self, asked_at: int) -> None:
+        """The server's leader lease was renewed by a request sent at ``asked_at`` (monotonic ns)."""
+        if self.leader is not None:
+            self.leader.renewed(asked_at)
+
+    def _lease_lapsed(self, count: int, what: str) -> None:
+        self.lease_refused += count
+        _limited.warning(
+            "%s: the leader lease ran out (no word from the controller): %d %s", self, count, what, key=f"{self}:lease"
+        )
 
     def isr_committed(self, now: int) -> None:
         """The metadata's ISR or replicas changed (``self.meta`` is current)."""
@@ -640,6 +677,10 @@ class Partition:
             self._fail_waiters_from(log_.log_end_offset, f"the fsync of partition {self.stream}/{self.id} failed")
             return
         now = self._clock()
+        if held and self.leader is not None and not self.leader.may_ack(self._monotonic()):
+            # Written and fsynced, but a successor may be acknowledging by now: it stays unacknowledged.
+            self._lease_lapsed(len(held), "LEADER acks not sent")
+            held = []
         for ack in held:
             self._ack_sink(ack)
         if held:

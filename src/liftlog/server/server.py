@@ -216,6 +216,7 @@ class Server:
                 confirm_candidate=self._confirm_candidate,
                 cipher=cipher,
                 intake_arrived=self.spinner.cool if self.spinner is not None else None,
+                leader_lease_ns=self.config.clustering.leader_lease_time * 1_000_000,
             )
             self.streams.defer_leading()  # until _catch_up_with_cluster
             await self.streams.start(
@@ -772,6 +773,7 @@ class Server:
         assert cluster is not None
         self._confirming = asyncio.get_running_loop().create_task(self._lead_when_current(), name="catch-up")
         self._tasks.append(self._confirming)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._keep_lease(), name="leader-lease"))
         if cluster.voters == (self.server_id,):
             await self._confirming
 
@@ -790,6 +792,7 @@ class Server:
             if not self._nats_connected():
                 await asyncio.sleep(0.1)
                 continue
+            asked_at = time.monotonic_ns()
             try:
                 index = await cluster.raft.read_barrier(timeout=timeout)
             except (NotLeader, ProposalDropped, TimeoutError) as exc:
@@ -801,7 +804,47 @@ class Server:
                 continue  # a connection dropped meanwhile: what it missed may postdate the barrier
             log.info("metadata current at index %d: taking up partition leaderships", index)
             streams.allow_leading()
+            # The barrier is lease evidence too: leaders need not wait for the next renewal to acknowledge.
+            await self._lease_renewed_by(asked_at, index, outages, timeout)
             return
+
+    async def _keep_lease(self) -> None:
+        """Renew the leader lease (clustering.leader.lease.time) three times per lease.
+
+        The evidence is a metadata read-index barrier, sent at ``asked_at`` (monotonic) and acted on: its
+        answer means a metadata leader confirmed its term with a quorum after we asked, and counted the
+        request as a sign of life (``MetadataService._on_read_request``), so it cannot declare us dead before
+        ``asked_at`` + the liveness timeout; applying and acting on everything up to its index means no
+        ChangeLeader committed before we asked is still unknown here. See ``LeaderReplica``'s rules.
+        """
+        cluster, streams = self.cluster, self.streams
+        assert cluster is not None and streams is not None
+        if streams.lease_ns is None:
+            return
+        period = streams.lease_ns / 3e9
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            began = loop.time()
+            streams.check_lease()
+            if streams.may_lead and self._nats_connected():
+                outages = self._nats_outages
+                asked_at = time.monotonic_ns()
+                try:
+                    index = await cluster.raft.read_barrier(timeout=2 * period)
+                except (NotLeader, ProposalDropped, TimeoutError) as exc:
+                    log.debug("renewing the leader lease: %s", exc)
+                else:
+                    await self._lease_renewed_by(asked_at, index, outages, 2 * period)
+            await asyncio.sleep(max(period - (loop.time() - began), 0.01))
+
+    async def _lease_renewed_by(self, asked_at: int, index: int, outages: int, timeout: float) -> None:
+        """Renew the lease with a barrier sent at ``asked_at`` that returned ``index``, once acted on."""
+        streams = self.streams
+        assert streams is not None
+        if not await streams.wait_reconciled(index, timeout, leading=False):
+            return
+        if outages == self._nats_outages and streams.may_lead and self._nats_connected():
+            streams.renew_lease(asked_at)
 
     def _bind_grpc(self) -> None:
         assert self.streams is not None and self._acks is not None and self.cluster is not None

@@ -101,8 +101,20 @@ class StreamManager:
         confirm_candidate: Callable[[Partition], Awaitable[None]] | None = None,
         cipher: BatchCipher | None = None,
         intake_arrived: Callable[[], None] | None = None,
+        leader_lease_ns: int | None = None,
+        monotonic: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.server_id = server_id
+        #: clustering.leader.lease.time in ns (None: no lease). One lease for the whole server: the evidence
+        #: that renews it (a metadata read-index barrier) is about this server, not about one partition.
+        self.lease_ns = leader_lease_ns
+        #: Monotonic ns until which the latest renewal lets this server's leaders acknowledge.
+        self.lease_until = 0
+        #: How often the lease ran out while this server led some partition, and renewals (metrics).
+        self.lease_lapses = 0
+        self.lease_renewals = 0
+        self._lease_lapsed = False
+        self._monotonic = monotonic
         self._intake_arrived = intake_arrived
         #: Encrypts and decrypts encrypted streams' batches (its master keys may be none).
         self.cipher = cipher if cipher is not None else BatchCipher(None)
@@ -206,6 +218,37 @@ class StreamManager:
             *(p.stop_intake() for p in self.partitions.values() if p.leader is not None and p.accepting),
             return_exceptions=True,
         )
+
+    def renew_lease(self, asked_at: int) -> None:
+        """A metadata read-index barrier sent at ``asked_at`` (monotonic ns) was answered, and every change it
+        covers acted on: the partitions led here may acknowledge until ``asked_at`` + the lease."""
+        if self.lease_ns is None:
+            return
+        self.lease_renewals += 1
+        self.lease_until = max(self.lease_until, asked_at + self.lease_ns)
+        self._lease_lapsed = False
+        for part in self.partitions.values():
+            part.lease_renewed(asked_at)
+
+    def lease_left(self) -> int:
+        """Nanoseconds the lease still holds (0 once run out, or without a lease)."""
+        return max(self.lease_until - self._monotonic(), 0) if self.lease_ns is not None else 0
+
+    def check_lease(self) -> bool:
+        """Whether the lease holds now; a lapse while leading is counted (and logged) once."""
+        if self.lease_ns is None or self._monotonic() < self.lease_until:
+            return True
+        led = sum(1 for p in self.partitions.values() if p.leader is not None)
+        if led and not self._lease_lapsed:
+            self._lease_lapsed = True
+            self.lease_lapses += 1
+            log.warning(
+                "leader lease ran out (no answer from the metadata leader within %d ms): the %d partition(s) led "
+                "here acknowledge nothing until it is renewed",
+                self.lease_ns // 1_000_000,
+                led,
+            )
+        return False
 
     def allow_leading(self) -> None:
         """The metadata is known to be current: take up the leaderships it gives us."""
@@ -430,6 +473,8 @@ class StreamManager:
                     self._clock(),
                     max_lag_ns=replicator.settings.max_lag_ns,
                     max_lag_messages=replicator.settings.max_lag_messages,
+                    lease_ns=self.lease_ns,
+                    lease_until=self.lease_until,
                 )
                 replicator.lead(part)
                 log.info("%s: leading in leader epoch %d (ISR %s)", part, meta.leader_epoch, ",".join(meta.isr))
@@ -619,6 +664,7 @@ class StreamManager:
             leader_actions=self.replicator.on_leader_actions if self.replicator is not None else None,
             ack_latency=self.ack_latency,
             intake_arrived=self._intake_arrived,
+            monotonic=self._monotonic,
         )
         return part
 
