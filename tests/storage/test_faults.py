@@ -384,3 +384,115 @@ def test_truncation_that_cannot_read_the_segment_it_cuts_changes_nothing(tmp_pat
     log.truncate_to(0)
     assert log.log_end_offset == 0
     log.close()
+
+
+def state(log: CommitLog) -> tuple[object, ...]:
+    """What a reopen must find again: start, end, high watermark, epoch cache, segments, records."""
+    epochs = [(e.epoch, e.start_offset) for e in log.epoch_cache.entries]
+    records = [(r.offset, r.value) for r in log.iter_records(log.log_start_offset)]
+    segments = [s.base_offset for s in log.segments]
+    return log.log_start_offset, log.log_end_offset, log.high_watermark, epochs, segments, records
+
+
+def log_with_a_segment_after_a_gap(tmp_path: Path, io: FaultyFileIO, clock: FakeClock) -> CommitLog:
+    """Offset 0 in segment 0, then a leader's batch of offsets 2..6 after a gap at 1, in segment 2."""
+    log = open_log(tmp_path, io, clock)
+    log.append([NewRecord(b"a")])
+    log.roll()
+    log.append_raw(encode_batch(2, 1, [NewRecord(b"b%d" % i) for i in range(5)], clock.now))
+    assert [(s.base_offset, s.next_offset) for s in log.segments] == [(0, 1), (2, 7)]
+    return log
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_truncation_that_empties_a_segment_after_a_gap_ends_where_a_reopen_does(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock, torn: bool
+) -> None:
+    """Found by the fault model: truncating into the first batch of a segment that starts after a gap
+    cuts the batch off and writes its kept part back; when that write failed, the emptied segment stayed
+    active and set the LEO at its base (2) with no batch covering offset 1, and a clean close and reopen
+    (recovery drops such a segment) found the LEO at 1. The log must end at 1 at once."""
+    log = log_with_a_segment_after_a_gap(tmp_path, io, clock)
+    io.fail("write", errno.EIO, path="*.log", partial=torn)
+    if torn:  # the half-written kept part cannot be cut off either: it goes with the file
+        io.fail("ftruncate", errno.EIO, path="*.log", after=1, times=-1)
+    with pytest.raises(WriteFailed):
+        log.truncate_to(3)
+    io.clear()
+    assert log.fenced is None
+    assert state(log) == (0, 1, -1, [(0, 0)], [0], [(0, b"a")])
+    assert log.read_raw(1) == b""  # at the LEO
+    assert not (tmp_path / "log" / "00000000000000000002.log").exists()
+    expected = state(log)
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert state(reopened) == expected
+    assert reopened.append([NewRecord(b"c")]) == 2
+    reopened.close()
+
+
+@pytest.mark.parametrize("failing", ["*.log", "leader-epoch.checkpoint.tmp"])
+@pytest.mark.parametrize("roll", ["by size", "empty active"])
+def test_a_raw_append_after_a_gap_that_fails_leaves_the_log_end_alone(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock, roll: str, failing: str
+) -> None:
+    """A raw batch after a gap starts a segment at its base (a roll, or renaming an empty active segment)
+    before its new epoch is recorded and it is written. When either write failed, that empty segment
+    stayed: the LEO jumped from 1 to 5 although the append raised, read_raw(1..4) returned nothing below
+    the LEO, and a reopen moved it back."""
+    log = open_log(tmp_path, io, clock, segment_max_bytes=200)
+    log.append([NewRecord(b"a" * 150)])
+    if roll == "empty active":
+        log.roll()
+    before = state(log)
+    assert before[1] == 1
+    io.fail("write", errno.EIO, path=failing)
+    with pytest.raises(WriteFailed):
+        log.append_raw(encode_batch(5, 1, [NewRecord(b"b" * 150)], clock.now))
+    io.clear()
+    assert state(log)[:4] == before[:4] and state(log)[5] == before[5]
+    assert [s.base_offset for s in log.segments] == [0]
+    assert log.append_raw(encode_batch(5, 1, [NewRecord(b"b")], clock.now)) == 6
+    expected = state(log)
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock, segment_max_bytes=200)
+    assert state(reopened) == expected
+    reopened.close()
+
+
+def test_an_emptied_segment_after_a_gap_that_cannot_be_unlinked_fences_until_it_is(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    """The segment leaves the log either way; its file must go before anything is written, or a later
+    roll would leave an empty segment between two others."""
+    log = log_with_a_segment_after_a_gap(tmp_path, io, clock)
+    io.fail("write", errno.EIO, path="*.log")
+    io.fail("unlink", errno.EIO, path="00000000000000000002.log", times=-1)
+    with pytest.raises(LogFenced, match="delete"):
+        log.truncate_to(3)
+    assert state(log) == (0, 1, -1, [(0, 0)], [0], [(0, b"a")])
+    with pytest.raises(LogFenced):
+        log.append([NewRecord(b"refused")])
+    assert (tmp_path / "log" / "00000000000000000002.log").exists()
+    io.clear()
+    assert log.append([NewRecord(b"c")]) == 2
+    assert not (tmp_path / "log" / "00000000000000000002.log").exists()
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert state(reopened) == (0, 2, -1, [(0, 0)], [0], [(0, b"a"), (1, b"c")])
+    reopened.close()
+
+
+def test_a_fenced_emptied_segment_after_a_gap_is_removed_by_reopening(
+    tmp_path: Path, io: FaultyFileIO, clock: FakeClock
+) -> None:
+    log = log_with_a_segment_after_a_gap(tmp_path, io, clock)
+    io.fail("write", errno.EIO, path="*.log")
+    io.fail("unlink", errno.EIO, path="00000000000000000002.log", times=-1)
+    with pytest.raises(LogFenced):
+        log.truncate_to(3)
+    expected = state(log)
+    log.close()
+    reopened = open_log(tmp_path, FaultyFileIO(), clock)
+    assert state(reopened) == expected
+    reopened.close()

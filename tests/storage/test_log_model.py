@@ -434,12 +434,6 @@ class CommitLogMachine(RuleBasedStateMachine):
             assert data == b""
             return
         headers = list(iter_batch_headers(data, verify=True))
-        segs = self.L.segments
-        if not data and not segs[-1].size and len(segs) > 1 and offset >= segs[-2].next_offset:
-            # Known: after a crash empties an active segment that starts after a gap, nothing covers
-            # [end of the previous segment, LEO): test_crash.py::test_fetch_progress_after_a_torn_segment_after_a_gap
-            event("read_raw: empty below the LEO (known issue)")
-            return
         assert headers, f"read_raw({offset}) below the LEO {self.leo} returned no batch"
         assert headers[-1].position + headers[-1].size == len(data), "read_raw returned a partial batch"
         assert headers[0].next_offset > offset, "the first batch must hold the offset or come after it"

@@ -192,7 +192,7 @@ class CommitLog:
             start = None
         if bases:
             active = Segment.open_active(self.directory, bases[-1], interval, io, self.budget)
-            if not active.size and self._segments and active.base_offset > self._segments[-1].next_offset:
+            if self._segments and _empty_past_a_gap(self._segments[-1], active):
                 # A crash emptied a segment that began after a gap: nothing would cover the
                 # gap's offsets, so the previous segment becomes the active one again.
                 log.warning("%s: empty after recovery and past a gap; removing it", active.log_path)
@@ -397,16 +397,25 @@ class CommitLog:
             # An empty segment must be named for its first offset (raw appends may skip offsets).
             seg = self._replace_empty_active(first.base_offset)
         epochs = self.epoch_cache.entries
-        self._assign_epochs(headers, epochs)
         end = self.log_end_offset
         try:
+            # After the roll: a failure here may leave the new segment empty (see _drop_emptied_active).
+            self._assign_epochs(headers, epochs)
             seg.append(data, headers, now)
             self.last_append_bytes = len(data)
         except TornWrite as exc:
             self._restore_epochs(epochs)
+            fence = self._drop_emptied_active()
+            if fence is not None:
+                raise fence from exc
+            if exc.segment is not self._segments[-1]:  # the bytes it could not cut went with its file
+                raise WriteFailed(exc.operation, str(exc.segment.log_path), exc.cause) from exc
             raise self._fenced_by(exc.operation, exc.segment.log_path, exc.cause, exc.segment.repair) from exc
-        except WriteFailed:
+        except WriteFailed as exc:
             self._restore_epochs(epochs)
+            fence = self._drop_emptied_active()
+            if fence is not None:
+                raise fence from exc
             raise
         policy = self.config.fsync
         if policy is FsyncPolicy.ALWAYS and self.defer_fsync:
@@ -819,12 +828,20 @@ class CommitLog:
             self._retire(seg)
         try:
             self._segments[-1].truncate_to(offset, self.cipher)
-        except (WriteFailed, EncryptionError):
+        except (WriteFailed, EncryptionError) as exc:
             # Newer segments may be gone already: the log ends where it ends now, caches follow it.
+            fence = self._drop_emptied_active()
             self._after_truncation(self.log_end_offset)
+            if fence is not None:
+                raise fence from exc
             raise
         except TornWrite as exc:
+            fence = self._drop_emptied_active()
             self._after_truncation(self.log_end_offset)
+            if fence is not None:
+                raise fence from exc
+            if exc.segment is not self._segments[-1]:  # the bytes it could not cut went with its file
+                raise WriteFailed(exc.operation, str(exc.segment.log_path), exc.cause) from exc
             raise self._fenced_by(exc.operation, exc.segment.log_path, exc.cause, exc.segment.repair) from exc
         with self._lock:
             self._generation += 1
@@ -843,6 +860,38 @@ class CommitLog:
             self.epoch_cache.forget_from(offset)
         if clamp:
             self._clamp_high_watermark()
+
+    def _drop_emptied_active(self) -> LogFenced | None:
+        """After a failed write or truncation: drop an empty active segment that starts past a gap.
+
+        A raw batch after a gap rolls (or renames) the active segment to the batch's base before it
+        is written, and a truncation cuts a segment's first batch before writing its kept part back;
+        when that write fails, the segment is left empty with nothing covering the offsets between
+        the previous segment's end and its base. Kept, its name alone would set the LEO: a failed
+        append would have moved the LEO forward, fetches in the gap would get nothing below the LEO,
+        and the next open (which drops such a segment, see ``_recover``) would move the LEO back.
+        So the previous segment becomes the active one again now, as recovery would make it.
+
+        The segment leaves the log before its file is unlinked, so the log is what a reopen would
+        find either way. If the unlink fails, the returned fence (to raise) keeps writes off until
+        it succeeds: a segment rolled past the leftover file would leave it between segments.
+        """
+        seg = self._segments[-1]
+        if len(self._segments) < 2 or not _empty_past_a_gap(self._segments[-2], seg):
+            return None
+        log.warning("%s: empty after a failed write and past a gap; removing it", seg.log_path)
+        with self._lock:
+            self._generation += 1
+            self._segments.pop()
+            self._bases.pop()
+        self._retire(seg)
+        if self._unsynced_from is not None and self._unsynced_from >= self.log_end_offset:
+            self._unsynced_from = None
+        try:
+            seg.delete()
+        except OSError as exc:
+            return self._fenced_by("delete", seg.log_path, exc, lambda: _unlinked(seg))
+        return None
 
     def _retry_truncation(self, offset: int) -> bool:
         """A fence's repair: finish cutting the log back to ``offset``."""
@@ -1059,6 +1108,20 @@ class CommitLog:
             f"CommitLog({self.directory}, start={self.log_start_offset}, end={self.log_end_offset}, "
             f"hw={self.high_watermark}, segments={len(self._segments)})"
         )
+
+
+def _empty_past_a_gap(previous: Segment, seg: Segment) -> bool:
+    """``seg`` (the newest segment) holds no batch and starts after ``previous`` ends: nothing covers the gap."""
+    return not seg.size and seg.base_offset > previous.next_offset
+
+
+def _unlinked(seg: Segment) -> bool:
+    """A fence's repair: remove the files of a segment that already left the log."""
+    try:
+        seg.delete()
+    except OSError:
+        return False
+    return True
 
 
 def _mtime_ns(path: Path) -> int:
