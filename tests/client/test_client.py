@@ -434,7 +434,8 @@ async def test_publish_returns_ack(client: Client, one: Server) -> None:
     assert (ack.reception_timestamp, ack.commit_timestamp, ack.error) == (1, 2, AckError.OK)
     req = one.api.requests["Publish"][-1]
     assert (req.stream, req.partition, req.value, req.key) == ("s", 0, "héllo".encode(), b"k")
-    assert dict(req.headers) == {"a": b"1", "b": b"2"}
+    msg_id = req.headers.pop("Nats-Msg-Id")  # idempotent by default: a random id, the same on every retry
+    assert dict(req.headers) == {"a": b"1", "b": b"2"} and len(msg_id) == 16
     assert req.expectedOffset == -1  # None means "no expectation", as Liftbridge clients send
 
     await client.publish("s", b"x", expected_offset=5)
@@ -828,7 +829,9 @@ async def test_nats_publish_with_envelope_and_ack(nats_url: str) -> None:
         ack = await c.nats_publish("orders", "v", key="k", headers={"h": "1"}, ack_policy=AckPolicy.LEADER)
         assert ack is not None and ack.offset == 3 and ack.correlation_id
         first = received[0]
-        assert (first.value, first.key, dict(first.headers)) == (b"v", b"k", {"h": b"1"})
+        headers = dict(first.headers)
+        assert len(headers.pop("Nats-Msg-Id")) == 16  # the client's message id rides in the envelope
+        assert (first.value, first.key, headers) == (b"v", b"k", {"h": b"1"})
         assert first.correlationId == ack.correlation_id
 
         assert await c.nats_publish("orders", b"raw", envelope=False) is None

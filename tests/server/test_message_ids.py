@@ -14,7 +14,7 @@ import nats
 import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
-from liftlog.client import AckPolicy, Client
+from liftlog.client import AckPolicy, Client, StartPosition, StopPosition
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.server.server import Server
 from liftlog.storage import NewRecord
@@ -96,9 +96,9 @@ async def test_batched_publishes_are_deduplicated_per_record(server: Server) -> 
 
 
 async def test_a_chunk_sent_again_is_stored_once_by_its_batch_id(server: Server) -> None:
-    """What publish_many's chunks carry (one Liftlog-Batch-Id on the first record), sent twice as a retry
+    """What publish_many's chunks carry (one hidden \\x00batch header on the first record), sent twice as a retry
     sends it: the second is answered with the first's offsets."""
-    chunk = [NewRecord(b"first", None, {"Liftlog-Batch-Id": b"chunk-1"}), NewRecord(b"second"), NewRecord(b"third")]
+    chunk = [NewRecord(b"first", None, {"\x00batch": b"chunk-1"}), NewRecord(b"second"), NewRecord(b"third")]
     async with Client(server.address) as client:
         await client.publish("orders", b"before")
         acks = await client.publish_many("orders", chunk, ack_policy=AckPolicy.ALL)
@@ -106,6 +106,15 @@ async def test_a_chunk_sent_again_is_stored_once_by_its_batch_id(server: Server)
         assert [(a.offset, a.duplicate) for a in acks] == [(1, False), (2, False), (3, False)]
         assert [(a.offset, a.duplicate) for a in again] == [(1, True), (2, True), (3, True)]
         assert await values(client) == [b"before", b"first", b"second", b"third"]
+        # The batch id is the server's business: no reader sees it, by any read path.
+        for batched in (True, False):
+            sub = client.subscribe(
+                "orders", start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST, batched=batched
+            )
+            read = [m async for m in sub]
+            assert [dict(m.headers) for m in read[1:]] == [{}, {}, {}]
+        columns = [c async for c in client.read_range("orders")]
+        assert [dict(m.headers) for cols in columns for m in cols.messages()][1:] == [{}, {}, {}]
 
 
 async def test_coalesced_publish_async_requests_are_answered_per_request(server: Server) -> None:

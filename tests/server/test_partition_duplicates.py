@@ -183,7 +183,7 @@ def test_a_batch_id_makes_the_whole_batch_a_duplicate_or_not_and_survives_a_rebu
     part = partition(tmp_path, acks, clock)
 
     def chunk(batch_id: bytes, cid: str) -> Incoming:
-        records = [NewRecord(b"a", None, {"Liftlog-Batch-Id": batch_id}), NewRecord(b"b"), NewRecord(b"c")]
+        records = [NewRecord(b"a", None, {"\x00batch": batch_id}), NewRecord(b"b"), NewRecord(b"c")]
         envelope = RecordBatchEnvelope(
             records=encode_records(records), count=3, ackInbox="inbox", correlationId=cid, ackPolicy=LEADER
         )

@@ -69,7 +69,9 @@ def test_both_read_paths_give_the_same_rows(
     fill(liftlog_server.address, stream_name, {0: [b"m%d" % i for i in range(20)]})
 
     async def keyed(client: Client) -> None:
-        await client.publish(stream_name, b"last", key=b"k", headers={"h": b"1", "x": b""}, ack_policy=AckPolicy.ALL)
+        await client.publish(
+            stream_name, b"last", key=b"k", headers={"h": b"1", "x": b""}, ack_policy=AckPolicy.ALL, msg_id="last-1"
+        )
 
     with BlockingClient([liftlog_server.address]) as bc:
         bc.run(keyed)
@@ -82,6 +84,7 @@ def test_both_read_paths_give_the_same_rows(
     assert [r["offset"] for r in got] == list(range(5, 21))
     assert [r["value"] for r in got] == [b"m%d" % i for i in range(5, 20)] + [b"last"]
     assert got[-1]["key"] == b"k" and sorted((h["key"], h["value"]) for h in got[-1]["headers"]) == [
+        ("Nats-Msg-Id", b"last-1"),
         ("h", b"1"),
         ("x", b""),
     ]

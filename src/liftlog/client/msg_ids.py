@@ -8,8 +8,9 @@ like any other.
 
 Ids are random, not counters: two clients, or one client before and after a
 restart, never make the same one: 96 random bits (16 characters). A chunk of
-``publish_many`` gets one id for all its records (``Liftlog-Batch-Id`` on its
-first record): per-record ids cost a leader a header read per record.
+``publish_many`` gets one id for all its records (a hidden ``\x00batch``
+header on its first record): per-record ids cost a leader a header read per
+record.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ __all__ = ["BATCH_ID_HEADER", "MSG_ID_HEADER", "new_msg_id"]
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 #: One id for a whole chunk of ``publish_many`` (on its first record): a leader reads one header per chunk.
-BATCH_ID_HEADER: Final = "Liftlog-Batch-Id"
+#: A reserved name (NUL first), so readers never see it.
+BATCH_ID_HEADER: Final = "\x00batch"
 
 
 def new_msg_id() -> bytes:

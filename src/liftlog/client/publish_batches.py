@@ -65,7 +65,7 @@ async def publish_batched(
 ) -> list[Ack]:
     """Publish ``values`` in chunks; the acks in input order (none with ``AckPolicy.NONE`` or ``return_acks`` False).
 
-    ``msg_ids``: give every chunk an id (a ``Liftlog-Batch-Id`` header on its first record, one random id for
+    ``msg_ids``: give every chunk an id (a hidden ``\\x00batch`` header on its first record, one random id for
     the whole chunk), so that a chunk sent again after a failure is stored once: a liftlog server answers it
     with the original's offsets. Records' own ``Nats-Msg-Id`` headers are honoured too, each on its own.
 

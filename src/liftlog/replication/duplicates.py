@@ -40,8 +40,9 @@ MSG_ID_HEADER: Final = "Nats-Msg-Id"
 MSG_ID_HEADER_BYTES: Final = MSG_ID_HEADER.encode()
 #: The header of a batched publish's first record that gives the whole batch one id: the batch is stored at
 #: most once within the window (a duplicate batch is answered with its original's offsets). One id per
-#: batch instead of one per record: a leader reads one header, not one per record.
-BATCH_ID_HEADER: Final = "Liftlog-Batch-Id"
+#: batch instead of one per record: a leader reads one header, not one per record. A reserved name (NUL
+#: first): stored, never served to readers, so a chunk's first message looks like the others.
+BATCH_ID_HEADER: Final = "\x00batch"
 BATCH_ID_HEADER_BYTES: Final = BATCH_ID_HEADER.encode()
 
 

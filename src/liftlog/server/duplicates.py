@@ -6,7 +6,7 @@ What a publish whose records carry ids (``Nats-Msg-Id``) becomes:
 - every record is a duplicate: nothing is written; the ack gives the originals' offsets and says so;
 - some are: only the new records are written, in their order, and the ack lists every record's offset.
 
-A batch whose first record carries a ``Liftlog-Batch-Id`` (our client's ``publish_many`` chunks) is a
+A batch whose first record carries a hidden ``\\x00batch`` header (our client's ``publish_many`` chunks) is a
 duplicate as a whole, or not at all: one lookup for the batch instead of one per record.
 
 An id repeated within one append (a retry that arrived right behind its original, or twice in one

@@ -33,7 +33,7 @@ from liftlog.api.stored import (
 from liftlog.api.stored import encode_fields as _fields
 from liftlog.api.stored import varint as _varint
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
-from liftlog.replication.duplicates import BATCH_ID_HEADER_BYTES, MSG_ID_HEADER, MSG_ID_HEADER_BYTES
+from liftlog.replication.duplicates import BATCH_ID_HEADER, BATCH_ID_HEADER_BYTES, MSG_ID_HEADER, MSG_ID_HEADER_BYTES
 from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
 from liftlog.storage.records import (
     BATCH_HEADER_SIZE,
@@ -87,7 +87,7 @@ class Incoming(NamedTuple):
     encoded: Encoded | None = None
     #: Its records' message ids (``Nats-Msg-Id``), one per record (b"" for none); empty when none has one.
     msg_ids: tuple[bytes, ...] = ()
-    #: A batched publish's id for the whole batch (``Liftlog-Batch-Id`` on its first record), or b"".
+    #: A batched publish's id for the whole batch (hidden ``\\x00batch`` header on its first record), or b"".
     batch_id: bytes = b""
 
 
@@ -212,7 +212,7 @@ _STAND_IN = NewRecord(b"")
 
 
 def _with_fields(record: NewRecord, fields: bytes) -> NewRecord:
-    headers = {k: v for k, v in record.headers.items() if not k.startswith(RESERVED)}
+    headers = {k: v for k, v in record.headers.items() if not k.startswith(RESERVED) or k == BATCH_ID_HEADER}
     if fields:
         headers[H_FIELDS] = fields
     return NewRecord(record.value, record.key, headers or EMPTY_HEADERS)

@@ -27,6 +27,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from liftlog.client import CorruptDataError
 from liftlog.client.batches import FIELDS_NAME, checked_batches
+from liftlog.client.msg_ids import BATCH_ID_HEADER
 from liftlog.storage.records import RECORD_OVERHEAD
 
 __all__ = ["arrow_batch"]
@@ -39,6 +40,8 @@ _WALK_AT_ONCE = 256
 _NO_POSITIONS = np.empty(0, np.int64)
 #: The \x00fields header: name (2 + 7 bytes), value length (4), then the value's first byte (0x3A: a subject).
 _FIELDS_HEADER = len(FIELDS_NAME) + 4
+#: A chunk's batch id header as stored: its name's uint16 length, then the name.
+_BATCH_ID_NAME = struct.pack(">H", len(BATCH_ID_HEADER)) + BATCH_ID_HEADER.encode()
 _SUBJECT_TAG = 0x3A
 #: Values and keys of up to this many bytes are stored inside an Arrow view; longer ones are referenced.
 _INLINE = 12
@@ -94,9 +97,18 @@ def arrow_batch(
         return None
     with_fields = n_headers == 1
     if with_fields.any():
-        # Only a \x00fields header, with no subject in it, keeps the partition's subject.
         where = fields_at[with_fields]
         ends = record_end[with_fields]
+        # A chunk's hidden batch id (publish_many's first records) is no header to a reader: skip those.
+        fits = where + len(_BATCH_ID_NAME) <= ends
+        named = buf[np.where(fits, where, 0)[:, None] + np.arange(len(_BATCH_ID_NAME))]
+        batch_id = fits & (named == np.frombuffer(_BATCH_ID_NAME, np.uint8)).all(axis=1)
+        if batch_id.any():
+            with_fields = with_fields.copy()
+            with_fields[np.flatnonzero(with_fields)[batch_id]] = False
+            where, ends = where[~batch_id], ends[~batch_id]
+    if with_fields.any():
+        # Only a \x00fields header, with no subject in it, keeps the partition's subject.
         if (where + _FIELDS_HEADER > ends).any():
             return None
         head = buf[where[:, None] + np.arange(_FIELDS_HEADER)]
