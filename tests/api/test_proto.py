@@ -85,6 +85,7 @@ MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "optimisticConcurrencyControl": (17, NB),
         "encryption": (18, NB),
         "uncleanLeaderElection": (1000, NB),  # liftlog's extension, far from Liftbridge's numbers
+        "duplicateWindow": (1001, NI64),  # liftlog's: message ids are deduplicated within this many ms
     },
     "CreateStreamResponse": {},
     "DeleteStreamRequest": {"name": (1, "string")},
@@ -163,6 +164,10 @@ MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "receptionTimestamp": (8, "int64"),
         "commitTimestamp": (9, "int64"),
         "ackError": (10, "proto.Ack.Error"),
+        # liftlog's extensions (message ids); Liftbridge clients ignore them.
+        "duplicate": (1000, "bool"),
+        "recordOffsets": (1001, "repeated int64"),
+        "duplicateRecords": (1002, "repeated int32"),
     },
     "FetchMetadataRequest": {"streams": (1, "repeated string"), "groups": (2, "repeated string")},
     "FetchMetadataResponse": {

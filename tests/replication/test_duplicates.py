@@ -94,3 +94,11 @@ def test_the_window_matches_a_model(steps: list[tuple[str, bytes, int]], cap: in
             elif w.evicted == 0 and rid in newest:  # nothing forgotten early: every id in the window is known
                 assert newest[rid][1] < now - w.window_ns, (rid, newest[rid], now)
     assert len(w) <= cap
+
+
+def test_the_storage_layer_knows_the_publishers_reserved_headers() -> None:
+    """storage.records may not import liftlog.api: its copy of the names must match the one place they live."""
+    from liftlog.api.stored import PUBLISHER_RESERVED
+    from liftlog.storage.records import _PUBLISHER_NAMES
+
+    assert set(_PUBLISHER_NAMES) == {name.encode() for name in PUBLISHER_RESERVED}

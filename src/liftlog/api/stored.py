@@ -23,12 +23,16 @@ from google.protobuf.message import DecodeError
 from liftlog.api._gen.api_pb2 import Message
 
 __all__ = [
+    "BATCH_ID_HEADER",
+    "HIDDEN_MSG_ID_HEADER",
     "H_ACK_INBOX",
     "H_ACK_POLICY",
     "H_CORRELATION_ID",
     "H_FIELDS",
     "H_REPLY",
     "H_SUBJECT",
+    "MSG_ID_HEADER",
+    "PUBLISHER_RESERVED",
     "RESERVED",
     "StoredFields",
     "decode_fields",
@@ -43,6 +47,18 @@ H_REPLY: Final = "\x00reply"
 H_ACK_INBOX: Final = "\x00ackInbox"
 H_CORRELATION_ID: Final = "\x00correlationId"
 H_ACK_POLICY: Final = "\x00ackPolicy"
+
+# Message ids (``liftlog.replication.duplicates``): what publishers send and the server stores with a record.
+#: A message's id, as JetStream reads it: a user header, served to readers like any other.
+MSG_ID_HEADER: Final = "Nats-Msg-Id"
+#: An id a client made up itself (ours, idempotent by default): counts as ``Nats-Msg-Id`` does, under a
+#: reserved name, stored and never served, so readers see only the ids users chose.
+HIDDEN_MSG_ID_HEADER: Final = "\x00msgid"
+#: On a batched publish's first record: one id for the whole batch (a chunk of ``publish_many``), so a leader
+#: reads one header per batch, not one per record. Reserved: never served.
+BATCH_ID_HEADER: Final = "\x00batch"
+#: The reserved headers a publisher may send (any other name starting with NUL is dropped on the way in).
+PUBLISHER_RESERVED: Final = frozenset({BATCH_ID_HEADER, HIDDEN_MSG_ID_HEADER})
 
 _BYTE = [bytes([i]) for i in range(256)]
 _parse_message = Message.FromString

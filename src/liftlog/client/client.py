@@ -62,7 +62,7 @@ from liftlog.client.errors import (
     UnimplementedError,
     error_from_ack,
 )
-from liftlog.client.msg_ids import MSG_ID_HEADER, new_msg_id
+from liftlog.client.msg_ids import HIDDEN_MSG_ID_HEADER, MSG_ID_HEADER, new_msg_id
 from liftlog.client.nats_helpers import connect_nats, encode_publish, publish_and_wait_ack, to_bytes, to_headers
 from liftlog.client.publish_async import PublishBatch, publish_async_attempt
 from liftlog.client.publish_batches import BatchesUnsupported, publish_batched, publish_prepared
@@ -173,11 +173,12 @@ class Client(Routing):
         self.idempotent = idempotent
 
     def _with_msg_id(self, headers: MutableMapping[str, bytes], msg_id: bytes | str | None) -> None:
-        """Set the ``Nats-Msg-Id`` header: ``msg_id``, the caller's own header, or (idempotent) a new id."""
+        """The message's id: ``msg_id`` (as ``Nats-Msg-Id``), the caller's own header, or (idempotent) a new
+        random one, in a hidden header readers never see."""
         if msg_id is not None:
             headers[MSG_ID_HEADER] = to_bytes(msg_id)
         elif self.idempotent and MSG_ID_HEADER not in headers:
-            headers[MSG_ID_HEADER] = new_msg_id()
+            headers[HIDDEN_MSG_ID_HEADER] = new_msg_id()
 
     # ------------------------------------------------------------------ lifecycle
 

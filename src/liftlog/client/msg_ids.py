@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import Final
 
-__all__ = ["BATCH_ID_HEADER", "MSG_ID_HEADER", "new_msg_id"]
+from liftlog.api.stored import BATCH_ID_HEADER, HIDDEN_MSG_ID_HEADER, MSG_ID_HEADER
 
-MSG_ID_HEADER: Final = "Nats-Msg-Id"
-#: One id for a whole chunk of ``publish_many`` (on its first record): a leader reads one header per chunk.
-#: A reserved name (NUL first), so readers never see it.
-BATCH_ID_HEADER: Final = "\x00batch"
+__all__ = ["BATCH_ID_HEADER", "HIDDEN_MSG_ID_HEADER", "MSG_ID_HEADER", "new_msg_id"]
 
 
 def new_msg_id() -> bytes:

@@ -26,23 +26,20 @@ from __future__ import annotations
 
 from typing import Final
 
+from liftlog.api.stored import BATCH_ID_HEADER, HIDDEN_MSG_ID_HEADER, MSG_ID_HEADER, PUBLISHER_RESERVED
+
 __all__ = [
     "BATCH_ID_HEADER",
     "BATCH_ID_HEADER_BYTES",
+    "HIDDEN_MSG_ID_HEADER",
     "MSG_ID_HEADER",
     "MSG_ID_HEADER_BYTES",
+    "PUBLISHER_RESERVED",
     "DuplicateWindow",
     "batch_key",
 ]
 
-#: The header a message's id travels in (NATS headers of plain publishers, or a Liftbridge envelope's headers).
-MSG_ID_HEADER: Final = "Nats-Msg-Id"
 MSG_ID_HEADER_BYTES: Final = MSG_ID_HEADER.encode()
-#: The header of a batched publish's first record that gives the whole batch one id: the batch is stored at
-#: most once within the window (a duplicate batch is answered with its original's offsets). One id per
-#: batch instead of one per record: a leader reads one header, not one per record. A reserved name (NUL
-#: first): stored, never served to readers, so a chunk's first message looks like the others.
-BATCH_ID_HEADER: Final = "\x00batch"
 BATCH_ID_HEADER_BYTES: Final = BATCH_ID_HEADER.encode()
 
 

@@ -33,7 +33,13 @@ from liftlog.api.stored import (
 from liftlog.api.stored import encode_fields as _fields
 from liftlog.api.stored import varint as _varint
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
-from liftlog.replication.duplicates import BATCH_ID_HEADER, BATCH_ID_HEADER_BYTES, MSG_ID_HEADER, MSG_ID_HEADER_BYTES
+from liftlog.replication.duplicates import (
+    BATCH_ID_HEADER_BYTES,
+    HIDDEN_MSG_ID_HEADER,
+    MSG_ID_HEADER,
+    MSG_ID_HEADER_BYTES,
+    PUBLISHER_RESERVED,
+)
 from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
 from liftlog.storage.records import (
     BATCH_HEADER_SIZE,
@@ -153,6 +159,8 @@ def incoming_from_nats(
     msg_id = headers.get(MSG_ID_HEADER) or nats_msg_id
     if msg_id:
         headers[MSG_ID_HEADER] = msg_id
+    elif message.headers and HIDDEN_MSG_ID_HEADER in message.headers:  # one the client made up: kept hidden
+        msg_id = headers[HIDDEN_MSG_ID_HEADER] = message.headers[HIDDEN_MSG_ID_HEADER]
     record = NewRecord(message.value, message.key or None, headers or EMPTY_HEADERS)
     return Incoming(record, subject, inbox, cid, policy, message.offset, msg_ids=(msg_id,) if msg_id else ())
 
@@ -212,7 +220,7 @@ _STAND_IN = NewRecord(b"")
 
 
 def _with_fields(record: NewRecord, fields: bytes) -> NewRecord:
-    headers = {k: v for k, v in record.headers.items() if not k.startswith(RESERVED) or k == BATCH_ID_HEADER}
+    headers = {k: v for k, v in record.headers.items() if not k.startswith(RESERVED) or k in PUBLISHER_RESERVED}
     if fields:
         headers[H_FIELDS] = fields
     return NewRecord(record.value, record.key, headers or EMPTY_HEADERS)

@@ -37,7 +37,13 @@ from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.natswire import Event as NatsEvent
 from liftlog.natswire import LeanNats
-from liftlog.replication.duplicates import BATCH_ID_HEADER, MSG_ID_HEADER, DuplicateWindow, batch_key
+from liftlog.replication.duplicates import (
+    BATCH_ID_HEADER,
+    HIDDEN_MSG_ID_HEADER,
+    MSG_ID_HEADER,
+    DuplicateWindow,
+    batch_key,
+)
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
 from liftlog.storage import (
@@ -796,7 +802,7 @@ class Partition:
         for data, header in log_.read_batches(start):
             if header.attributes & ATTR_MSG_IDS:  # no other batch holds an id
                 for record in decode_records(data, header, start):
-                    msg_id = record.headers.get(MSG_ID_HEADER)
+                    msg_id = record.headers.get(MSG_ID_HEADER) or record.headers.get(HIDDEN_MSG_ID_HEADER)
                     if msg_id:
                         window.add(bytes(msg_id), record.offset, record.timestamp)
                     batch_id = record.headers.get(BATCH_ID_HEADER)

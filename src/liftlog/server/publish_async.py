@@ -33,6 +33,7 @@ from liftlog.api import api_pb2
 from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.stored import RESERVED, varint
+from liftlog.replication.duplicates import PUBLISHER_RESERVED
 from liftlog.storage.records import encode_headers, encode_prepared
 
 from .failures import RpcFailure, async_error
@@ -203,7 +204,9 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                     headers = req.headers
                     user = None
                     if headers:
-                        user = {k: v for k, v in headers.items() if not k.startswith(RESERVED)} or None
+                        user = {
+                            k: v for k, v in headers.items() if not k.startswith(RESERVED) or k in PUBLISHER_RESERVED
+                        } or None
                         size += sum(6 + len(k) + len(v) for k, v in user.items()) if user else 0
                     # With room for the record's own fields: one record over the log's limit would fail its batch.
                     size += RECORD_ROOM

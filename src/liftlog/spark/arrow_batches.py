@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from liftlog.api.stored import PUBLISHER_RESERVED
 from liftlog.client import CorruptDataError
 from liftlog.client.batches import FIELDS_NAME, checked_batches
-from liftlog.client.msg_ids import BATCH_ID_HEADER
 from liftlog.storage.records import RECORD_OVERHEAD
 
 __all__ = ["arrow_batch"]
@@ -40,8 +40,11 @@ _WALK_AT_ONCE = 256
 _NO_POSITIONS = np.empty(0, np.int64)
 #: The \x00fields header: name (2 + 7 bytes), value length (4), then the value's first byte (0x3A: a subject).
 _FIELDS_HEADER = len(FIELDS_NAME) + 4
-#: A chunk's batch id header as stored: its name's uint16 length, then the name.
-_BATCH_ID_NAME = struct.pack(">H", len(BATCH_ID_HEADER)) + BATCH_ID_HEADER.encode()
+#: The reserved headers publishers send (liftlog.replication.duplicates.PUBLISHER_RESERVED) as stored: the
+#: name's uint16 length, then the name. Both names have one length, so one gather compares both.
+_HIDDEN_NAMES = sorted(struct.pack(">H", len(name)) + name.encode() for name in PUBLISHER_RESERVED)
+_HIDDEN_ARRAYS = [np.frombuffer(name, np.uint8) for name in _HIDDEN_NAMES]
+assert len({len(name) for name in _HIDDEN_NAMES}) == 1
 _SUBJECT_TAG = 0x3A
 #: Values and keys of up to this many bytes are stored inside an Arrow view; longer ones are referenced.
 _INLINE = 12
@@ -99,14 +102,15 @@ def arrow_batch(
     if with_fields.any():
         where = fields_at[with_fields]
         ends = record_end[with_fields]
-        # A chunk's hidden batch id (publish_many's first records) is no header to a reader: skip those.
-        fits = where + len(_BATCH_ID_NAME) <= ends
-        named = buf[np.where(fits, where, 0)[:, None] + np.arange(len(_BATCH_ID_NAME))]
-        batch_id = fits & (named == np.frombuffer(_BATCH_ID_NAME, np.uint8)).all(axis=1)
-        if batch_id.any():
+        # A publisher's hidden header (a client's own message id, a chunk's batch id) is no header to a
+        # reader: those records count as having none.
+        fits = where + len(_HIDDEN_NAMES[0]) <= ends
+        named = buf[np.where(fits, where, 0)[:, None] + np.arange(len(_HIDDEN_NAMES[0]))]
+        hidden = fits & np.logical_or.reduce([(named == name).all(axis=1) for name in _HIDDEN_ARRAYS])
+        if hidden.any():
             with_fields = with_fields.copy()
-            with_fields[np.flatnonzero(with_fields)[batch_id]] = False
-            where, ends = where[~batch_id], ends[~batch_id]
+            with_fields[np.flatnonzero(with_fields)[hidden]] = False
+            where, ends = where[~hidden], ends[~hidden]
     if with_fields.any():
         # Only a \x00fields header, with no subject in it, keeps the partition's subject.
         if (where + _FIELDS_HEADER > ends).any():

@@ -74,9 +74,9 @@ __all__ = [
 ]
 
 MAGIC = 1
-#: A batched publish's id for the whole batch (``liftlog.replication.duplicates.BATCH_ID_HEADER``): a reserved
-#: name that publishers may send, on a first record, like the allowed ``\x00fields``.
-_BATCH_ID_NAME = b"\x00batch"
+#: Reserved header names publishers may send (``liftlog.replication.duplicates.PUBLISHER_RESERVED``): a batched
+#: publish's id for the whole batch, and a message id the client made up; stored, never served.
+_PUBLISHER_NAMES = (b"\x00batch", b"\x00msgid")
 #: Batch attribute: some record of the batch has a ``Nats-Msg-Id`` header (a message id), so a new leader
 #: rebuilding its duplicate window reads this batch's records; it skips the others by their header alone.
 ATTR_MSG_IDS = 0x0020
@@ -434,7 +434,7 @@ def _check_headers(
             raise InvalidBatch(f"record {i} of the batch has a header of length {size}")
         parts.append((head - start, data[head : p + 4]))
         p += 4 + size
-        if name_len and data[name_at] == 0 and data[name_at : name_at + name_len] != _BATCH_ID_NAME:
+        if name_len and data[name_at] == 0 and data[name_at : name_at + name_len] not in _PUBLISHER_NAMES:
             named = True
             if not reserved:
                 reserved = (
