@@ -796,18 +796,30 @@ class Partition:
         if not window.enabled or self.log is None:
             return
         log_ = self.log
-        start = log_.offset_for_timestamp(now - window.window_ns)
-        if start is None:
-            return
-        for data, header in log_.read_batches(start):
-            if header.attributes & ATTR_MSG_IDS:  # no other batch holds an id
-                for record in decode_records(data, header, start):
-                    msg_id = record.headers.get(MSG_ID_HEADER) or record.headers.get(HIDDEN_MSG_ID_HEADER)
-                    if msg_id:
-                        window.add(bytes(msg_id), record.offset, record.timestamp)
-                    batch_id = record.headers.get(BATCH_ID_HEADER)
-                    if batch_id and record.offset == header.base_offset:
-                        window.add(batch_key(bytes(batch_id)), record.offset, record.timestamp)
+        try:
+            start = log_.offset_for_timestamp(now - window.window_ns)
+            if start is None:
+                return
+            for data, header in log_.read_batches(start):
+                if header.attributes & ATTR_MSG_IDS:  # no other batch holds an id
+                    for record in decode_records(data, header, start):
+                        msg_id = record.headers.get(MSG_ID_HEADER) or record.headers.get(HIDDEN_MSG_ID_HEADER)
+                        if msg_id:
+                            window.add(bytes(msg_id), record.offset, record.timestamp)
+                        batch_id = record.headers.get(BATCH_ID_HEADER)
+                        if batch_id and record.offset == header.base_offset:
+                            window.add(batch_key(bytes(batch_id)), record.offset, record.timestamp)
+        except (EncryptionError, StorageError, OSError) as exc:
+            # Leading matters more than the window: an encrypted log without its master key, or a log that
+            # cannot be read, still leads (its readers and writers get the specific errors); only retries of
+            # what it stored before are not recognized.
+            window.clear()
+            log.warning(
+                "%s: cannot rebuild the duplicate window from the log, message ids are not checked "
+                "against what it stored before: %s",
+                self,
+                exc,
+            )
 
     def _refused(self, item: Incoming, error: int, now: int) -> None:
         if item.ack_inbox:
