@@ -242,6 +242,11 @@ class ServerCollector(Collector):
             sum(part.lease_refused for _key, part in parts),
         )
         yield _gauge(
+            "liftlog_leader_lease_held_messages",
+            "Messages that arrived after the leader lease ran out, held to be written if it is renewed in time",
+            sum(part.lease_held for _key, part in parts),
+        )
+        yield _gauge(
             "liftlog_leader_lease_remaining_seconds",
             "How long the leader lease still holds without a renewal (0: ran out)",
             streams.lease_left() / 1e9,

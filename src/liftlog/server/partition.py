@@ -16,8 +16,11 @@ Rules:
 - A leader whose lease ran out (``LeaderReplica.may_ack``) writes nothing and
   acknowledges nothing, not even with an error: the controller may already
   have named a successor that takes the same messages, and an error ack would
-  race with its ack. The publisher's ack times out (UNKNOWN), as it does for a
-  leader cut off altogether. Held LEADER acks are checked again at the fsync.
+  race with its ack. It holds what arrives (bounded, for a few leases) and
+  writes it if the lease is renewed while it still leads, which is the usual
+  end of a lapse (a metadata election); if it is deposed instead, the held
+  messages are dropped and their publishers' acks time out (UNKNOWN), as for
+  a leader cut off altogether. Held LEADER acks are checked again at the fsync.
 
 Event-loop only, not thread-safe. ``start``/``stop``/``pause`` await.
 """
@@ -79,6 +82,11 @@ __all__ = ["AckSink", "Partition", "PartitionClosed", "PartitionOptions"]
 log = logging.getLogger(__name__)
 #: Per-batch warnings: one line per partition and kind per logging.warnings.interval, with a count.
 _limited = LogLimiter(log)
+
+#: A leader whose lease ran out holds what arrives for this many leases, up to these limits (see ``append``).
+PARK_LEASES = 4
+PARK_MAX_ITEMS = 10_000
+PARK_MAX_BYTES = 64 * 1024 * 1024
 
 #: Sends an Ack to its inbox (locally or over NATS). Must not block.
 AckSink = Callable[[api_pb2.Ack], None]
@@ -185,6 +193,10 @@ class Partition:
         self._monotonic = monotonic
         #: Messages not written, and LEADER acks not sent, because the leader lease had run out (metrics).
         self.lease_refused = 0
+        #: What arrived while the lease had run out, with its arrival (monotonic ns) and size: written in
+        #: order if the lease is renewed within ``PARK_LEASES`` leases (see ``append``).
+        self._parked: deque[tuple[int, int, Incoming]] = deque()
+        self._parked_bytes = 0
         #: Called for each message the intake receives from NATS (the loop spinner's ``cool``).
         self._intake_arrived = intake_arrived
         self.stream = meta.stream
@@ -312,6 +324,7 @@ class Partition:
         """Stop intake, close the log (checkpointing the HW) and end every reader."""
         await self.stop_intake()
         self._sync_now()
+        self._drop_parked("messages not written (held, then the partition closed)")
         self.leader = None
         self.follower = None
         self.fail_commit_waiters(reason)
@@ -365,9 +378,13 @@ class Partition:
         log_ = self.log
         if log_ is None:
             raise PartitionClosed(self._closed_reason or "closed")
-        if self.leader is not None and not self.leader.may_ack(self._monotonic()):
-            self._lease_lapsed(len(items), "messages not written")
-            return
+        if self.leader is not None:
+            mono = self._monotonic()
+            if not self.leader.may_ack(mono):
+                self._park(items, mono)
+                return
+            if self._parked:
+                self._release_parked(mono)  # first: they arrived before these
         now = self._clock()
         if self._deposed:
             # A follower's log takes only its leader's batches. Written here, a message would sit at an
@@ -524,12 +541,72 @@ class Partition:
     def leader_tick(self, now: int) -> None:
         if self.leader is not None:
             self.duplicates.expire(now)
+            if self._parked:
+                self._expire_parked(self._monotonic())
             self._leader_did(self.leader.tick(now))
 
     def lease_renewed(self, asked_at: int) -> None:
         """The server's leader lease was renewed by a request sent at ``asked_at`` (monotonic ns)."""
         if self.leader is not None:
             self.leader.renewed(asked_at)
+            mono = self._monotonic()
+            if self._parked and self.leader.may_ack(mono):
+                try:
+                    self._release_parked(mono)
+                except Exception:
+                    log.exception("writing to %s failed", self)
+
+    @property
+    def lease_held(self) -> int:
+        """Messages held since the lease ran out, to be written if it is renewed in time."""
+        return len(self._parked)
+
+    def _park(self, items: list[Incoming], mono: int) -> None:
+        """Hold ``items``, which arrived while the lease had run out, up to the park limits."""
+        self._expire_parked(mono)
+        held = 0
+        for item in items:
+            size = _size(item)
+            if len(self._parked) >= PARK_MAX_ITEMS or self._parked_bytes + size > PARK_MAX_BYTES:
+                break
+            self._parked.append((mono, size, item))
+            self._parked_bytes += size
+            held += 1
+        if held < len(items):
+            self._lease_lapsed(len(items) - held, "messages not written (too many held already)")
+        if held:
+            _limited.warning(
+                "%s: the leader lease ran out (no word from the controller): holding %d messages until it is renewed",
+                self,
+                len(self._parked),
+                key=f"{self}:park",
+            )
+
+    def _expire_parked(self, mono: int) -> None:
+        assert self.leader is not None
+        hold = PARK_LEASES * (self.leader.lease_ns or 0)
+        expired = 0
+        while self._parked and mono - self._parked[0][0] > hold:
+            self._parked_bytes -= self._parked.popleft()[1]
+            expired += 1
+        if expired:
+            self._lease_lapsed(expired, "messages not written (held until the lease was past renewing)")
+
+    def _drop_parked(self, why: str) -> None:
+        if self._parked:
+            self._lease_lapsed(len(self._parked), why)
+            self._parked.clear()
+            self._parked_bytes = 0
+
+    def _release_parked(self, mono: int) -> None:
+        """Write what was held, in arrival order, now that the lease holds again."""
+        self._expire_parked(mono)
+        parked, self._parked = self._parked, deque()
+        self._parked_bytes = 0
+        items = [item for _, _, item in parked]
+        step = self.options.batch_max
+        for i in range(0, len(items), step):
+            self.append(items[i : i + step])
 
     def _lease_lapsed(self, count: int, what: str) -> None:
         self.lease_refused += count
@@ -558,6 +635,7 @@ class Partition:
     def become_follower(self) -> None:
         """Stop leading; the replicator sets ``follower`` when it starts fetching."""
         self._sync_now()  # acks held for an fsync go out (or fail) as a leader's would
+        self._drop_parked("messages not written (held, then the partition got a new leader)")
         self.leader = None
         self._deposed = True
         self.duplicates.clear()  # rebuilt from the log if it leads again: the log is the only truth
@@ -965,6 +1043,13 @@ class Partition:
 
     def __repr__(self) -> str:
         return f"<Partition {self.stream}/{self.id} subject={self.subject!r}>"
+
+
+def _size(item: Incoming) -> int:
+    """Roughly the bytes an item holds, to bound what a lapsed leader keeps."""
+    if item.encoded is not None:
+        return len(item.encoded.data)
+    return record_size(item.record) + sum(record_size(r) for r in item.more)
 
 
 def _count(item: Incoming) -> int:
