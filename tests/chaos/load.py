@@ -168,6 +168,7 @@ class LoadWorkload:
         self.ack_times: list[float] = []
         self.calls = 0  # PublishAsync calls opened
         self._stop = False
+        self._stopped_at = float("inf")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),), daemon=True)
         self._channels: dict[str, Any] = {}
@@ -188,10 +189,11 @@ class LoadWorkload:
         """Stop publishing, wait for the outstanding acks (or the calls to give up), and close."""
         if self._stop:
             return
+        self._stopped_at = time.monotonic()
         self._stop = True
         self._thread.join(self.spec.stall_s + 15)
         if self._thread.is_alive():
-            self.errors.append("the workload's loop did not stop in time")
+            self.errors.append(f"the workload's loop did not stop in time; it is at {self.where()}; {self.waiting()}")
         now = time.monotonic()
         for pub in self.publications:
             if not pub.attempts:  # only if the loop did not finish: its answer never came
@@ -203,6 +205,18 @@ class LoadWorkload:
         if frame is None:
             return "not running"
         return " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in _frames(frame, 8))
+
+    def waiting(self) -> str:
+        """What the loop's unfinished tasks await (read from another thread: a diagnosis, not exact)."""
+        try:
+            tasks = list(asyncio.all_tasks(self._loop))
+        except RuntimeError:
+            return "tasks unreadable"
+        out = []
+        for task in tasks[:8]:
+            stack = task.get_stack(limit=3)
+            out.append(" <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in stack) or repr(task))
+        return f"{len(tasks)} tasks: " + " | ".join(out)
 
     def acked_between(self, start: float, end: float = float("inf")) -> int:
         return bisect.bisect_left(self.ack_times, end) - bisect.bisect_left(self.ack_times, start)
@@ -344,6 +358,11 @@ class LoadWorkload:
                     call.cancel()
                     return
                 if self._stop and not pending:
+                    call.cancel()
+                    return
+                if self._stop and now - self._stopped_at > spec.stall_s:
+                    # Answers still trickle in (each one is progress), but the run is over.
+                    why = f"{len(pending)} answers still owed {spec.stall_s}s after the stop"
                     call.cancel()
                     return
 
