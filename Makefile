@@ -48,12 +48,13 @@ sim: install
 
 # Seeded random fault schedules against a 3-server cluster under load, then the checker: SEEDS=5 DURATION=30
 # by default (seconds of faults per seed); SEED=<n> replays one seed; FSYNC=never|interval|always (default
-# always); POWER_ALL=1 ends each seed with power loss of every server; KINDS=disk,power limits the faults.
-# Exits 1 if an invariant failed.
+# always); POWER_ALL=1 ends each seed with power loss of every server; KINDS=disk,power limits the faults;
+# RETRY=1 resends every publish whose outcome is unknown, with its message id, and requires each id stored
+# once. Exits 1 if an invariant failed.
 chaos: install
 	$(BIN)/python -m tests.chaos.run --seeds $(if $(filter file,$(origin SEEDS)),5,$(SEEDS)) \
 		--duration $(or $(DURATION),30) $(if $(SEED),--seed $(SEED)) --fsync $(or $(FSYNC),always) \
-		$(if $(POWER_ALL),--power-all) $(if $(KINDS),--kinds $(KINDS))
+		$(if $(POWER_ALL),--power-all) $(if $(KINDS),--kinds $(KINDS)) $(if $(RETRY),--retry)
 
 # Fuzz a live server for DURATION seconds (default 60) with hostile gRPC requests and NATS messages, then
 # check it is alive, its data unchanged and its memory bounded; SEED=<n> replays a run. One JSON line.

@@ -67,6 +67,8 @@ class Attempt:
     ended: float
     offset: int = -1
     detail: str = ""
+    #: The ack said ``duplicate``: the message was stored before (by an earlier attempt), at ``offset``.
+    duplicate: bool = False
 
 
 @dataclass
@@ -77,6 +79,9 @@ class Publication:
     stream: str = ""
     #: api_pb2.ALL, LEADER or NONE: what an ack promises (NONE gets none: its attempts are UNKNOWN).
     policy: int = api_pb2.ALL
+    #: The ``Nats-Msg-Id`` every attempt carried (empty: none). With an id, a partition stores the message at
+    #: most once within its duplicate window, however often it was resent: any second copy is a violation.
+    msg_id: bytes = b""
 
     @property
     def key(self) -> Key:
@@ -336,6 +341,8 @@ class Report:
     offsets_backwards: int = 0  # a consumer was served an offset not above the one before
     leader_acked_lost: int = 0  # ack-LEADER values lost although their leader neither crashed nor was deposed
     fenced_unreported: int = 0  # a replica fenced (by its server's log) that the cluster status never showed
+    duplicates_stored: int = 0  # a message with an id stored twice (its retries must have been recognised)
+    duplicate_acks_unexplained: int = 0  # acked as a duplicate, yet no earlier attempt may have stored it
     duplicates_of_unknown: int = 0  # allowed: a publish timed out or was retried
     leader_acked_lost_allowed: int = 0  # allowed: ack-LEADER values lost with their leader
     leader_acked_moved_allowed: int = 0  # allowed: ack-LEADER values whose leader was deposed, now elsewhere
@@ -348,7 +355,9 @@ class Report:
     acked: int = 0
     refused: int = 0
     unknown: int = 0
-    retried: int = 0
+    retried: int = 0  # messages sent more than once
+    retries: int = 0  # attempts beyond each message's first
+    duplicate_acks: int = 0  # acks that said ``duplicate`` (a retry of a message already stored)
     served: int = 0
     stored: int = 0  # values in the leaders' logs
     acked_by_policy: dict[str, int] = field(default_factory=dict)
@@ -369,6 +378,8 @@ class Report:
         "offsets_backwards",
         "leader_acked_lost",
         "fenced_unreported",
+        "duplicates_stored",
+        "duplicate_acks_unexplained",
     )
 
     def violations(self) -> list[str]:
@@ -400,6 +411,8 @@ class Report:
             refused=self.refused,
             unknown=self.unknown,
             retried=self.retried,
+            retries=self.retries,
+            duplicate_acks=self.duplicate_acks,
             served=self.served,
             stored=self.stored,
             none_published=self.none_published,
@@ -650,6 +663,9 @@ def evaluate(
 
     Ack ALL: never lost, never moved. Ack LEADER: lost only if its leader crashed or was deposed after the
     publish began (``deposals``; without it any loss is allowed and counted). Ack NONE: only counted.
+    An ack holds its message at its offset; for a ``duplicate`` ack that is the original's offset, and some
+    earlier attempt must have been unanswered (else what did it duplicate?). A message with an id (``msg_id``)
+    is stored once however often it was resent: the run's duplicate window must outlast it (see ``run.py``).
     """
     pubs = list(publications)
     report.published = len(pubs)
@@ -657,6 +673,8 @@ def evaluate(
     statuses = Counter(p.status for p in checked)
     report.acked, report.refused, report.unknown = (statuses[o] for o in Outcome)
     report.retried = sum(1 for p in pubs if len(p.attempts) > 1)
+    report.retries = sum(len(p.attempts) - 1 for p in pubs if p.attempts)
+    report.duplicate_acks = sum(1 for p in checked if (a := p.ack) is not None and a.duplicate)
     report.served = len(served)
     report.acked_by_policy = dict(Counter(_POLICY_NAMES.get(p.policy, "?") for p in checked if p.ack is not None))
 
@@ -713,8 +731,20 @@ def evaluate(
                 report._note(
                     "acked_misplaced", f"{pub.value!r} acked at {ack.offset}, stored at {offsets}; {_attempts(pub)}"
                 )
+        if (
+            ack is not None
+            and ack.duplicate
+            and not any(a.outcome is Outcome.UNKNOWN for a in pub.attempts[: pub.attempts.index(ack)])
+        ):
+            report.duplicate_acks_unexplained += 1
+            report._note("duplicate_acks_unexplained", f"id {pub.msg_id!r} @{pub.key}: {_attempts(pub)}")
         if len(offsets) > 1:
-            if pub.uncertain:
+            if pub.msg_id:
+                report.duplicates_stored += 1
+                report._note(
+                    "duplicates_stored", f"id {pub.msg_id!r} @{pub.key} at offsets {offsets}; {_attempts(pub)}"
+                )
+            elif pub.uncertain:
                 report.duplicates_of_unknown += 1
             else:
                 report.duplicates_of_acked += 1
@@ -745,6 +775,7 @@ def evaluate(
 def _attempts(pub: Publication) -> str:
     """Every attempt's server, outcome, offset and times, for a failure note."""
     return ", ".join(
-        f"{a.server}:{a.outcome.value}@{a.offset} [{a.started:.2f}-{a.ended:.2f}] {a.detail}".rstrip()
+        f"{a.server}:{a.outcome.value}{' duplicate' if a.duplicate else ''}@{a.offset} "
+        f"[{a.started:.2f}-{a.ended:.2f}] {a.detail}".rstrip()
         for a in pub.attempts
     )

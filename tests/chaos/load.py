@@ -4,9 +4,14 @@ that tracks leaders (for the publishers and for the checker's ack-LEADER rule) a
 
 Every message is recorded as a ``Publication`` with its outcome: acked (offset, acking server, times),
 unknown (its call broke before the ack came, or the ack carried an error that may follow a write), refused
-(an async error that certainly precedes the write). Nothing is resent: a value is published once, so any
-duplicate in a log is a violation, and an unknown outcome only excuses its absence. Ack NONE messages get
-no answer: they are published at a bounded rate and only counted.
+(an async error that certainly precedes the write). By default nothing is resent: a value is published
+once, so any duplicate in a log is a violation, and an unknown outcome only excuses its absence. Ack NONE
+messages get no answer: they are published at a bounded rate and only counted.
+
+With ``LoadSpec.retry`` every ack-ALL and ack-LEADER message carries a message id (``Nats-Msg-Id``, its
+value) and a message whose attempt ended unknown is sent again, the same bytes with the same id, now and
+then through another server than the leader, until it is acked or refused or the run ends. Each partition
+must then store it once (the duplicate window), and a ``duplicate`` ack must name the original's offset.
 """
 
 from __future__ import annotations
@@ -14,16 +19,19 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import random
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 
 from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.replication.duplicates import MSG_ID_HEADER
 
 from .checker import Attempt, Key, Outcome, Publication, Served
 from .cluster import ChaosCluster, channel_options
@@ -110,6 +118,28 @@ class LoadSpec:
     consumers: int = 4
     #: Seconds without an ack while some are owed before a call is given up (its messages: unknown).
     stall_s: float = 5.0
+    #: Resend every ack-ALL and ack-LEADER message whose attempt ended unknown (the call broke or stalled, or
+    #: an error that may follow a write), with the same value and message id, until it is acked or refused
+    #: or the run ends. Every such message then carries an id (``Nats-Msg-Id``).
+    retry: bool = False
+    #: With ``retry``: the share of the calls that resend something which go through a random other
+    #: reachable server (its publishes reach the leader over NATS) instead of the leader.
+    retry_elsewhere: float = 0.3
+    #: With ``retry``: a message is resent no sooner than this after its last attempt ended, times the
+    #: attempts so far (at most 10 times), so that a partition refusing everything is not hammered.
+    retry_backoff_s: float = 0.1
+
+
+@dataclass
+class _Publisher:
+    """One publisher's state across its PublishAsync calls (event loop only): the next sequence number and,
+    with retries, the messages owed another attempt, each with the moment it may go (oldest first)."""
+
+    name: str
+    key: Key
+    policy: int
+    seq: int = 0
+    resend: deque[tuple[float, Publication]] = field(default_factory=deque)
 
 
 def _frames(frame: Any, limit: int) -> list[Any]:
@@ -123,10 +153,14 @@ def _frames(frame: Any, limit: int) -> list[Any]:
 class LoadWorkload:
     """Runs a ``LoadSpec`` against a cluster until ``stop()``; exposes what the checker needs."""
 
-    def __init__(self, cluster: ChaosCluster, monitor: Monitor, spec: LoadSpec = LoadSpec()) -> None:
+    def __init__(
+        self, cluster: ChaosCluster, monitor: Monitor, spec: LoadSpec = LoadSpec(), rng: random.Random | None = None
+    ) -> None:
         self.cluster = cluster
         self.monitor = monitor
         self.spec = spec
+        #: Which server a resending call goes through (seeded by the run).
+        self.rng = rng or random.Random(0)
         self.publications: list[Publication] = []
         self.served: list[Served] = []
         self.errors: list[str] = []
@@ -134,6 +168,7 @@ class LoadWorkload:
         self.ack_times: list[float] = []
         self.calls = 0  # PublishAsync calls opened
         self._stop = False
+        self._stopped_at = float("inf")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),), daemon=True)
         self._channels: dict[str, Any] = {}
@@ -154,10 +189,11 @@ class LoadWorkload:
         """Stop publishing, wait for the outstanding acks (or the calls to give up), and close."""
         if self._stop:
             return
+        self._stopped_at = time.monotonic()
         self._stop = True
         self._thread.join(self.spec.stall_s + 15)
         if self._thread.is_alive():
-            self.errors.append("the workload's loop did not stop in time")
+            self.errors.append(f"the workload's loop did not stop in time; it is at {self.where()}; {self.waiting()}")
         now = time.monotonic()
         for pub in self.publications:
             if not pub.attempts:  # only if the loop did not finish: its answer never came
@@ -169,6 +205,18 @@ class LoadWorkload:
         if frame is None:
             return "not running"
         return " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in _frames(frame, 8))
+
+    def waiting(self) -> str:
+        """What the loop's unfinished tasks await (read from another thread: a diagnosis, not exact)."""
+        try:
+            tasks = list(asyncio.all_tasks(self._loop))
+        except RuntimeError:
+            return "tasks unreadable"
+        out = []
+        for task in tasks[:8]:
+            stack = task.get_stack(limit=3)
+            out.append(" <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in stack) or repr(task))
+        return f"{len(tasks)} tasks: " + " | ".join(out)
 
     def acked_between(self, start: float, end: float = float("inf")) -> int:
         return bisect.bisect_left(self.ack_times, end) - bisect.bisect_left(self.ack_times, start)
@@ -198,11 +246,11 @@ class LoadWorkload:
         spec = self.spec
         tasks = []
         for n, key in enumerate(self.keys):
-            tasks.append(self._publisher(f"a{n}", key, api_pb2.ALL))
+            tasks.append(self._publisher(_Publisher(f"a{n}", key, api_pb2.ALL)))
             if key[0] in spec.leader_streams:
-                tasks.append(self._publisher(f"l{n}", key, api_pb2.LEADER))
+                tasks.append(self._publisher(_Publisher(f"l{n}", key, api_pb2.LEADER)))
             if key[0] in spec.none_streams:
-                tasks.append(self._publisher(f"n{n}", key, api_pb2.NONE))
+                tasks.append(self._publisher(_Publisher(f"n{n}", key, api_pb2.NONE)))
         keys = self.keys
         for c in range(spec.consumers):
             tasks.append(self._consumer(f"consumer-{c}", keys[(c * 3) % len(keys)]))
@@ -212,25 +260,53 @@ class LoadWorkload:
             for channel in self._channels.values():
                 await channel.close()
 
-    async def _publisher(self, name: str, key: Key, policy: int) -> None:
-        seq = 0
+    async def _publisher(self, publisher: _Publisher) -> None:
         while not self._stop:
-            leader = self.monitor.leaders.get(key)
+            leader = self.monitor.leaders.get(publisher.key)
             if leader is None:
                 await asyncio.sleep(0.1)
                 continue
             try:
-                seq = await self._publish_call(name, key, policy, leader, seq)
+                await self._publish_call(publisher, self._route(publisher, leader), leader)
             except Exception as exc:  # a bug in the workload must not look like a quiet cluster
-                self.errors.append(f"{name}: {exc!r}")
+                self.errors.append(f"{publisher.name}: {exc!r}")
             if not self._stop:
                 await asyncio.sleep(0.1)
 
-    async def _publish_call(self, name: str, key: Key, policy: int, leader: str, seq: int) -> int:
-        """One PublishAsync call to ``leader`` until it breaks, stalls, the leader moves or the run stops."""
+    def _route(self, publisher: _Publisher, leader: str) -> str:
+        """The server the next call goes to: the leader, or (sometimes, when resending) another one."""
+        if not publisher.resend or self.rng.random() >= self.spec.retry_elsewhere:
+            return leader
+        others = [sid for sid in self.cluster.reachable() if sid != leader]
+        return self.rng.choice(others) if others else leader
+
+    def _unanswered(self, publisher: _Publisher, pub: Publication) -> None:
+        """``pub``'s last attempt ended without a definite answer: with retries, send it again later."""
+        if self.spec.retry and pub.msg_id:
+            backoff = self.spec.retry_backoff_s * min(len(pub.attempts), 10)
+            publisher.resend.append((time.monotonic() + backoff, pub))
+
+    def _next(self, publisher: _Publisher) -> Publication:
+        """The oldest message owed another attempt if it is due, else a new one."""
+        resend = publisher.resend
+        if resend and resend[0][0] <= time.monotonic():
+            return resend.popleft()[1]
+        stream, partition = publisher.key
+        value = b"%s-%d" % (publisher.name.encode(), publisher.seq)
+        publisher.seq += 1
+        with_id = self.spec.retry and publisher.policy != api_pb2.NONE
+        pub = Publication(value, partition, stream=stream, policy=publisher.policy, msg_id=value if with_id else b"")
+        self.publications.append(pub)
+        return pub
+
+    async def _publish_call(self, publisher: _Publisher, server: str, leader: str) -> None:
+        """One PublishAsync call to ``server`` (``leader``'s partition leader, or another server that passes
+        the publishes on over NATS) until it breaks, stalls, the leader moves (for a call to the leader) or
+        the run stops."""
         spec = self.spec
+        key, policy = publisher.key, publisher.policy
         stream, partition = key
-        call = self._stub(leader).PublishAsync()
+        call = self._stub(server).PublishAsync()
         self.calls += 1
         pending: dict[str, tuple[Publication, float]] = {}
         window = asyncio.Semaphore(spec.window)
@@ -239,7 +315,6 @@ class LoadWorkload:
         why = ""
 
         async def writer() -> None:
-            nonlocal seq
             while not self._stop and not ended.is_set():
                 if policy == api_pb2.NONE:
                     await asyncio.sleep(1 / spec.none_rate)
@@ -247,19 +322,20 @@ class LoadWorkload:
                     await window.acquire()
                     if self._stop or ended.is_set():
                         return
-                value = b"%s-%d" % (name.encode(), seq)
-                cid = value.decode()  # unique across calls: the server routes acks by correlation id
-                seq += 1
-                pub = Publication(value, partition, stream=stream, policy=policy)
-                self.publications.append(pub)
+                pub = self._next(publisher)
+                # Unique per attempt: the server routes acks by correlation id, and a late answer to an
+                # earlier attempt must not pass for this one's.
+                cid = pub.value.decode() + (f"/{len(pub.attempts)}" if pub.attempts else "")
                 started = time.monotonic()
                 if policy == api_pb2.NONE:
-                    pub.attempts.append(Attempt(leader, Outcome.UNKNOWN, started, started, detail="ack NONE"))
+                    pub.attempts.append(Attempt(server, Outcome.UNKNOWN, started, started, detail="ack NONE"))
                 else:
                     pending[cid] = (pub, started)
                 req = api_pb2.PublishRequest(
-                    stream=stream, partition=partition, value=value, ackPolicy=policy, correlationId=cid
+                    stream=stream, partition=partition, value=pub.value, ackPolicy=policy, correlationId=cid
                 )
+                if pub.msg_id:
+                    req.headers[MSG_ID_HEADER] = pub.msg_id
                 await call.write(req)
             if not ended.is_set():
                 await call.done_writing()
@@ -275,12 +351,18 @@ class LoadWorkload:
                     call.cancel()
                     return
                 current = self.monitor.leaders.get(key)
-                moved_since = (moved_since or now) if current not in (None, leader) else None
+                moved = server == leader and current not in (None, leader)  # another server passes them on
+                moved_since = (moved_since or now) if moved else None
                 if moved_since is not None and now - moved_since > 1.0:
                     why = f"leader moved to {current}"
                     call.cancel()
                     return
                 if self._stop and not pending:
+                    call.cancel()
+                    return
+                if self._stop and now - self._stopped_at > spec.stall_s:
+                    # Answers still trickle in (each one is progress), but the run is over.
+                    why = f"{len(pending)} answers still owed {spec.stall_s}s after the stop"
                     call.cancel()
                     return
 
@@ -299,12 +381,18 @@ class LoadWorkload:
                     err = resp.asyncError
                     outcome = Outcome.REFUSED if err.code in _REFUSALS else Outcome.UNKNOWN
                     detail = f"asyncError {PAE.Code.Name(err.code)}: {err.message}"
-                    pub.attempts.append(Attempt(leader, outcome, started, now, detail=detail))
+                    pub.attempts.append(Attempt(server, outcome, started, now, detail=detail))
+                    if outcome is Outcome.UNKNOWN:
+                        self._unanswered(publisher, pub)
                 elif resp.ack.ackError != api_pb2.Ack.OK:
                     detail = f"ackError {resp.ack.ackError}"
-                    pub.attempts.append(Attempt(leader, Outcome.UNKNOWN, started, now, detail=detail))
+                    pub.attempts.append(Attempt(server, Outcome.UNKNOWN, started, now, detail=detail))
+                    self._unanswered(publisher, pub)
                 else:
-                    pub.attempts.append(Attempt(leader, Outcome.ACKED, started, now, resp.ack.offset))
+                    ack = resp.ack
+                    pub.attempts.append(
+                        Attempt(server, Outcome.ACKED, started, now, ack.offset, duplicate=ack.duplicate)
+                    )
                     self.ack_times.append(now)
                 if self._stop and not pending:
                     break
@@ -326,9 +414,9 @@ class LoadWorkload:
                     await task
             now = time.monotonic()
             for pub, started in pending.values():
-                pub.attempts.append(Attempt(leader, Outcome.UNKNOWN, started, now, detail=why or "call ended"))
+                pub.attempts.append(Attempt(server, Outcome.UNKNOWN, started, now, detail=why or "call ended"))
+                self._unanswered(publisher, pub)
             pending.clear()
-        return seq
 
     async def _consumer(self, name: str, key: Key) -> None:
         stream, partition = key

@@ -3,6 +3,7 @@
     python -m tests.chaos.run --seeds 5 --duration 30        # seeds 1..5
     python -m tests.chaos.run --seed 7 --duration 30         # replay seed 7
     python -m tests.chaos.run --seed 7 --fsync never --power-all   # measure what losing power everywhere costs
+    python -m tests.chaos.run --seeds 10 --retry             # publishers resend unknown outcomes, with ids
 
 For each seed: a fresh cluster (servers a, b, c, each behind its own NATS proxy and running on a
 ``FaultyFileIO`` with a movable clock), three 2-partition rf=3 streams, the ``LoadWorkload`` (windowed
@@ -14,6 +15,12 @@ back) and two (two servers at once). Then every fault is undone (with ``--power-
 servers lose power at once), the cluster must converge and acknowledge again, and the checker reads every
 replica.
 
+With ``--retry`` the publishers resend every message whose outcome is unknown, with its message id, until
+it is acked or refused (``LoadSpec.retry``), and every partition must store each id once. The servers'
+duplicate window (measured on their own clocks) is set to outlast the run and the schedule's clock jumps
+both ways (``duplicate_window_s``), so any second copy is a violation; with the default 2 minutes, a clock
+jump of more than that legitimately forgets ids.
+
 stdout gets one JSON line per seed (its checker summary) and a final JSON summary; progress goes to stderr.
 Exits 1 if any seed broke an invariant, printing how to replay it. Data and logs of failed seeds are kept.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import sys
 import tempfile
@@ -45,6 +53,19 @@ from .load import LoadSpec, LoadWorkload, Monitor
 
 #: Acks the healed cluster must give before the check (it recovered).
 RECOVERY_ACKS = 100
+#: Seconds after the faults that a run may still resend: healing, the recovery acks (at most 60 s), the
+#: workload's stop (stall time and 15 s), with room to spare.
+AFTER_FAULTS_S = 300
+
+
+def duplicate_window_s(schedule: list[FaultEvent], duration: float) -> int:
+    """A duplicate window no retry of the run can outlast, whatever the servers' clocks say.
+
+    A server ages an id by its own clock against the record's timestamp, which the (possibly another)
+    server that wrote it took from its clock: a record written while one clock ran ``shift`` behind and
+    judged while another runs ``shift`` ahead looks ``2 * shift`` older than it is."""
+    shift = max((abs(e.shift_s) for e in schedule), default=0.0)
+    return int(duration + 2 * shift + AFTER_FAULTS_S)
 
 
 @dataclass(frozen=True)
@@ -88,7 +109,13 @@ def run_seed(
             progress.update(task, completed=completed, **({"status": status} if status else {}))
 
     result: dict[str, Any] = {"seed": seed, "fsync": opts.fsync, "faults": [str(e) for e in schedule]}
-    cluster = ChaosCluster(root, nats, "--set", f"streams.fsync.policy={opts.fsync}")
+    extra = ["--set", f"streams.fsync.policy={opts.fsync}"]
+    if opts.spec.retry:
+        window = duplicate_window_s(schedule, duration)
+        result["duplicate_window_s"] = window
+        # No cap either: every id of the run stays known (a run stores far fewer than 10 M per partition).
+        extra += ["--set", f"streams.duplicate.window={window}s", "--set", "streams.duplicate.max.ids=10000000"]
+    cluster = ChaosCluster(root, nats, *extra)
     workload: LoadWorkload | None = None
     monitor: Monitor | None = None
     try:
@@ -96,7 +123,7 @@ def run_seed(
         for stream in opts.spec.streams:
             cluster.create_stream(stream, partitions=opts.spec.partitions, rf=3)
         monitor = Monitor(cluster, list(opts.spec.streams)).start()
-        workload = LoadWorkload(cluster, monitor, opts.spec).start()
+        workload = LoadWorkload(cluster, monitor, opts.spec, random.Random(seed)).start()
         started = time.monotonic()
         #: When each fault on a server began: it may end the server's leaderships (the ack-LEADER window).
         impaired: dict[str, list[float]] = {sid: [] for sid in IDS}
@@ -191,9 +218,14 @@ TOTALS = (
     "acked_lost_tolerated",
     "none_published",
     "none_stored",
+    "retries",
+    "duplicate_acks",
     "disk_failures_injected",
     "power_lost_bytes",
     *(name for name in ("acked_lost", "divergent", "offsets_backwards", "leader_acked_lost", "fenced_unreported")),
+    "acked_misplaced",
+    "duplicates_stored",
+    "duplicate_acks_unexplained",
 )
 
 
@@ -218,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         "messages are measured, not failed)",
     )
     parser.add_argument("--window", type=int, default=LoadSpec.window, help="PublishAsync window per publisher")
+    parser.add_argument(
+        "--retry",
+        action="store_true",
+        help="resend every message whose outcome is unknown, with its message id (Nats-Msg-Id), until acked",
+    )
     parser.add_argument("--keep", action="store_true", help="keep every seed's data and logs, not only failed ones")
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else list(range(1, args.seeds + 1))
@@ -227,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         required=tuple(Fault(k.strip()) for k in args.require.split(",") if k.strip()),
         fsync=args.fsync,
         power_all=args.power_all,
-        spec=LoadSpec(window=args.window),
+        spec=LoadSpec(window=args.window, retry=args.retry),
     )
 
     console = Console(stderr=True)
@@ -264,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "fsync": args.fsync,
         "power_all": args.power_all,
+        "retry": args.retry,
         "elapsed_s": round(elapsed, 1),
     }
     for key in TOTALS:
@@ -280,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         for seed in failed:
             extra = f" FSYNC={args.fsync}" if args.fsync != "always" else ""
+            extra += " RETRY=1" if args.retry else ""
             replay = f"make chaos SEED={seed} DURATION={args.duration:g}{extra}"
             console.print(f"[red]invariant failed for seed {seed}[/red]; replay: {replay}")
         return 1

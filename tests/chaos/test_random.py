@@ -3,12 +3,14 @@
 The same code as ``make chaos`` (``run_seed``), shortened for ``make test``: each seed's schedule includes at
 least one disk fault and one power loss. ``make chaos SEEDS=50`` is the soak; a failing seed here replays
 with ``make chaos SEED=<n> DURATION=<s>``. What power loss everywhere costs without fsync is measured by
-``make chaos FSYNC=never POWER_ALL=1`` (not here: it is a figure, not a pass/fail).
+``make chaos FSYNC=never POWER_ALL=1`` (not here: it is a figure, not a pass/fail). One seed resends every
+unknown outcome with its message id (``make chaos RETRY=1``).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,24 @@ def test_a_seeded_schedule_with_disk_faults_and_power_loss_keeps_every_promise(
     assert recovered(result), replay
     injected = result["injected"]
     assert isinstance(injected, dict) and injected.get("disk", 0) >= 1 and injected.get("power", 0) >= 1
+    assert int(result["acked"]) > 1000, summary  # type: ignore[call-overload]
+
+
+def test_publishers_that_resend_unknown_outcomes_with_message_ids_get_each_message_stored_once(
+    tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    """Issue 34: every publish whose outcome is unknown is resent with its id (sometimes through another
+    server) until acked; a kill always leaves some unknown (every server leads a partition), and a clock jump
+    tests that the duplicate window outlasts it. Each id stored once, every ack at its message's offset."""
+    seed = 4
+    opts = Options(DURATION, required=(Fault.KILL, Fault.CLOCK), spec=replace(CI_LOAD, retry=True))
+    result = run_seed(seed, opts, nats_server, tmp_path)
+    summary = show(result)
+    replay = f"replay: make chaos SEED={seed} DURATION={DURATION:g} RETRY=1\n{summary}"
+    assert result["invariants_ok"], replay
+    assert recovered(result), replay
+    assert result["duplicates_stored"] == 0 and result["acked_misplaced"] == 0, replay
+    assert int(result["retries"]) > 0, summary  # type: ignore[call-overload]
     assert int(result["acked"]) > 1000, summary  # type: ignore[call-overload]
 
 

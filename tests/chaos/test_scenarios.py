@@ -36,6 +36,8 @@ from .checker import (
     read_replica,
 )
 from .cluster import ChaosCluster
+from .faults import Fault, FaultEvent
+from .run import AFTER_FAULTS_S, duplicate_window_s
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(90)]
 
@@ -282,6 +284,46 @@ def test_the_checker_holds_each_ack_policy_to_its_promise() -> None:
     measured = Report()
     evaluate(measured, publications, [], logs, {("s", 0): "a", ("s", 1): "b"}, deposals, tolerate_loss=True)
     assert (measured.acked_lost, measured.acked_lost_tolerated) == (0, 1)
+
+
+def test_the_checker_holds_resent_messages_with_ids_to_one_copy_and_duplicate_acks_to_the_original() -> None:
+    """With retries (``LoadSpec.retry``): a message with an id is stored once however often it was sent, and
+    a ``duplicate`` ack names the original's offset and follows an attempt that may have stored it."""
+
+    def attempt(outcome: Outcome, offset: int = -1, duplicate: bool = False) -> Attempt:
+        return Attempt("a", outcome, 0.0, 1.0, offset, duplicate=duplicate)
+
+    def pub(value: bytes, *attempts: Attempt) -> Publication:
+        return Publication(value, 0, list(attempts), stream="s", msg_id=value)
+
+    unknown = attempt(Outcome.UNKNOWN)
+    publications = [
+        pub(b"once", unknown, attempt(Outcome.ACKED, 0, duplicate=True)),
+        pub(b"twice", unknown, unknown, attempt(Outcome.ACKED, 1)),
+        pub(b"dup-elsewhere", unknown, attempt(Outcome.ACKED, 9, duplicate=True)),
+        pub(b"dup-of-nothing", attempt(Outcome.ACKED, 3, duplicate=True)),
+        pub(b"given-up", unknown, unknown),
+        Publication(b"no-id", 0, [unknown, attempt(Outcome.ACKED, 5)], stream="s"),
+    ]
+    log = {0: b"once", 1: b"twice", 2: b"dup-elsewhere", 3: b"dup-of-nothing", 4: b"twice", 5: b"no-id"}
+    log |= {6: b"no-id", 7: b"given-up"}
+    report = Report()
+    evaluate(report, publications, [], {("s", 0): {"a": log}}, {("s", 0): "a"})
+    assert (report.duplicates_stored, report.duplicates_of_unknown) == (1, 1), report.samples
+    assert report.samples["duplicates_stored"][0].startswith("id b'twice' @('s', 0) at offsets [1, 4]")
+    assert (report.acked_misplaced, report.duplicate_acks_unexplained) == (1, 1), report.samples
+    assert (report.duplicate_acks, report.retries, report.retried, report.acked_lost) == (3, 6, 5, 0)
+    assert sorted(v.split("=")[0] for v in report.violations()) == [
+        "acked_misplaced",
+        "duplicate_acks_unexplained",
+        "duplicates_stored",
+    ]
+
+
+def test_the_duplicate_window_of_a_retrying_run_outlasts_it_and_its_clock_jumps() -> None:
+    schedule = [FaultEvent(1.0, Fault.CLOCK, "a", 2.0, shift_s=-250.0), FaultEvent(4.0, Fault.KILL, "b", 1.0)]
+    assert duplicate_window_s(schedule, 30.0) == 30 + 500 + AFTER_FAULTS_S
+    assert duplicate_window_s([], 30.0) == 30 + AFTER_FAULTS_S
 
 
 def test_the_checker_excuses_lost_ack_leader_messages_only_in_the_window_around_an_end_of_leadership() -> None:
