@@ -13,6 +13,8 @@ import nkeys
 import pytest
 import trustme
 
+from liftlog.api import api_pb2
+from liftlog.api.envelope import decode_ack, encode_publish_message
 from liftlog.client import Client
 
 from .harness import LiftlogProcess, NatsProcess
@@ -45,6 +47,14 @@ async def stores_what_apps_publish(address: str, nats_url: str, name: str, **app
         raise AssertionError("the application's message was not stored")
 
 
+def user_passwords() -> dict[str, str]:
+    """What users.conf reads from nats-server's environment (liftlog reads the first two too)."""
+    return {
+        name: secrets.token_hex(8)
+        for name in ("LIFTLOG_NATS_PASSWORD", "LIFTLOG_NATS_ACKS_PASSWORD", "APP_NATS_PASSWORD")
+    }
+
+
 def started(tmp_path: Path, nats_url: str, *settings: str, env: dict[str, str] | None = None) -> LiftlogProcess:
     args = [arg for setting in settings for arg in ("--set", setting)]
     return LiftlogProcess(tmp_path / "data", *args, nats_url=nats_url, env=env).start()
@@ -57,7 +67,7 @@ def fails_to_start(tmp_path: Path, nats_url: str, *settings: str) -> str:
 
 
 async def test_users_keep_applications_off_internal_subjects(tmp_path: Path) -> None:
-    passwords = {"LIFTLOG_NATS_PASSWORD": secrets.token_hex(8), "APP_NATS_PASSWORD": secrets.token_hex(8)}
+    passwords = user_passwords()
     nats_server = NatsProcess(tmp_path / "nats.log", example("users.conf"), env=passwords)
     server = started(
         tmp_path, nats_server.url, "nats.user=liftlog", f"nats.password={passwords['LIFTLOG_NATS_PASSWORD']}"
@@ -89,8 +99,72 @@ async def test_users_keep_applications_off_internal_subjects(tmp_path: Path) -> 
         nats_server.stop()
 
 
+async def test_acks_to_clients_go_out_with_the_acks_users_rights_only(tmp_path: Path) -> None:
+    passwords = user_passwords()
+    nats_server = NatsProcess(tmp_path / "nats.log", example("users.conf"), env=passwords)
+    server = started(
+        tmp_path,
+        nats_server.url,
+        "nats.user=liftlog",
+        f"nats.password={passwords['LIFTLOG_NATS_PASSWORD']}",
+        "nats.acks.user=liftlog-acks",
+        f"nats.acks.password={passwords['LIFTLOG_NATS_ACKS_PASSWORD']}",
+    )
+    app = await nats.connect(nats_server.url, user="app", password=passwords["APP_NATS_PASSWORD"])
+    try:
+        async with Client(server.address) as client:
+            await client.create_stream("orders", "orders")
+            await asyncio.sleep(0.3)  # the partition subscribes to its subject
+            inbox = app.new_inbox()
+            # Not reserved and no stream listens on it, so liftlog's own checks let it through; the app may
+            # read it but the acks user may not publish there.
+            elsewhere = "payments.commands"
+            acks = await app.subscribe(inbox)
+            misdirected = await app.subscribe(elsewhere)
+            await app.flush()
+            for n, target in enumerate((elsewhere, inbox)):
+                envelope = api_pb2.Message(
+                    value=b"m%d" % n, ackInbox=target, correlationId=str(n), ackPolicy=api_pb2.LEADER
+                )
+                await app.publish("orders", encode_publish_message(envelope))
+            ack = decode_ack((await acks.next_msg(timeout=10)).data)
+            assert (ack.correlationId, ack.offset) == ("1", 1)
+            with pytest.raises(nats.errors.TimeoutError):
+                await misdirected.next_msg(timeout=0.5)
+            # Stored all the same: the ack is what NATS refused, not the message.
+            values = [bytes(v) for cols in [c async for c in client.read_range("orders")] for v in cols.values]
+            assert values == [b"m0", b"m1"]
+            # A gRPC call naming its own inbox gets its copy on the acks connection too.
+            answer = await client.publish("orders", b"rpc", ack_inbox=inbox, correlation_id="rpc")
+            copy = decode_ack((await acks.next_msg(timeout=10)).data)
+            assert (copy.correlationId, copy.offset) == ("rpc", answer.offset) == ("rpc", 2)
+        log = server.log_path.read_text()
+        assert "NATS refused an ack to a client's inbox" in log and elsewhere in log
+    finally:
+        await app.close()
+        server.kill()
+        nats_server.stop()
+
+
+async def test_a_wrong_acks_password_fails_the_start_clearly(tmp_path: Path) -> None:
+    passwords = user_passwords()
+    nats_server = NatsProcess(tmp_path / "nats.log", example("users.conf"), env=passwords)
+    try:
+        output = fails_to_start(
+            tmp_path,
+            nats_server.url,
+            "nats.user=liftlog",
+            f"nats.password={passwords['LIFTLOG_NATS_PASSWORD']}",
+            "nats.acks.user=liftlog-acks",
+            "nats.acks.password=wrong",
+        )
+        assert "as nats.acks.user" in output and "authorization" in output.lower()
+    finally:
+        nats_server.stop()
+
+
 async def test_a_wrong_nats_password_fails_the_start_clearly(tmp_path: Path) -> None:
-    passwords = {"LIFTLOG_NATS_PASSWORD": "right-password", "APP_NATS_PASSWORD": "other"}
+    passwords = {**user_passwords(), "LIFTLOG_NATS_PASSWORD": "right-password"}
     nats_server = NatsProcess(tmp_path / "nats.log", example("users.conf"), env=passwords)
     try:
         output = fails_to_start(tmp_path, nats_server.url, "nats.user=liftlog", "nats.password=wrong")
@@ -166,8 +240,8 @@ async def test_embedded_nats_with_the_users_example(tmp_path: Path) -> None:
     # variable as nats.password.
     env = {
         "LIFTLOG_NATS_USER": "liftlog",
-        "LIFTLOG_NATS_PASSWORD": secrets.token_hex(8),
-        "APP_NATS_PASSWORD": secrets.token_hex(8),
+        "LIFTLOG_NATS_ACKS_USER": "liftlog-acks",
+        **user_passwords(),
     }
     from .harness import free_port
 

@@ -247,6 +247,7 @@ class LeanNats:
         max_outstanding_pings: int = 2,
         on_disconnected: Callable[[], Awaitable[None]] | None = None,
         on_reconnected: Callable[[], Awaitable[None]] | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self._servers = parse_servers(servers)
         if not self._servers:
@@ -264,6 +265,8 @@ class LeanNats:
         self._max_outstanding_pings = max_outstanding_pings
         self._on_disconnected = on_disconnected
         self._on_reconnected = on_reconnected
+        #: Told the text of each -ERR the server sends once connected (default: a warning per error).
+        self._on_error = on_error
         self._wire: _Wire | None = None
         self._connected = False
         self._closing = False
@@ -432,7 +435,10 @@ class LeanNats:
             elif kind == INFO:
                 self._info.update(event[1])
             elif kind == ERR:
-                log.warning("NATS (lean connection): %s", event[1])
+                if self._on_error is not None:
+                    self._on_error(str(event[1]))
+                else:
+                    log.warning("NATS (lean connection): %s", event[1])
         if batches:
             subs = self._subs
             for sid, msgs in batches.items():

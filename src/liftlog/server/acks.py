@@ -25,7 +25,8 @@ Rules (each is a promise a publisher relies on):
    clients' connection, never sealed, and only to a subject that
    :func:`liftlog.metadata.validate_ack_inbox` (plus the server's own checks,
    ``check_inbox``) accepts. Refused ones are dropped, counted and logged at
-   most once per interval.
+   most once per interval. With ``nats.acks.*`` that connection is its own,
+   as a NATS user with an application's rights, so NATS enforces the rest.
 
 The inbox and route id are the server's business: answers carry the caller's
 own inbox and correlation id (or none), and the leader stores neither with
@@ -70,7 +71,8 @@ MISMATCH = "mismatch"  # the id of a waiter, but another subject or policy
 UNSIGNED_ROUTE = "unsigned_route"  # to another server's inbox without a valid signature
 REFUSED_INBOX = "refused_inbox"  # a client-named inbox the server may not publish to
 FOREIGN_LEADER = "foreign_leader"  # from another server, for a call whose partition was led here
-DROP_REASONS = (NO_WAITER, OTHER_STREAM, MISMATCH, UNSIGNED_ROUTE, REFUSED_INBOX, FOREIGN_LEADER)
+NATS_REFUSED = "nats_refused"  # sent on the acks connection (nats.acks.*), and NATS refused its subject
+DROP_REASONS = (NO_WAITER, OTHER_STREAM, MISMATCH, UNSIGNED_ROUTE, REFUSED_INBOX, FOREIGN_LEADER, NATS_REFUSED)
 
 
 class DuplicateRoute(RuntimeError):
@@ -202,6 +204,15 @@ class AckRouter:
                 _warn.warning("stored a message on %s without its ack: %s", ack.msgSubject, exc, key="refused-inbox")
                 return
             self._queue(self._external, inbox, encode_ack(ack))
+
+    def refused_by_nats(self, error: str) -> None:
+        """NATS refused something sent on the acks connection (``nats.acks.*``): an ack whose inbox the acks
+        user may not publish to. Counted, not fatal: that connection has an application's rights on purpose."""
+        if "permissions violation" in error.lower():
+            self.dropped[NATS_REFUSED] += 1
+            _warn.warning("NATS refused an ack to a client's inbox (nats.acks.user): %s", error, key="nats-refused")
+        else:
+            _warn.warning("NATS (acks connection): %s", error, key="acks-nats-error")
 
     def _server_route(self, ack: Ack) -> bool:
         """Whether an ack may go to another server's inbox: its route id is signed for it or, without a

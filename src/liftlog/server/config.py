@@ -264,6 +264,18 @@ SETTINGS: tuple[Setting, ...] = (
     _s("nats.token", _str, "", "NATS token"),
     _s("nats.nkey.seed", _str, "", "file holding this server's NATS nkey seed (nkey authentication)"),
     _s("nats.credentials", _str, "", "NATS credentials file (JWT and nkey seed, for NATS accounts)"),
+    _s(
+        "nats.acks.user",
+        _str,
+        "",
+        "NATS user for acks to clients' inboxes, on a connection of their own: give it no more rights than an "
+        "application's, so NATS refuses an ack a client names a subject for that it may not publish to "
+        "(unset: acks go out on the server's connection, after the server's own checks)",
+    ),
+    _s("nats.acks.password", _str, "", "password of nats.acks.user"),
+    _s("nats.acks.token", _str, "", "NATS token for the acks connection (see nats.acks.user)"),
+    _s("nats.acks.nkey.seed", _str, "", "file holding the acks connection's nkey seed (see nats.acks.user)"),
+    _s("nats.acks.credentials", _str, "", "NATS credentials file for the acks connection (see nats.acks.user)"),
     _s("nats.tls.cert", _str, "", "client certificate for NATS"),
     _s("nats.tls.key", _str, "", "client key for NATS"),
     _s("nats.tls.ca", _str, "", "CA for the NATS servers"),
@@ -493,6 +505,16 @@ class NatsConfig:
     embedded_host: str
     embedded_port: int
     lean_connection: bool = True
+    acks_user: str = ""
+    acks_password: str = ""
+    acks_token: str = ""
+    acks_nkey_seed: str = ""
+    acks_credentials: str = ""
+
+    @property
+    def acks_connection(self) -> bool:
+        """Whether acks to clients go out on a connection of their own, with its own NATS identity."""
+        return bool(self.acks_user or self.acks_token or self.acks_nkey_seed or self.acks_credentials)
 
 
 @dataclass(frozen=True)

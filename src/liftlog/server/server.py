@@ -117,6 +117,8 @@ class Server:
         self._internal_nats: NatsClient
         self._replication_nats: NatsClient
         self._acks: AckRouter | None = None
+        #: Acks to clients' inboxes, as the NATS user nats.acks.* names (None: on the hot connection).
+        self._acks_nats: LeanNats | None = None
         self.streams: StreamManager | None = None
         self.cluster: MetadataService | None = None
         self.replicator: Replicator | None = None
@@ -193,8 +195,10 @@ class Server:
                 RouteIds(auth.route_key if auth is not None else None),
                 self._check_ack_inbox,
             )
-            # Clients' acks on the hot connection as it is: never sealed, never on the internal connection.
-            await self._acks.start(self._replication_nats, self._hot_nats.publish)
+            # Clients' acks never sealed, never on the internal connection: on a connection of their own with
+            # an application's rights (nats.acks.*), or else on the hot connection as it is.
+            clients = self._acks_nats if self._acks_nats is not None else self._hot_nats
+            await self._acks.start(self._replication_nats, clients.publish)
             self.replicator = self._make_replicator()
             spin_window = self.config.values["publish.spin.us"] / 1e6
             if spin_window > 0:
@@ -432,6 +436,36 @@ class Server:
         self._nc.options["max_reconnect_attempts"] = -1
         if cfg.lean_connection:
             await self._start_lean_nats(servers, options.get("tls"))
+        if cfg.acks_connection:
+            await self._start_acks_nats(servers, options.get("tls"))
+
+    async def _start_acks_nats(self, servers: list[str], tls: ssl.SSLContext | None) -> None:
+        """The connection acks to clients' inboxes go out on, as the NATS user nats.acks.* names."""
+        cfg = self.config.nats
+        try:
+            acks = LeanNats(
+                servers,
+                name=f"liftlog-{self.server_id}-acks",
+                user=cfg.acks_user,
+                password=cfg.acks_password,
+                token=cfg.acks_token,
+                nkey_seed_file=cfg.acks_nkey_seed,
+                credentials_file=cfg.acks_credentials,
+                tls=tls,
+                on_error=self._on_acks_nats_error,
+            )
+        except ValueError as exc:
+            raise ServerStartError(f"nats.acks.*: cannot open the acks connection: {exc}") from exc
+        try:
+            await acks.connect()
+        except NatsConnectError as exc:
+            raise ServerStartError(f"cannot connect to NATS at {self.nats_url} as nats.acks.user: {exc}") from exc
+        self._acks_nats = acks
+
+    def _on_acks_nats_error(self, text: str) -> None:
+        # NATS refusing an ack's subject (a permissions violation) is the point of this connection: counted.
+        if self._acks is not None:
+            self._acks.refused_by_nats(text)
 
     async def _start_lean_nats(self, servers: list[str], tls: ssl.SSLContext | None) -> None:
         cfg = self.config.nats
@@ -1041,6 +1075,10 @@ class Server:
             with contextlib.suppress(Exception):
                 await self._lean.close()
             self._lean = None
+        if self._acks_nats is not None:
+            with contextlib.suppress(Exception):
+                await self._acks_nats.close()
+            self._acks_nats = None
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.drain()
