@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -489,6 +489,16 @@ _BY_ENV = {ENV_PREFIX + re.sub(r"[.\-]", "_", s.key).upper(): s.key for s in SET
 # -- sections -----------------------------------------------------------------
 
 
+class NatsIdentity(TypedDict):
+    """``LeanNats``'s login arguments."""
+
+    user: str
+    password: str
+    token: str
+    nkey_seed_file: str
+    credentials_file: str
+
+
 @dataclass(frozen=True)
 class NatsConfig:
     servers: tuple[str, ...]
@@ -510,6 +520,15 @@ class NatsConfig:
     acks_token: str = ""
     acks_nkey_seed: str = ""
     acks_credentials: str = ""
+
+    def identity(self, *, acks: bool = False) -> NatsIdentity:
+        """Who a lean connection (``LeanNats``) logs in as: the server's NATS user, or nats.acks.*'s."""
+        if acks:
+            user, password, token = self.acks_user, self.acks_password, self.acks_token
+            seed, creds = self.acks_nkey_seed, self.acks_credentials
+        else:
+            user, password, token, seed, creds = self.user, self.password, self.token, self.nkey_seed, self.credentials
+        return NatsIdentity(user=user, password=password, token=token, nkey_seed_file=seed, credentials_file=creds)
 
     @property
     def acks_connection(self) -> bool:

@@ -446,12 +446,8 @@ class Server:
             acks = LeanNats(
                 servers,
                 name=f"liftlog-{self.server_id}-acks",
-                user=cfg.acks_user,
-                password=cfg.acks_password,
-                token=cfg.acks_token,
-                nkey_seed_file=cfg.acks_nkey_seed,
-                credentials_file=cfg.acks_credentials,
                 tls=tls,
+                **cfg.identity(acks=True),
                 on_error=self._on_acks_nats_error,
             )
         except ValueError as exc:
@@ -475,12 +471,8 @@ class Server:
                 on_disconnected=self._nats_lost,
                 on_reconnected=self._on_lean_reconnected,
                 name=f"liftlog-{self.server_id}-intake",
-                user=cfg.user,
-                password=cfg.password,
-                token=cfg.token,
-                nkey_seed_file=cfg.nkey_seed,
-                credentials_file=cfg.credentials,
                 tls=tls,
+                **cfg.identity(),
             )
         except ValueError as exc:  # e.g. a ws:// URL: nats-py carries the hot path too
             log.info("no lean NATS connection (%s): intake and publishes use nats-py's", exc)
