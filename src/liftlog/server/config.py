@@ -193,8 +193,14 @@ SETTINGS: tuple[Setting, ...] = (
         'stream="_other" (bounds the series a scrape returns)',
     ),
     _s("logging.recovery", _bool, False, "accepted for Liftbridge configs; no effect (recovery always logs at info)"),
-    _s("logging.raft", _bool, False, "log Raft internals"),
-    _s("logging.nats", _bool, False, "log the embedded NATS server's output"),
+    _s("logging.raft", _bool, False, "log the metadata group's Raft internals (elections, messages) at debug"),
+    _s(
+        "logging.nats",
+        _bool,
+        False,
+        "log the NATS connections and all of the embedded nats-server's output at debug (by default only its "
+        "warnings and errors)",
+    ),
     _s(
         "logging.warnings.interval",
         parse_duration_ms,

@@ -80,8 +80,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
-def setup_logging(level: str, fmt: str = "text") -> None:
-    """The root handler on stderr, at ``level`` (``logging.level``), as text or JSON (``logging.format``)."""
+#: What logging.raft and logging.nats turn to debug whatever logging.level says.
+RAFT_LOGGERS = ("liftlog.raft", "liftlog.server.metadata_raft")
+NATS_LOGGERS = ("liftlog.server.embedded_nats", "liftlog.natswire", "nats")
+
+
+def setup_logging(level: str, fmt: str = "text", *, raft: bool = False, nats: bool = False) -> None:
+    """The root handler on stderr, at ``level`` (``logging.level``), as text or JSON (``logging.format``);
+    ``raft``/``nats`` (logging.raft, logging.nats) log those parts at debug too: the metadata group's
+    elections and messages, and the NATS connections with the embedded nats-server's own lines."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     handler.addFilter(PartitionFields())
@@ -90,5 +97,7 @@ def setup_logging(level: str, fmt: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(LEVELS.get(level, logging.INFO))
-    if level != "debug":
+    if level != "debug" and not nats:
         logging.getLogger("nats").setLevel(logging.WARNING)
+    for name in (RAFT_LOGGERS if raft else ()) + (NATS_LOGGERS if nats else ()):
+        logging.getLogger(name).setLevel(logging.DEBUG)

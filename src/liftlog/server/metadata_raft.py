@@ -327,6 +327,8 @@ class MetadataRaft:
         assert storage is not None
         if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
             await asyncio.to_thread(storage.save, rd)
+        if log.isEnabledFor(logging.DEBUG):  # logging.raft
+            _log_ready(rd)
         for m in rd.messages:
             try:
                 await self._nats.publish(self._prefix + m.dst, encode_message(m))
@@ -377,3 +379,24 @@ class MetadataRaft:
             self.stats.changed(self._role, now, time.monotonic())
             self._role = now
             self._sm.role_changed(*now)
+
+
+def _log_ready(rd: Ready) -> None:
+    """What one Raft step decided: its new term and vote, what it appends and commits, what it sends."""
+    if rd.hard_state is not None:
+        log.debug("raft: term %d, vote %s, commit %d", rd.hard_state.term, rd.hard_state.vote, rd.hard_state.commit)
+    if rd.entries:
+        log.debug("raft: appending entries %d..%d", rd.entries[0].index, rd.entries[-1].index)
+    if rd.committed:
+        log.debug("raft: applying entries %d..%d", rd.committed[0].index, rd.committed[-1].index)
+    for m in rd.messages:
+        log.debug(
+            "raft: %s to %s (term %d, index %d, %d entries, commit %d%s)",
+            m.type.value,
+            m.dst,
+            m.term,
+            m.index,
+            len(m.entries),
+            m.commit,
+            ", rejected" if m.reject else "",
+        )

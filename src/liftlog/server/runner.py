@@ -94,7 +94,8 @@ def run_server(config: ServerConfig) -> int:
 
     Raises ServerStartError (one readable line) when it cannot start.
     """
-    setup_logging(config.log_level, config.values["logging.format"])
+    values = config.values
+    setup_logging(config.log_level, values["logging.format"], raft=values["logging.raft"], nats=values["logging.nats"])
     try:
         with asyncio.Runner(loop_factory=_new_event_loop) as runner:
             return runner.run(serve(config))
