@@ -56,11 +56,21 @@ def test_an_empty_payload_is_sealed_too() -> None:
         (b"", "unsigned"),
         (b"{}", "unsigned"),
         (b"x" * 100, "unsigned"),
-        (b"x" * 100 + b"LLA1", "forged"),
+        (b"x" * 100 + b"LLA1", "future"),  # junk: its "timestamp" is refused before any MAC is computed
     ],
 )
 def test_unsigned_messages_are_refused(data: bytes, expected: str) -> None:
     assert reason(auth(), "ns.x", data) == expected
+
+
+def test_junk_outside_the_time_window_costs_no_mac(monkeypatch: pytest.MonkeyPatch) -> None:
+    checker = auth()
+    macs: list[str] = []
+    real = checker._tag
+    monkeypatch.setattr(checker, "_tag", lambda *args: macs.append("mac") or real(*args))
+    old = auth().seal("ns.x", b"data", NOW - 3600 * 10**9)
+    assert reason(checker, "ns.x", old) == "stale" and macs == []
+    assert reason(checker, "ns.x", auth(key=b"z" * 32).seal("ns.x", b"data", NOW)) == "forged" and macs == ["mac"]
 
 
 def test_another_secret_cannot_sign() -> None:

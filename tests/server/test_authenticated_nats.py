@@ -87,6 +87,71 @@ async def test_an_unsigned_reply_counts_as_no_reply(nc: nats.NATS, second: nats.
     assert client.dropped["unsigned"] == 1
 
 
+async def test_a_forger_answering_first_does_not_end_the_request(
+    nc: nats.NATS, second: nats.NATS, nats_url: str
+) -> None:
+    """Whoever reads the cluster's requests answers each at once, with garbage and with a copy of a valid reply
+    from another request: the caller drops both and takes the server's reply, which comes later."""
+    server, client = signer(nc), signer(second)
+    valid_replies: list[bytes] = []
+
+    async def slow_answer(msg: NatsMessage) -> None:
+        await asyncio.sleep(0.3)
+        await msg.respond(b"pong:" + msg.data)
+
+    await server.subscribe("ns.x.propose", cb=slow_answer)
+    forger = await nats.connect(nats_url)
+    try:
+
+        async def spy(msg: nats.aio.msg.Msg) -> None:
+            if msg.subject.startswith("_INBOX.liftlog."):
+                if msg.data != b"garbage" and msg.data not in valid_replies:
+                    valid_replies.append(msg.data)  # a sealed reply, bound to its own request's inbox
+            elif msg.reply:
+                await forger.publish(msg.reply, b"garbage")
+                for old in valid_replies:
+                    await forger.publish(msg.reply, old)
+
+        await forger.subscribe("ns.>", cb=spy)
+        await forger.subscribe("_INBOX.liftlog.>", cb=spy)
+        await nats_settled(nc)
+        await nats_settled(forger)
+        for n in range(3):
+            reply = await client.request("ns.x.propose", b"ping%d" % n, timeout=5)
+            assert reply.data == b"pong:ping%d" % n
+        assert client.dropped["unsigned"] == 3 and client.dropped["forged"] == 3, client.dropped
+    finally:
+        await forger.close()
+
+
+async def test_a_request_sent_on_with_another_reply_subject_is_dropped(nc: nats.NATS, second: nats.NATS) -> None:
+    server = signer(nc)
+    got: list[bytes] = []
+
+    async def handler(msg: NatsMessage) -> None:
+        got.append(msg.data)
+
+    await server.subscribe("ns.x.propose", cb=handler)
+    await nats_settled(nc)
+    sealed = signer(second).auth.seal("ns.x.propose _INBOX.liftlog.rA.1", b"ping", time.time_ns())
+    await second.publish("ns.x.propose", sealed, reply="_INBOX.evil.1")  # the reply the MAC covers, swapped
+    await second.publish("ns.x.propose", sealed, reply="_INBOX.liftlog.rA.1")
+    await second.flush()
+    for _ in range(250):
+        if got:
+            break
+        await asyncio.sleep(0.02)
+    assert got == [b"ping"] and server.dropped == {"forged": 1}
+
+
+async def test_a_request_nobody_listens_to_fails_at_once(second: nats.NATS) -> None:
+    client = signer(second)
+    began = time.monotonic()
+    with pytest.raises(nats.errors.NoRespondersError):
+        await client.request("ns.nobody.propose", b"ping", timeout=5)
+    assert time.monotonic() - began < 2
+
+
 async def test_unsigned_and_foreign_messages_never_reach_the_handler(nc: nats.NATS, second: nats.NATS) -> None:
     wrapped = signer(nc)
     got: list[bytes] = []

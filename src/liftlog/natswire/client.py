@@ -38,13 +38,15 @@ class NatsNoResponders(ConnectionError):
 
 
 class LeanMessage:
-    __slots__ = ("_conn", "data", "reply", "subject")
+    __slots__ = ("_conn", "data", "raw_headers", "reply", "subject")
 
-    def __init__(self, conn: LeanNats, subject: str, reply: str, data: bytes) -> None:
+    def __init__(self, conn: LeanNats, subject: str, reply: str, data: bytes, raw_headers: bytes = b"") -> None:
         self._conn = conn
         self.subject = subject
         self.reply = reply
         self.data = data
+        #: The NATS headers block as received (``NATS/1.0 503`` for a no-responders status), or b"".
+        self.raw_headers = raw_headers
 
     async def respond(self, data: bytes) -> None:
         if not self.reply:
@@ -84,7 +86,7 @@ class _CallbackSubscription:
                 event = queue.popleft()
                 self._busy = True
                 try:
-                    await cb(LeanMessage(conn, event[2], event[3], event[4]))
+                    await cb(LeanMessage(conn, event[2], event[3], event[4], event[5]))
                 except Exception:
                     log.exception("handling a message on %s failed", event[2])
                 finally:

@@ -8,15 +8,29 @@ Whatever fails is dropped, counted in ``dropped`` by reason, and logged at
 most once per interval per reason. Every other subject (stream subjects,
 clients' ack inboxes) passes through unchanged, so clients never see a
 trailer.
+
+Requests: a message that names a reply subject is sealed over both subjects,
+so a copy cannot be sent on with another reply subject. Internal requests
+take their replies on an inbox of their own under ``_INBOX.liftlog.`` (which
+applications are denied), and a reply that fails the check is dropped while
+the request goes on waiting for a valid one until its timeout: whoever can
+read the requests can no longer end them by answering first. A
+no-responders status from nats-server still ends a request at once (callers
+retry elsewhere); NATS does not sign it, so someone inside the NATS account
+can forge one, which costs a retry, not a wrong answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable
 
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
@@ -73,6 +87,11 @@ class AuthenticatedNats:
         self.clock = clock
         self._is_internal = is_internal
         self._replies = ReplayGuard()
+        #: Where replies to this connection's internal requests come, one token per request.
+        self._inbox = f"{SERVER_INBOX_PREFIX}r{secrets.token_hex(10)}."
+        self._inbox_sub: NatsSubscription | None = None
+        self._tokens = itertools.count()
+        self._waiting: dict[str, asyncio.Future[NatsMessage]] = {}
         self._opened = 0
         #: Internal messages refused, by reason (unsigned, forged, stale, early, future, replayed).
         self.dropped: collections.Counter[str] = collections.Counter()
@@ -85,7 +104,7 @@ class AuthenticatedNats:
         self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
     ) -> None:
         if self._is_internal(subject):
-            payload = self.auth.seal(subject, payload, self.clock())
+            payload = self.auth.seal(_bound(subject, reply), payload, self.clock())
         await self.inner.publish(subject, payload, reply=reply, headers=headers)
 
     async def subscribe(self, subject: str, queue: str = "", cb: MessageHandler | None = None) -> NatsSubscription:
@@ -97,21 +116,44 @@ class AuthenticatedNats:
         handler = cb
 
         async def opened(msg: NatsMessage) -> None:
-            data = self._open(msg.subject, msg.data, guard)
+            data = self._open(_bound(msg.subject, msg.reply), msg.data, guard)
             if data is not None:
                 await handler(_Opened(self, msg.subject, msg.reply, data))
 
         return await self.inner.subscribe(subject, queue=queue, cb=opened)
 
     async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5) -> NatsMessage:
+        """Send an internal request and wait for the first authentic reply (see the module docstring);
+        nats.errors.TimeoutError if none came in time, NoRespondersError if nobody listens."""
         if not self._is_internal(subject):
             return await self.inner.request(subject, payload, timeout=timeout)
-        reply = await self.inner.request(subject, self.auth.seal(subject, payload, self.clock()), timeout=timeout)
-        data = self._open(reply.subject, reply.data, self._replies)
-        if data is None:
-            # As if no answer came: callers already retry after a timeout.
-            raise NatsTimeoutError
-        return _Opened(self, reply.subject, reply.reply, data)
+        if self._inbox_sub is None:
+            self._inbox_sub = await self.inner.subscribe(self._inbox + "*", cb=self._on_reply)
+        token = str(next(self._tokens))
+        reply = self._inbox + token
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[NatsMessage] = loop.create_future()
+        self._waiting[token] = future
+        # A timer on the future, not asyncio.timeout(): followers send a request per fetch round.
+        timer = loop.call_later(timeout, _expire, future)
+        try:
+            sealed = self.auth.seal(_bound(subject, reply), payload, self.clock())
+            await self.inner.publish(subject, sealed, reply=reply)
+            return await future
+        finally:
+            timer.cancel()
+            self._waiting.pop(token, None)
+
+    async def _on_reply(self, msg: NatsMessage) -> None:
+        future = self._waiting.get(msg.subject[len(self._inbox) :])
+        if future is None or future.done():
+            return  # late, or a second reply: nothing waits for it
+        if not msg.data and _no_responders(msg):
+            future.set_exception(NoRespondersError())
+            return
+        data = self._open(msg.subject, msg.data, self._replies)
+        if data is not None:  # else dropped (and counted): the request waits on for an authentic reply
+            future.set_result(_Opened(self, msg.subject, msg.reply, data))
 
     def _open(self, subject: str, data: bytes, guard: ReplayGuard) -> bytes | None:
         now = self.clock()
@@ -133,3 +175,23 @@ class AuthenticatedNats:
             guard.forget_before(now - self.auth.max_age)
             self._replies.forget_before(now - self.auth.max_age)
         return opened
+
+
+def _bound(subject: str, reply: str) -> str:
+    """What a message's MAC covers: its subject and, for a request, its reply subject (NATS subjects hold no
+    spaces, so the pair is unambiguous)."""
+    return f"{subject} {reply}" if reply else subject
+
+
+def _expire(future: asyncio.Future[NatsMessage]) -> None:
+    if not future.done():
+        future.set_exception(NatsTimeoutError())
+
+
+def _no_responders(msg: NatsMessage) -> bool:
+    """nats-server's status for a request nobody listens to, as nats-py or the lean connection shows it."""
+    raw = getattr(msg, "raw_headers", None)
+    if raw is not None:
+        return bool(raw.startswith(b"NATS/1.0 503"))
+    headers = getattr(msg, "headers", None)
+    return isinstance(headers, dict) and headers.get("Status") == "503"
