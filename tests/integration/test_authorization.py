@@ -281,6 +281,66 @@ async def test_publish_async_refusals_reach_our_client(secured: Secured) -> None
         assert "identity 'client2' may not Publish on 'async-guarded'" in info.value.message
 
 
+async def test_a_stream_cannot_be_created_to_read_or_feed_a_stream_one_may_not_read(secured: Secured) -> None:
+    """Per-stream rights hold on subjects too: a user who may create streams cannot aim one at another's
+    subject (to read it, or to have its publishes land there), whichever side holds the wildcard."""
+    await grant(secured, ("client1", "*", "*"))
+    async with Client(secured.addresses(), tls=secured.tls("client1")) as c1:
+        await c1.create_stream("acl.orders.eu", "acl-orders", exist_ok=True)
+        await c1.create_stream("acl.eu.*", "acl-europe", exist_ok=True)
+    # client2 may create any stream and publish to any subject, but read or publish to no stream of client1's.
+    may_create = [("client2", "*", "CreateStream"), ("client2", "*", "PublishToSubject")]
+    await grant(secured, *may_create)
+    try:
+        async with secured.channel("client2") as channel:
+            api = api_pb2_grpc.APIStub(channel)
+            for name, subject, exposed, theirs in (
+                ("spy1", "acl.orders.eu", "acl-orders", "acl.orders.eu"),  # the same subject
+                ("spy2", "acl.orders.*", "acl-orders", "acl.orders.eu"),  # orders.* over orders.eu
+                ("spy3", "acl.>", "acl-orders", "acl.orders.eu"),  # a '>' tail
+                ("spy4", "acl.*.eu", "acl-orders", "acl.orders.eu"),  # a "*" token inside
+                ("spy5", "acl.eu.de", "acl-europe", "acl.eu.*"),  # the reverse: theirs holds the wildcard
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await api.CreateStream(api_pb2.CreateStreamRequest(name=name, subject=subject))
+                assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert info.value.details().startswith(
+                    f"permission denied: identity 'client2' may not Subscribe on {exposed!r}, and subject "
+                    f"{subject!r} overlaps its partition 0's subject {theirs!r}"
+                ), info.value.details()
+            # A second partition listens on <subject>.1: that counts too.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await api.CreateStream(api_pb2.CreateStreamRequest(name="spy6", subject="acl.eu", partitions=2))
+            assert "'acl.eu.1' overlaps its partition 0's subject 'acl.eu.*'" in info.value.details()
+            # What overlaps nothing of theirs is fine.
+            await api.CreateStream(api_pb2.CreateStreamRequest(name="own", subject="acl.mine.>"))
+            # PublishToSubject needs Publish on every stream the subject reaches.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await api.PublishToSubject(api_pb2.PublishToSubjectRequest(subject="acl.eu.fr", value=b"forged"))
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "may not Publish on 'acl-europe'" in info.value.details()
+        async with Client(secured.addresses(), tls=secured.tls("client1")) as c1:
+            assert (await c1.fetch_partition_metadata("acl-europe")).high_watermark == -1, "nothing landed there"
+            assert "spy1" not in (await c1.fetch_metadata()).streams
+    finally:
+        await grant(secured, *may_create, revoke=True)
+
+
+async def test_creating_a_stream_needs_the_right_on_its_subject_too(secured: Secured) -> None:
+    own = [("client2", "alice-*", "*")]
+    await grant(secured, *own)
+    try:
+        async with secured.channel("client2") as channel:
+            api = api_pb2_grpc.APIStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await api.CreateStream(api_pb2.CreateStreamRequest(name="alice-spy", subject="payments"))
+            denied(info.value, "client2", "payments", "CreateStream")
+            # Named as the rules allow, on a subject they allow: the usual name == subject works as it did.
+            await api.CreateStream(api_pb2.CreateStreamRequest(name="alice-orders", subject="alice-orders"))
+    finally:
+        await grant(secured, *own, revoke=True)
+
+
 #: Liftbridge's model and an example policy, as docs/security.md shows them.
 EXAMPLES = Path(__file__).parents[2] / "docs" / "examples" / "authz"
 
@@ -338,7 +398,8 @@ async def test_a_checked_subscription_gives_back_its_slot_when_cancelled(secured
     async with Client(secured.addresses(), tls=secured.tls("client1")) as c1:
         await c1.create_stream("slots", "slots", exist_ok=True)
         await c1.publish("slots", b"x")
-    address = secured.servers["a"].address
+        leader = (await c1.fetch_metadata("slots")).streams["slots"].partitions[0].leader
+    address = secured.servers[leader].address  # Subscribe is served by the partition's leader
     async with secured.channel("client1", address) as channel:
         api = api_pb2_grpc.APIStub(channel)
         # Twice the per-connection limit, one after another: each cancelled call frees its slot.

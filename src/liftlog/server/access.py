@@ -9,6 +9,16 @@ from the cluster metadata, which every server applies at the same Raft index
 identity, the resource and the action. PublishAsync checks each request and
 answers a refused one with ``PublishAsyncError.PERMISSION_DENIED``, as
 Liftbridge does, while the call goes on.
+
+Subjects are checked too, because a stream reads (and a publish reaches)
+whatever its subject matches, not only what its name suggests:
+
+- CreateStream needs the action on the stream's subject as well as on its
+  name, and the caller must be allowed to Subscribe to every existing stream
+  whose partition subjects overlap the new stream's (wildcards both ways):
+  else it would read that stream's messages, and what it publishes would land
+  there. The refusal names the stream it would expose.
+- PublishToSubject needs Publish on every stream its subject reaches.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from liftlog.api.errors import Reason
+from liftlog.metadata import StreamMeta, subjects_overlap
 from liftlog.rpc import Method, ServerContext, StatusCode
 from liftlog.security.authz import Authorizer, identity_of
 
@@ -96,6 +107,36 @@ class AccessControl:
         message = f"permission denied: {who} may not {action} on {resource!r}"
         _warn.warning("%s (from %s)", message, context.peer(), key=f"denied:{identity}:{action}")
         return RpcFailure(StatusCode.PERMISSION_DENIED, Reason.PERMISSION_DENIED, message)
+
+    def subject_refusal(
+        self,
+        context: ServerContext,
+        subjects: Iterable[str],
+        streams: Iterable[StreamMeta],
+        action: str,
+        why: str,
+    ) -> RpcFailure | None:
+        """None if the caller may do ``action`` on every stream with a partition subject that overlaps one of
+        ``subjects``; else the PERMISSION_DENIED naming the first that it may not (``why`` says what the call
+        would do to it)."""
+        if self.authorizer is None:
+            return None
+        subjects = tuple(subjects)
+        for stream in streams:
+            for part in stream.partitions.values():
+                mine = next((s for s in subjects if subjects_overlap(s, part.subject)), None)
+                if mine is None:
+                    continue
+                failure = self.refusal(context, stream.name, action)
+                if failure is not None:
+                    return RpcFailure(
+                        StatusCode.PERMISSION_DENIED,
+                        Reason.PERMISSION_DENIED,
+                        f"{failure.message}, and subject {mine!r} overlaps its partition {part.id}'s subject "
+                        f"{part.subject!r}: {why}",
+                    )
+                break
+        return None
 
     def guard(self, methods: Iterable[Method]) -> list[Method]:
         """``methods`` with a check before each handler (unchanged when authorization is off)."""

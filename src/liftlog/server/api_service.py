@@ -36,12 +36,13 @@ from liftlog.metadata import (
     PartitionMeta,
     StreamSettings,
     is_internal_stream,
+    partition_subject,
     validate_new_stream,
     validate_stream_subject,
 )
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.natswire import MaxPayloadError as LeanMaxPayloadError
-from liftlog.rpc import StatusCode
+from liftlog.rpc import ServerContext, StatusCode
 from liftlog.storage.encryption import EncryptionError
 
 from .access import AccessControl
@@ -158,6 +159,7 @@ class ApiService:
         try:
             # The controller checks again; checking here answers without a round trip to it.
             validate_new_stream(req.name, req.subject, max(req.partitions, 1), self._cluster.namespace)
+            self._check_subject_rights(context, req)
             settings = self._streams.check_settings(self._settings(req))
             await self._cluster.create_stream(
                 CreateStreamRequest(
@@ -171,7 +173,27 @@ class ApiService:
             )
         except MetadataError as exc:
             await abort_with(context, failure_from(exc))
+        except RpcFailure as failure:
+            await abort_with(context, failure)
         return api_pb2.CreateStreamResponse()
+
+    def _check_subject_rights(self, context: ServerContext, req: api_pb2.CreateStreamRequest) -> None:
+        """With authorization: CreateStream on the subject too, and Subscribe on every stream it overlaps."""
+        access = self.access
+        if access is None or not access.enabled:
+            return
+        failure = access.refusal(context, req.subject, "CreateStream")
+        if failure is None:
+            subjects = [partition_subject(req.subject, p) for p in range(max(req.partitions, 1))]
+            failure = access.subject_refusal(
+                context,
+                subjects,
+                self._streams.metadata.streams.values(),
+                "Subscribe",
+                "the new stream would record its messages, and what is published to the new one would land there",
+            )
+        if failure is not None:
+            raise failure
 
     @staticmethod
     async def _change(context: Any, change: Awaitable[Any]) -> None:
@@ -693,6 +715,16 @@ class ApiService:
                     Reason.INVALID_ARGUMENT,
                     f"cannot publish to wildcard subject {req.subject!r}",
                 )
+            if self.access is not None:
+                failure = self.access.subject_refusal(
+                    context,
+                    (req.subject,),
+                    self._streams.metadata.streams.values(),
+                    "Publish",
+                    "the message would be stored there",
+                )
+                if failure is not None:
+                    raise failure
             self.check_size(req)
             message = api_pb2.Message(key=req.key, value=req.value, headers=req.headers, offset=-1)
             future = None
