@@ -215,6 +215,8 @@ def test_a_wrong_key_fails_clearly_and_rotation_keeps_every_message_readable(
         old_a, old_b = tmp_path / "old-a.key", tmp_path / "old-b.key"
         old_a.write_text(LIFTBRIDGE_KEY)
         old_b.write_text(LIFTBRIDGE_KEY)  # a second slot for the next rotation
+        for old in (old_a, old_b):
+            old.chmod(0o600)  # a key others may read is refused
         proc.args = [
             "--set",
             f"encryption.key.file={current}",

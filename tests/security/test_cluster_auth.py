@@ -145,6 +145,39 @@ def test_any_truncation_is_refused(payload: bytes, cut: int) -> None:
         auth().open("ns.x", sealed[min(cut, len(sealed)) :], NOW, ReplayGuard())
 
 
+@pytest.mark.parametrize(
+    ("mode", "owner", "refused"),
+    [
+        (0o600, 1000, False),
+        (0o400, 1000, False),
+        (0o640, 0, False),  # root:liftlog 0640, as deploy/ installs it
+        (0o640, 1000, True),  # the group may read a key a user owns
+        (0o660, 0, True),  # the group may write it
+        (0o604, 0, True),  # others may read it
+        (0o644, 1000, True),
+    ],
+)
+def test_a_secret_others_may_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int, owner: int, refused: bool
+) -> None:
+    path = tmp_path / "cluster.key"
+    generate_key_file(path)
+    path.chmod(mode)
+    real_stat = Path.stat
+
+    def owned(self: Path, **kwargs: bool) -> os.stat_result:
+        st = real_stat(self, **kwargs)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, owner, *tuple(st)[5:]))
+
+    monkeypatch.setattr(Path, "stat", owned)
+    if refused:
+        with pytest.raises(KeyFileError, match=rf"may be read by .* \(mode {mode:04o}\).*`chmod 6[04]0 "):
+            load_key(path)
+        assert len(load_key(path, check_permissions=False)) == 64
+    else:
+        assert len(load_key(path)) == 64
+
+
 def test_key_files(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "cluster.key"
     assert generate_key_file(path)
@@ -157,6 +190,7 @@ def test_key_files(tmp_path: Path) -> None:
         load_key(tmp_path / "missing.key")
     short = tmp_path / "short.key"
     short.write_text("tooshort\n")
+    short.chmod(0o600)
     with pytest.raises(KeyFileError, match=f"at least {MIN_KEY_BYTES}"):
         load_key(short)
     with pytest.raises(KeyFileError, match="cannot read"):

@@ -56,10 +56,21 @@ def test_keys_come_from_the_environment_or_a_file_not_both(tmp_path: Path) -> No
         load_master_keys(str(path), [], env={ENV_VAR: "k" * 16})
     old = tmp_path / "old.key"
     old.write_text("o" * 32)
+    old.chmod(0o600)
     current, previous = load_master_keys(str(path), [str(old)], env={})
     assert current is not None and [k.id for k in previous] == [MasterKey(b"o" * 32).id]
     with pytest.raises(MasterKeyError, match=r"missing\.key does not exist"):
         load_master_keys(str(path), [str(tmp_path / "missing.key")], env={})
+
+
+def test_a_key_file_others_may_read_is_refused_unless_told_not_to_check(tmp_path: Path) -> None:
+    path = tmp_path / "master.key"
+    generate_master_key_file(path)
+    path.chmod(0o644)
+    with pytest.raises(MasterKeyError, match=rf"master key file {path} may be read by others \(mode 0644\).*chmod"):
+        load_master_keys(str(path), [], env={})
+    current, _ = load_master_keys(str(path), [], env={}, check_permissions=False)
+    assert current is not None
 
 
 def test_a_generated_key_file_is_private_random_and_never_overwritten(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 import struct
 from pathlib import Path
 from typing import NoReturn
@@ -45,6 +46,7 @@ __all__ = [
     "ReplayGuard",
     "generate_key_file",
     "load_key",
+    "private_file_problem",
 ]
 
 MAGIC = b"LLA1"
@@ -182,8 +184,32 @@ class ClusterAuth:
         raise AuthError("early", "the message is stamped before this server started")
 
 
-def load_key(path: Path) -> bytes:
-    """The secret in ``path``: its bytes without surrounding whitespace; KeyFileError if unusable."""
+def private_file_problem(path: Path) -> str | None:
+    """Why ``path`` is too open to hold a secret, or None. As PostgreSQL rules for its TLS key: no access for
+    others, and none for the group either unless root owns the file and the group may only read it
+    (``root:liftlog 0640``, where a service's group reads a key an administrator owns)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None  # the read that follows reports it
+    mode = stat.S_IMODE(st.st_mode)
+    too_open = mode & 0o007 or (mode & 0o070 and (st.st_uid != 0 or mode & 0o030))
+    if not too_open:
+        return None
+    fix = "chmod 600" if st.st_uid != 0 else "chmod 640"
+    return (
+        f"{path} may be read by {'others' if mode & 0o007 else 'its group'} (mode {mode:04o}): a secret must "
+        f"be readable by its owner only (or, owned by root, by its group): run `{fix} {path}`, "
+        "or set security.key.permissions.check: false"
+    )
+
+
+def load_key(path: Path, *, check_permissions: bool = True) -> bytes:
+    """The secret in ``path``: its bytes without surrounding whitespace; KeyFileError if unusable (or, with
+    ``check_permissions``, readable by others: ``private_file_problem``)."""
+    problem = private_file_problem(path) if check_permissions else None
+    if problem is not None:
+        raise KeyFileError(f"cluster secret file {problem}")
     try:
         key = path.read_bytes().strip()
     except FileNotFoundError:

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from liftlog.security.cluster_auth import write_new_private_file
+from liftlog.security.cluster_auth import private_file_problem, write_new_private_file
 from liftlog.storage.encryption import MasterKey
 
 __all__ = ["ENV_VAR", "MasterKeyError", "generate_master_key_file", "load_master_keys", "parse_master_key"]
@@ -47,7 +47,10 @@ def parse_master_key(text: str, source: str) -> MasterKey:
     return MasterKey(raw)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, check_permissions: bool) -> str:
+    problem = private_file_problem(path) if check_permissions else None
+    if problem is not None:
+        raise MasterKeyError(f"encryption master key file {problem}")
     try:
         return path.read_text()
     except FileNotFoundError:
@@ -58,7 +61,11 @@ def _read(path: Path) -> str:
 
 
 def load_master_keys(
-    key_file: str, previous_files: Sequence[str], env: Mapping[str, str] | None = None
+    key_file: str,
+    previous_files: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    check_permissions: bool = True,
 ) -> tuple[MasterKey | None, list[MasterKey]]:
     """(the key new batches are encrypted with, keys that only decrypt) from the configuration.
 
@@ -70,10 +77,10 @@ def load_master_keys(
         raise MasterKeyError(f"give the encryption master key in {ENV_VAR} or in encryption.key.file, not both")
     current: MasterKey | None = None
     if key_file:
-        current = parse_master_key(_read(Path(key_file)), f"file {key_file}")
+        current = parse_master_key(_read(Path(key_file), check_permissions), f"file {key_file}")
     elif from_env:
         current = parse_master_key(from_env, ENV_VAR)
-    previous = [parse_master_key(_read(Path(p)), f"file {p}") for p in previous_files if p]
+    previous = [parse_master_key(_read(Path(p), check_permissions), f"file {p}") for p in previous_files if p]
     return current, previous
 
 

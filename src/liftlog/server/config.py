@@ -282,6 +282,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("nats.acks.token", _str, "", "NATS token for the acks connection (see nats.acks.user)"),
     _s("nats.acks.nkey.seed", _str, "", "file holding the acks connection's nkey seed (see nats.acks.user)"),
     _s("nats.acks.credentials", _str, "", "NATS credentials file for the acks connection (see nats.acks.user)"),
+    _s(
+        "security.key.permissions.check",
+        _bool,
+        True,
+        "refuse a cluster secret or master key file that others (or, unless root owns it, its group) may read",
+    ),
     _s("nats.tls.cert", _str, "", "client certificate for NATS"),
     _s("nats.tls.key", _str, "", "client key for NATS"),
     _s("nats.tls.ca", _str, "", "CA for the NATS servers"),

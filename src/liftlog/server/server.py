@@ -322,7 +322,7 @@ class Server:
                     log.warning(
                         "wrote a new cluster secret to %s; servers that join this cluster need a copy of it", path
                     )
-                key = load_key(path)
+                key = load_key(path, check_permissions=self.config.values["security.key.permissions.check"])
             except (KeyFileError, OSError) as exc:
                 raise ServerStartError(f"clustering.auth.key.file: {exc}") from exc
         else:
@@ -352,7 +352,11 @@ class Server:
     def _master_keys(self) -> tuple[MasterKey | None, list[MasterKey]]:
         values = self.config.values
         try:
-            return load_master_keys(values["encryption.key.file"], values["encryption.previous.key.files"])
+            return load_master_keys(
+                values["encryption.key.file"],
+                values["encryption.previous.key.files"],
+                check_permissions=values["security.key.permissions.check"],
+            )
         except MasterKeyError as exc:
             raise ServerStartError(str(exc)) from exc
 
