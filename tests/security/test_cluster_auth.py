@@ -158,9 +158,9 @@ def test_any_truncation_is_refused(payload: bytes, cut: int) -> None:
     ],
 )
 def test_a_secret_others_may_read_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int, owner: int, refused: bool
+    open_folder: Path, monkeypatch: pytest.MonkeyPatch, mode: int, owner: int, refused: bool
 ) -> None:
-    path = tmp_path / "cluster.key"
+    path = open_folder / "cluster.key"
     generate_key_file(path)
     path.chmod(mode)
     real_stat = Path.stat
@@ -176,6 +176,19 @@ def test_a_secret_others_may_read_is_refused(
         assert len(load_key(path, check_permissions=False)) == 64
     else:
         assert len(load_key(path)) == 64
+
+
+def test_a_secret_in_a_folder_nobody_else_may_enter_is_private(tmp_path: Path, open_folder: Path) -> None:
+    closed = open_folder / "closed"
+    closed.mkdir(mode=0o700)
+    for folder in (closed, tmp_path):  # tmp_path: pytest's own folder is 0700 too
+        path = folder / "cluster.key"
+        generate_key_file(path)
+        path.chmod(0o644)
+        assert len(load_key(path)) == 64
+    closed.chmod(0o711)  # others may pass through (and read a file whose name they know)
+    with pytest.raises(KeyFileError, match="may be read by others"):
+        load_key(closed / "cluster.key")
 
 
 def test_key_files(tmp_path: Path) -> None:

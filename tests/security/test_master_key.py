@@ -63,8 +63,8 @@ def test_keys_come_from_the_environment_or_a_file_not_both(tmp_path: Path) -> No
         load_master_keys(str(path), [str(tmp_path / "missing.key")], env={})
 
 
-def test_a_key_file_others_may_read_is_refused_unless_told_not_to_check(tmp_path: Path) -> None:
-    path = tmp_path / "master.key"
+def test_a_key_file_others_may_read_is_refused_unless_told_not_to_check(open_folder: Path) -> None:
+    path = open_folder / "master.key"
     generate_master_key_file(path)
     path.chmod(0o644)
     with pytest.raises(MasterKeyError, match=rf"master key file {path} may be read by others \(mode 0644\).*chmod"):

@@ -187,14 +187,16 @@ class ClusterAuth:
 def private_file_problem(path: Path) -> str | None:
     """Why ``path`` is too open to hold a secret, or None. As PostgreSQL rules for its TLS key: no access for
     others, and none for the group either unless root owns the file and the group may only read it
-    (``root:liftlog 0640``, where a service's group reads a key an administrator owns)."""
+    (``root:liftlog 0640``, where a service's group reads a key an administrator owns). A file inside a
+    folder nobody else may enter (``mkdtemp``'s 0700, owned by the same user or root) is private whatever its
+    own mode says."""
     try:
         st = path.stat()
     except OSError:
         return None  # the read that follows reports it
     mode = stat.S_IMODE(st.st_mode)
     too_open = mode & 0o007 or (mode & 0o070 and (st.st_uid != 0 or mode & 0o030))
-    if not too_open:
+    if not too_open or _in_closed_folder(path, st.st_uid):
         return None
     fix = "chmod 600" if st.st_uid != 0 else "chmod 640"
     return (
@@ -202,6 +204,17 @@ def private_file_problem(path: Path) -> str | None:
         f"be readable by its owner only (or, owned by root, by its group): run `{fix} {path}`, "
         "or set security.key.permissions.check: false"
     )
+
+
+def _in_closed_folder(path: Path, owner: int) -> bool:
+    for folder in path.resolve().parents:
+        try:
+            st = folder.stat()
+        except OSError:
+            return False
+        if not stat.S_IMODE(st.st_mode) & 0o011 and st.st_uid in (owner, 0):
+            return True
+    return False
 
 
 def load_key(path: Path, *, check_permissions: bool = True) -> bytes:
