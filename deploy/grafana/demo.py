@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import render
 
 from liftlog.client import AckPolicy, Client, StartPosition
+from liftlog.security.cluster_auth import generate_key_file
 from liftlog.server.embedded_nats import find_nats_server_binary
 
 IDS = ("a", "b", "c")
@@ -61,6 +62,8 @@ class Demo:
         self.api = {sid: free_port() for sid in IDS}
         self.metrics = {sid: free_port() for sid in IDS}
         self.prom_port = free_port()
+        self.key = self.root / "cluster.key"  # the servers' shared secret
+        generate_key_file(self.key)
 
     def spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115
@@ -74,6 +77,7 @@ class Demo:
                 "--id", sid, "--data-dir", str(self.root / sid), "--port", str(self.api[sid]),
                 "--nats-servers", f"nats://127.0.0.1:{self.nats_port}", "--raft-bootstrap-peers", ",".join(IDS),
                 "--namespace", "demo",
+                "--set", f"clustering.auth.key.file={self.key}",
                 "--set", f"metrics.listen=127.0.0.1:{self.metrics[sid]}",
                 "--set", "clustering.replica.max.lag.time=5s",
                 "--set", "streams.fsync.policy=always",

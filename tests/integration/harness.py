@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +19,27 @@ import grpc
 import nats
 
 from liftlog.api import api_pb2, api_pb2_grpc
+from liftlog.security.cluster_auth import generate_key_file
 from liftlog.server.embedded_nats import find_nats_server_binary
 
 T = TypeVar("T")
+
+_test_key: Path | None = None
+
+
+def shared_cluster_key() -> Path:
+    """One cluster secret for every test server that is given none: servers refuse to join a cluster without
+    one, and test clusters are formed in many places. Tests of the default itself opt out."""
+    global _test_key
+    if _test_key is None:
+        _test_key = Path(tempfile.mkdtemp(prefix="liftlog-test-key-")) / "cluster.key"
+        generate_key_file(_test_key)
+    return _test_key
+
+
+def sets_cluster_auth(args: object, env: object = ()) -> bool:
+    """Whether a server's flags (or environment) already say how it authenticates to its cluster."""
+    return any("clustering.auth" in str(a) or "CLUSTERING_AUTH" in str(a) for a in [*args, *env])  # type: ignore[misc]
 
 
 def eventually(check: Callable[[], T | None], timeout: float = 20.0, what: str = "condition") -> T:
@@ -117,13 +136,17 @@ class LiftlogProcess:
         server_id: str | None = "s1",
         bootstrap: str | None = "seed",
         env: dict[str, str] | None = None,
+        test_key: bool = True,
     ) -> None:
-        """``bootstrap``: "seed" founds a cluster of one when on external NATS; None joins; else peer ids."""
+        """``bootstrap``: "seed" founds a cluster of one when on external NATS; None joins; else peer ids.
+        ``test_key``: the tests' shared cluster secret, unless the flags or ``env`` name one (or insecure)."""
         self.data_dir = data_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.server_id = server_id
         self.args = list(args)
+        if test_key and not sets_cluster_auth(args, env or {}):
+            self.args += ["--set", f"clustering.auth.key.file={shared_cluster_key()}"]
         self.nats_url = nats_url
         self.bootstrap = bootstrap
         #: Added to the environment after every inherited LIFTLOG_* variable is removed.

@@ -148,13 +148,17 @@ def test_port_in_use_is_one_clear_line(data_dir: Path, nats_server: NatsProcess)
     try:
         other = data_dir.parent / "other"
         result = run_cli(
-            "server", "--data-dir", str(other), "--port", str(first.port), "--nats-servers", nats_server.url
-        )
+            "server", "--data-dir", str(other), "--port", str(first.port), "--nats-servers", nats_server.url,
+            "--raft-bootstrap-seed",
+        )  # fmt: skip
         assert result.returncode != 0
         assert "Traceback" not in result.stderr
         assert f"cannot listen on 127.0.0.1:{first.port}" in result.stderr
 
-        same_dir = run_cli("server", "--data-dir", str(data_dir), "--port", "0", "--nats-servers", nats_server.url)
+        same_dir = run_cli(
+            "server", "--data-dir", str(data_dir), "--port", "0", "--nats-servers", nats_server.url,
+            "--raft-bootstrap-seed",
+        )  # fmt: skip
         assert same_dir.returncode != 0 and "in use by another liftlog server" in same_dir.stderr
     finally:
         first.kill()
@@ -171,7 +175,9 @@ def test_bootstrap_peers_without_this_server_is_one_clear_line(data_dir: Path, n
 
 def test_unreachable_nats_is_one_clear_line(data_dir: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
-    result = run_cli("server", "--data-dir", str(data_dir), "--port", "0", "--nats-servers", url)
+    result = run_cli(
+        "server", "--data-dir", str(data_dir), "--port", "0", "--nats-servers", url, "--raft-bootstrap-seed"
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert f"cannot connect to NATS at {url}" in result.stderr
 

@@ -16,7 +16,7 @@ from liftlog.server.config import load_config
 from liftlog.server.server import Server
 from liftlog.storage import FileIO
 from liftlog.storage.faults import FaultyFileIO
-from tests.integration.harness import NatsProcess
+from tests.integration.harness import NatsProcess, sets_cluster_auth, shared_cluster_key
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,10 @@ def in_process_server(
     file_io: FileIO | None = None,
     **settings: Any,
 ) -> Server:
-    """A real server for this process's event loop (not started), on ``nats_url`` in its own namespace."""
+    """A real server for this process's event loop (not started), on ``nats_url`` in its own namespace; with
+    the tests' shared cluster secret unless ``settings`` say otherwise."""
+    if not sets_cluster_auth(settings):
+        settings["clustering.auth.key.file"] = str(shared_cluster_key())
     values = {
         "data.dir": str(data_dir),
         "port": 0,

@@ -223,7 +223,9 @@ async def test_replayed_and_altered_messages_are_dropped(cluster: Cluster, attac
 async def test_a_server_without_the_secret_cannot_join(cluster: Cluster, nats_url: str, tmp_path: Path) -> None:
     from tests.server.conftest import in_process_server
 
-    outsider = in_process_server(tmp_path / "d", nats_url, cluster.namespace, "d", seed=False)
+    outsider = in_process_server(
+        tmp_path / "d", nats_url, cluster.namespace, "d", seed=False, **{"clustering.auth.insecure": True}
+    )
     try:
         await asyncio.wait_for(outsider.start(), 30)  # a joining server serves while it asks to join
         await asyncio.sleep(3)

@@ -251,7 +251,8 @@ async def spawned_cluster(
             command = [sys.executable, "-m", "liftlog.cli.main", "server", "--id", sid, "--host", "127.0.0.1"]
             command += ["--port", str(port), "--data-dir", str(root / sid), "--nats-servers", cluster.nats_url]
             command += ["--namespace", namespace, "--raft-bootstrap-peers", ",".join(ids), "--log-level", "warn"]
-            # Before the overrides: --server-set clustering.auth.key.file= measures without it.
+            # Before the overrides: --server-set clustering.auth.key.file= --server-set clustering.auth.insecure=true
+            # measures without it.
             command += ["--set", f"clustering.auth.key.file={key_file}"]
             for setting in overrides:
                 command += ["--set", setting]

@@ -461,6 +461,14 @@ SETTINGS: tuple[Setting, ...] = (
         "create clustering.auth.key.file with a new random secret if it does not exist (make run sets it)",
     ),
     _s(
+        "clustering.auth.insecure",
+        _bool,
+        False,
+        "run without a cluster secret: anyone who can publish on this NATS can then act as a server of the "
+        "cluster (without it, a server with no clustering.auth.key.file uses <data.dir>/cluster.key, made if it "
+        "founds a cluster alone, and refuses to start otherwise)",
+    ),
+    _s(
         "clustering.auth.max.age",
         parse_duration_ms,
         30_000,
@@ -618,6 +626,7 @@ class ClusteringConfig:
     auth_key: str = field(repr=False)
     auth_key_generate: bool
     auth_max_age: int
+    auth_insecure: bool = False
 
 
 @dataclass(frozen=True)
@@ -801,6 +810,10 @@ def load_config(
         )
     if values["clustering.auth.key"] and len(values["clustering.auth.key"].strip()) < 16:
         raise ConfigError("clustering.auth.key", "the cluster secret needs at least 16 characters")
+    if values["clustering.auth.insecure"] and (values["clustering.auth.key"] or values["clustering.auth.key.file"]):
+        raise ConfigError(
+            "clustering.auth.insecure", "a cluster secret is configured too: drop one (the secret, preferably)"
+        )
     if values["clustering.auth.key.generate"] and not values["clustering.auth.key.file"]:
         raise ConfigError("clustering.auth.key.generate", "needs clustering.auth.key.file: where to write the secret")
     if values["clustering.auth.max.age"] <= 0:

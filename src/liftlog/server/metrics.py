@@ -187,6 +187,11 @@ class ServerCollector(Collector):
         ready = GaugeMetricFamily("liftlog_ready", "1 when /readyz answers 200 (metadata caught up, NATS, partitions)")
         ready.add_metric([], 1 if server.readiness().ok else 0)
         yield ready
+        yield _gauge(
+            "liftlog_cluster_auth_insecure",
+            "1 when this server signs nothing (clustering.auth.insecure): anyone on its NATS can act as a server",
+            0 if server.signs_internal_messages else 1,
+        )
 
     def _partitions(self, server: Server) -> Iterator[Metric]:
         streams = server.streams

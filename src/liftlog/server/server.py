@@ -92,6 +92,8 @@ _warn = LogLimiter(log)
 
 #: How long a Publish waits for its ack when the request has no deadline.
 DEFAULT_ACK_TIMEOUT_S = 5.0
+#: The cluster secret of a server configured with none, in its data.dir (``make run`` uses the same file).
+DEFAULT_KEY_FILE = "cluster.key"
 GRPC_MAX_MESSAGE_BYTES = 64 << 20
 
 
@@ -325,13 +327,45 @@ class Server:
                 key = load_key(path, check_permissions=self.config.values["security.key.permissions.check"])
             except (KeyFileError, OSError) as exc:
                 raise ServerStartError(f"clustering.auth.key.file: {exc}") from exc
-        else:
+        elif c.auth_insecure:
             log.warning(
-                "no cluster secret (clustering.auth.key.file): anyone who can publish on this NATS can act as a "
+                "clustering.auth.insecure: NO CLUSTER SECRET. Anyone who can publish on this NATS can act as a "
                 "server of this cluster, change its metadata and its data; see docs/security.md"
             )
             return None
+        else:
+            key = self._default_key()
         return ClusterAuth(key, boot=secrets.token_bytes(8), started=time.time_ns(), max_age=c.auth_max_age * 1_000_000)
+
+    def _default_key(self) -> bytes:
+        """The secret of a server configured with none: ``<data.dir>/cluster.key``, written when this server
+        founds a cluster alone; a server that joins, or founds one with others, must be given the cluster's."""
+        path = self.config.data_dir / DEFAULT_KEY_FILE
+        peers = self._bootstrap_peers()
+        if not path.exists():
+            if peers != (self.server_id,):
+                what = (
+                    f"founds a cluster of {len(peers)} servers (clustering.raft.bootstrap.peers)"
+                    if peers
+                    else "joins a cluster (no clustering.raft.bootstrap.seed or .peers)"
+                )
+                raise ServerStartError(
+                    f"no cluster secret: this server {what}, and the servers of a cluster share a secret that signs "
+                    "their messages. Set clustering.auth.key.file to a copy of the cluster's (a lone server that "
+                    f"founded it keeps it as {DEFAULT_KEY_FILE} in its data.dir; `liftlog keygen FILE` makes a new "
+                    "one, clustering.auth.key.generate writes it if missing), or clustering.auth.insecure: true to "
+                    "run without one. See docs/security.md"
+                )
+            generate_key_file(path)
+            log.warning(
+                "wrote a new cluster secret to %s: servers that join this cluster need a copy of it "
+                "(clustering.auth.key.file)",
+                path,
+            )
+        try:
+            return load_key(path, check_permissions=self.config.values["security.key.permissions.check"])
+        except KeyFileError as exc:
+            raise ServerStartError(f"the cluster secret in data.dir: {exc}") from exc
 
     def _batch_cipher(self) -> BatchCipher:
         """The cipher of encrypted streams, with the configured master keys (maybe none)."""
@@ -359,6 +393,11 @@ class Server:
             )
         except MasterKeyError as exc:
             raise ServerStartError(str(exc)) from exc
+
+    @property
+    def signs_internal_messages(self) -> bool:
+        """Whether this server signs and checks its server-to-server messages (a cluster secret)."""
+        return self._auth_state()[0]
 
     def _auth_state(self) -> tuple[bool, dict[str, int]]:
         """Whether server-to-server messages are signed here, and the internal messages dropped by reason."""
