@@ -897,7 +897,8 @@ class MetadataService:
                 if attempts % 10 == 0:
                     log.info(
                         "waiting for a metadata leader to join (start one server with --raft-bootstrap-seed; "
-                        "a cluster with a secret answers only servers with the same clustering.auth.key.file)"
+                        "a cluster answers only servers with its secret: clustering.auth.key.file must name a copy "
+                        "of it, which a server that founded the cluster alone keeps as cluster.key in its data.dir)"
                     )
             attempts += 1
             await asyncio.sleep(1.0)
