@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,22 @@ def test_an_empty_payload_is_sealed_too() -> None:
 )
 def test_unsigned_messages_are_refused(data: bytes, expected: str) -> None:
     assert reason(auth(), "ns.x", data) == expected
+
+
+def test_a_request_is_bound_to_its_reply_subject_and_v1_trailers_still_open() -> None:
+    sender, receiver = auth(), auth()
+    sealed = sender.seal("ns.x", b"ask", NOW, reply="_INBOX.liftlog.r1.0")
+    assert sealed.endswith(b"LLA2")
+    assert receiver.open("ns.x", sealed, NOW, ReplayGuard(), reply="_INBOX.liftlog.r1.0") == b"ask"
+    assert reason(receiver, "ns.x", sealed) == "forged"  # sent on with no reply, or another one
+    with pytest.raises(AuthError, match="does not match"):
+        receiver.open("ns.x", sealed, NOW, ReplayGuard(), reply="_INBOX.evil.1")
+    # Relabelled as v1 (whose tags do not cover the reply), it still does not pass: the tag covers other bytes.
+    assert reason(receiver, "ns.x", sealed[:-4] + b"LLA1") == "forged"
+    # What a server of the previous release sends (v1: subject only) still opens, during a rolling upgrade.
+    fields = struct.pack(">8sQq", b"oldboot!", 1, NOW)
+    legacy = b"ask" + fields + sender._tag(fields, "ns.x", b"ask") + b"LLA1"
+    assert receiver.open("ns.x", legacy, NOW, ReplayGuard(), reply="_INBOX.old.1") == b"ask"
 
 
 def test_junk_outside_the_time_window_costs_no_mac(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,7 +133,7 @@ async def test_a_request_sent_on_with_another_reply_subject_is_dropped(nc: nats.
 
     await server.subscribe("ns.x.propose", cb=handler)
     await nats_settled(nc)
-    sealed = signer(second).auth.seal("ns.x.propose _INBOX.liftlog.rA.1", b"ping", time.time_ns())
+    sealed = signer(second).auth.seal("ns.x.propose", b"ping", time.time_ns(), reply="_INBOX.liftlog.rA.1")
     await second.publish("ns.x.propose", sealed, reply="_INBOX.evil.1")  # the reply the MAC covers, swapped
     await second.publish("ns.x.propose", sealed, reply="_INBOX.liftlog.rA.1")
     await second.flush()

@@ -4,7 +4,7 @@ Anyone who can publish on the cluster's NATS can otherwise speak as a server:
 forge Raft messages, proposals, joins, replication fetches, acks. With a
 cluster secret configured, every internal message carries a trailer:
 
-    payload | sender boot id (8) | sequence (8, BE) | timestamp ns (8, BE) | tag (16) | b"LLA1"
+    payload | sender boot id (8) | sequence (8, BE) | timestamp ns (8, BE) | tag (16) | b"LLA2"
 
 ``tag`` is HMAC-SHA256 (truncated to 128 bits) over the three fields, the
 subject the message was published on and the payload, so a message is bound
@@ -49,7 +49,11 @@ __all__ = [
     "private_file_problem",
 ]
 
-MAGIC = b"LLA1"
+#: The trailer's version: v2 tags cover a request's reply subject too; v1 (servers before that) do not, and
+#: are still accepted so that a rolling upgrade keeps working. A v2 tag cannot pass as v1 (it covers other
+#: bytes), so only requests from servers not yet upgraded can have their reply subject swapped.
+MAGIC = b"LLA2"
+MAGIC_V1 = b"LLA1"
 _FIELDS = struct.Struct(">8sQq")
 TAG_SIZE = 16
 TRAILER_SIZE = _FIELDS.size + TAG_SIZE + len(MAGIC)
@@ -147,20 +151,24 @@ class ClusterAuth:
         mac.update(payload)
         return mac.digest()[:TAG_SIZE]
 
-    def seal(self, subject: str, payload: bytes, now: int) -> bytes:
-        """``payload`` with its trailer, for publishing on ``subject`` at time ``now`` (ns)."""
+    def seal(self, subject: str, payload: bytes, now: int, reply: str = "") -> bytes:
+        """``payload`` with its trailer, for publishing on ``subject`` (asking for replies on ``reply``) at
+        time ``now`` (ns)."""
         self._seq += 1
         fields = _FIELDS.pack(self._boot, self._seq, now)
-        return b"".join((payload, fields, self._tag(fields, subject, payload), MAGIC))
+        return b"".join((payload, fields, self._tag(fields, _bound(subject, reply), payload), MAGIC))
 
-    def open(self, subject: str, data: bytes, now: int, guard: ReplayGuard) -> bytes:
-        """The payload of ``data`` received on ``subject`` at ``now``; AuthError if it is not an authentic,
-        fresh message from a holder of the secret that ``guard`` has not seen."""
+    def open(self, subject: str, data: bytes, now: int, guard: ReplayGuard, reply: str = "") -> bytes:
+        """The payload of ``data`` received on ``subject`` (with reply subject ``reply``) at ``now``; AuthError
+        if it is not an authentic, fresh message from a holder of the secret that ``guard`` has not seen."""
         size = len(data)
-        if size < TRAILER_SIZE or data[size - len(MAGIC) :] != MAGIC:
+        magic = data[size - len(MAGIC) :]
+        if size < TRAILER_SIZE or magic not in (MAGIC, MAGIC_V1):
             raise AuthError(
                 "unsigned", "the message carries no cluster signature (a server without the secret, or a forgery)"
             )
+        if magic == MAGIC:
+            subject = _bound(subject, reply)
         at = size - TRAILER_SIZE
         view = memoryview(data)
         fields = view[at : at + _FIELDS.size]
@@ -256,3 +264,9 @@ def write_new_private_file(path: Path, text: str) -> bool:
         out.flush()
         os.fsync(out.fileno())
     return True
+
+
+def _bound(subject: str, reply: str) -> str:
+    """What a v2 tag covers: the subject and, for a request, its reply subject (NATS subjects hold no spaces,
+    so the pair is unambiguous)."""
+    return f"{subject} {reply}" if reply else subject

@@ -104,7 +104,7 @@ class AuthenticatedNats:
         self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
     ) -> None:
         if self._is_internal(subject):
-            payload = self.auth.seal(_bound(subject, reply), payload, self.clock())
+            payload = self.auth.seal(subject, payload, self.clock(), reply)
         await self.inner.publish(subject, payload, reply=reply, headers=headers)
 
     async def subscribe(self, subject: str, queue: str = "", cb: MessageHandler | None = None) -> NatsSubscription:
@@ -116,7 +116,7 @@ class AuthenticatedNats:
         handler = cb
 
         async def opened(msg: NatsMessage) -> None:
-            data = self._open(_bound(msg.subject, msg.reply), msg.data, guard)
+            data = self._open(msg.subject, msg.data, guard, msg.reply)
             if data is not None:
                 await handler(_Opened(self, msg.subject, msg.reply, data))
 
@@ -137,7 +137,7 @@ class AuthenticatedNats:
         # A timer on the future, not asyncio.timeout(): followers send a request per fetch round.
         timer = loop.call_later(timeout, _expire, future)
         try:
-            sealed = self.auth.seal(_bound(subject, reply), payload, self.clock())
+            sealed = self.auth.seal(subject, payload, self.clock(), reply)
             await self.inner.publish(subject, sealed, reply=reply)
             return await future
         finally:
@@ -155,10 +155,10 @@ class AuthenticatedNats:
         if data is not None:  # else dropped (and counted): the request waits on for an authentic reply
             future.set_result(_Opened(self, msg.subject, msg.reply, data))
 
-    def _open(self, subject: str, data: bytes, guard: ReplayGuard) -> bytes | None:
+    def _open(self, subject: str, data: bytes, guard: ReplayGuard, reply: str = "") -> bytes | None:
         now = self.clock()
         try:
-            opened = self.auth.open(subject, data, now, guard)
+            opened = self.auth.open(subject, data, now, guard, reply)
         except AuthError as exc:
             self.dropped[exc.reason] += 1
             _warn.warning(
@@ -175,12 +175,6 @@ class AuthenticatedNats:
             guard.forget_before(now - self.auth.max_age)
             self._replies.forget_before(now - self.auth.max_age)
         return opened
-
-
-def _bound(subject: str, reply: str) -> str:
-    """What a message's MAC covers: its subject and, for a request, its reply subject (NATS subjects hold no
-    spaces, so the pair is unambiguous)."""
-    return f"{subject} {reply}" if reply else subject
 
 
 def _expire(future: asyncio.Future[NatsMessage]) -> None:
