@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import struct
 from pathlib import Path
@@ -206,6 +207,19 @@ def test_a_secret_in_a_folder_nobody_else_may_enter_is_private(tmp_path: Path, o
     closed.chmod(0o711)  # others may pass through (and read a file whose name they know)
     with pytest.raises(KeyFileError, match="may be read by others"):
         load_key(closed / "cluster.key")
+
+
+def test_a_guessable_secret_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.key"
+    path.write_text("password" * 4)
+    path.chmod(0o600)
+    with pytest.raises(KeyFileError, match="looks guessable: it repeats itself"):
+        load_key(path)
+    path.write_text("31415926535897932384")  # digits only
+    with pytest.raises(KeyFileError, match="draws on too few characters"):
+        load_key(path)
+    path.write_text(secrets.token_hex(32))  # what `liftlog keygen` writes
+    assert len(load_key(path)) == 64
 
 
 def test_key_files(tmp_path: Path) -> None:

@@ -20,7 +20,17 @@ from liftlog.storage.encryption import MasterKey
 
 def test_liftbridge_style_text_keys_are_their_bytes() -> None:
     assert parse_master_key("t7w!z%C*F-JaNcRf", "env").id == MasterKey(b"t7w!z%C*F-JaNcRf").id
-    assert parse_master_key("x" * 32 + "\n", "env").id == MasterKey(b"x" * 32).id
+    typed = "Vf3#nQ8!pZ1@rT6$wY2%kM7^bH4&cJ9*"
+    assert parse_master_key(typed + "\n", "env").id == MasterKey(typed.encode()).id
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("k" * 16, "repeats itself"), ("ab" * 16, "repeats itself"), ("1234567890123456", "draws on too few characters")],
+)
+def test_a_guessable_typed_key_is_refused(text: str, why: str) -> None:
+    with pytest.raises(MasterKeyError, match=f"in {ENV_VAR} looks guessable: it {why}"):
+        parse_master_key(text, ENV_VAR)
 
 
 def test_base64_and_hex_keys_are_decoded() -> None:
@@ -48,17 +58,18 @@ def test_a_bad_key_names_its_source_and_the_problem(text: str, problem: str) -> 
 
 def test_keys_come_from_the_environment_or_a_file_not_both(tmp_path: Path) -> None:
     assert load_master_keys("", [], env={}) == (None, [])
-    current, previous = load_master_keys("", [], env={ENV_VAR: "k" * 16})
-    assert current is not None and current.id == MasterKey(b"k" * 16).id and previous == []
+    typed = "Qz8!rT2#mW5$kY9&"
+    current, previous = load_master_keys("", [], env={ENV_VAR: typed})
+    assert current is not None and current.id == MasterKey(typed.encode()).id and previous == []
     path = tmp_path / "master.key"
     assert generate_master_key_file(path)
     with pytest.raises(MasterKeyError, match="not both"):
-        load_master_keys(str(path), [], env={ENV_VAR: "k" * 16})
+        load_master_keys(str(path), [], env={ENV_VAR: typed})
     old = tmp_path / "old.key"
-    old.write_text("o" * 32)
+    old.write_text("hex:" + "6f" * 32)
     old.chmod(0o600)
     current, previous = load_master_keys(str(path), [str(old)], env={})
-    assert current is not None and [k.id for k in previous] == [MasterKey(b"o" * 32).id]
+    assert current is not None and [k.id for k in previous] == [MasterKey(b"o" * 32).id]  # 0x6f is "o"
     with pytest.raises(MasterKeyError, match=r"missing\.key does not exist"):
         load_master_keys(str(path), [str(tmp_path / "missing.key")], env={})
 

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import secrets
 import stat
 import struct
+from collections import Counter
 from pathlib import Path
 from typing import NoReturn
 
@@ -47,6 +49,8 @@ __all__ = [
     "generate_key_file",
     "load_key",
     "private_file_problem",
+    "secret_entropy_bits",
+    "weak_secret_problem",
 ]
 
 #: The trailer's version: v2 tags cover a request's reply subject too; v1 (servers before that) do not, and
@@ -192,6 +196,54 @@ class ClusterAuth:
         raise AuthError("early", "the message is stamped before this server started")
 
 
+#: A typed secret must reach this many bits, counted from the kinds of characters it uses, and carry at least
+#: ``MIN_BITS_PER_CHAR`` bits per character among its own characters (see ``weak_secret_problem``).
+MIN_SECRET_BITS = 72
+MIN_BITS_PER_CHAR = 2.0
+_CLASSES = (
+    (frozenset(b"abcdefghijklmnopqrstuvwxyz"), 26),
+    (frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"), 26),
+    (frozenset(b"0123456789"), 10),
+)
+
+
+def secret_entropy_bits(secret: bytes) -> tuple[float, float]:
+    """Two cautious estimates for a secret someone typed: (the length of the unit it repeats, itself if none,
+    times log2 of the alphabet its kinds of characters come from; the Shannon entropy of its own characters
+    per character)."""
+    if not secret:
+        return 0.0, 0.0
+    present = set(secret)
+    alphabet = sum(size for chars, size in _CLASSES if present & chars)
+    if present - frozenset().union(*(chars for chars, _ in _CLASSES)):
+        alphabet += 33 if all(32 <= c < 127 for c in present) else 256 - 62  # punctuation, or raw bytes
+    n = len(secret)
+    per_char = max(0.0, -sum(c / n * math.log2(c / n) for c in Counter(secret).values()))
+    return _period(secret) * math.log2(alphabet), per_char
+
+
+def _period(secret: bytes) -> int:
+    """The length of the shortest unit ``secret`` repeats ("passwordpassword": 8), or its own length."""
+    n = len(secret)
+    for p in range(1, n // 2 + 1):
+        if n % p == 0 and secret[p:] == secret[:-p]:
+            return p
+    return n
+
+
+def weak_secret_problem(secret: bytes) -> str | None:
+    """Why ``secret`` is too guessable to protect anything, or None. It stops the obvious (digits only, a
+    repeated unit, one character over and over), not dictionary words: `liftlog keygen` makes keys."""
+    bits, per_char = secret_entropy_bits(secret)
+    if bits >= MIN_SECRET_BITS and per_char >= MIN_BITS_PER_CHAR:
+        return None
+    if _period(secret) < len(secret) or per_char < MIN_BITS_PER_CHAR:
+        why = f"repeats itself (about {min(bits, per_char * len(secret)):.0f} bits)"
+    else:
+        why = f"draws on too few characters (about {bits:.0f} bits; at least {MIN_SECRET_BITS})"
+    return f"looks guessable: it {why}; use random bytes, e.g. from `liftlog keygen FILE`"
+
+
 def private_file_problem(path: Path) -> str | None:
     """Why ``path`` is too open to hold a secret, or None. As PostgreSQL rules for its TLS key: no access for
     others, and none for the group either unless root owns the file and the group may only read it
@@ -242,6 +294,9 @@ def load_key(path: Path, *, check_permissions: bool = True) -> bytes:
             f"cluster secret file {path} holds {len(key)} bytes; it needs at least {MIN_KEY_BYTES} "
             "(e.g. `liftlog keygen FILE` writes 64 random hex digits)"
         )
+    weak = weak_secret_problem(key)
+    if weak is not None:
+        raise KeyFileError(f"the cluster secret in {path} {weak}")
     return key
 
 

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from liftlog.security.cluster_auth import private_file_problem, write_new_private_file
+from liftlog.security.cluster_auth import private_file_problem, weak_secret_problem, write_new_private_file
 from liftlog.storage.encryption import MasterKey
 
 __all__ = ["ENV_VAR", "MasterKeyError", "generate_master_key_file", "load_master_keys", "parse_master_key"]
@@ -44,6 +44,10 @@ def parse_master_key(text: str, source: str) -> MasterKey:
             f"the encryption master key in {source} is {len(raw)} bytes; it must be 16 or 32 bytes "
             "(AES-128 or AES-256), e.g. from `liftlog keygen --master-key FILE`"
         )
+    if not text.startswith(("base64:", "hex:")):  # typed text, used as its bytes: it must not be guessable
+        weak = weak_secret_problem(raw)
+        if weak is not None:
+            raise MasterKeyError(f"the encryption master key in {source} {weak}")
     return MasterKey(raw)
 
 

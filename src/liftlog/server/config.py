@@ -34,6 +34,7 @@ from liftlog.metadata.limits import (
     DEFAULT_MIN_SEGMENT_BYTES,
     StreamLimits,
 )
+from liftlog.security.cluster_auth import weak_secret_problem
 from liftlog.storage import FsyncPolicy, LogConfig
 from liftlog.units import parse_duration_ms, parse_size
 
@@ -810,6 +811,10 @@ def load_config(
         )
     if values["clustering.auth.key"] and len(values["clustering.auth.key"].strip()) < 16:
         raise ConfigError("clustering.auth.key", "the cluster secret needs at least 16 characters")
+    if values["clustering.auth.key"]:
+        weak = weak_secret_problem(values["clustering.auth.key"].strip().encode())
+        if weak is not None:
+            raise ConfigError("clustering.auth.key", f"the cluster secret {weak}")
     if values["clustering.auth.insecure"] and (values["clustering.auth.key"] or values["clustering.auth.key.file"]):
         raise ConfigError(
             "clustering.auth.insecure", "a cluster secret is configured too: drop one (the secret, preferably)"
