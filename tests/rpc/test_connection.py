@@ -1064,6 +1064,22 @@ def test_rapid_reset_flood_is_enhance_your_calm() -> None:
     assert raw.goaway == ErrorCode.ENHANCE_YOUR_CALM
 
 
+@pytest.mark.parametrize("provoke", ["window_update_0", "data_after_end"])
+def test_made_you_reset_flood_is_enhance_your_calm(provoke: str) -> None:
+    """CVE-2025-8671: streams the client makes the server reset cost the reset budget, as its own resets do."""
+    raw = Raw()
+
+    def made_reset(sid: int) -> bytes:
+        if provoke == "window_update_0":
+            return raw.headers(sid) + wire.frame(FrameType.WINDOW_UPDATE, 0, sid, b"\0\0\0\0")
+        return raw.headers(sid) + data(sid, b"", END_STREAM) + data(sid, b"x")
+
+    raw.send(b"".join(made_reset(sid) for sid in range(1, 1001, 2)))  # 500: the burst
+    assert raw.goaway is None and raw.conn.resets_sent == 500
+    raw.send(made_reset(1001))
+    assert raw.goaway == ErrorCode.ENHANCE_YOUR_CALM
+
+
 def test_resets_at_the_allowed_rate_are_fine() -> None:
     raw = Raw()
     for i, sid in enumerate(range(1, 4001, 2)):

@@ -225,6 +225,37 @@ async def test_rapid_reset_flood(server: RpcServer, service: FakeAPI) -> None:
     assert server.connections <= 1
 
 
+async def test_connections_past_the_cap_are_closed_on_arrival(service: FakeAPI) -> None:
+    async with serving(service, ServerOptions(limits=LIMITS, max_connections=3)) as server:
+        held = [await RawClient.connect(server) for _ in range(3)]
+        await until(lambda: server.connections == 3)
+        extra = await RawClient.connect(server)
+        assert await extra.closed(), "closed at once, not served"
+        assert server.refused_connections == 1 and server.connections == 3
+        held.pop().close()
+        await until(lambda: server.connections == 2)
+        await assert_serving(server)  # room again: a well-behaved client is served
+        for client in held:
+            client.close()
+
+
+async def test_made_you_reset_flood(server: RpcServer) -> None:
+    """Streams the server must reset (WINDOW_UPDATE 0 on each): policed like the client's own resets."""
+    client = await RawClient.connect(server)
+    burst = LIMITS.reset_rate[0]
+    client.send(
+        b"".join(
+            client.headers(sid) + wire.frame(FrameType.WINDOW_UPDATE, 0, sid, b"\0\0\0\0")
+            for sid in range(1, 2 * (burst + 100), 2)
+        )
+    )
+    assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+    assert await client.closed()
+    await assert_serving(server)
+    assert server.connections <= 1
+    assert server.resets_sent >= burst
+
+
 async def test_ping_flood(server: RpcServer) -> None:
     client = await RawClient.connect(server)
     client.send(wire.frame(FrameType.PING, 0, 0, b"\0" * 8) * (LIMITS.max_ping_strikes + 5))

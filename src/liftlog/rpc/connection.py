@@ -31,8 +31,9 @@ Rules both ends follow:
   for at most ``ping_ack_delay``).
 - Abuse is a connection error with GOAWAY ENHANCE_YOUR_CALM: more pings than
   ``max_ping_strikes`` less than ``ping_min_interval`` apart without data
-  from us in between; more SETTINGS, resets, PRIORITY, empty DATA or unknown
-  frames than their token buckets allow; a header block over
+  from us in between; more SETTINGS, resets (sent by the peer, or sent by us
+  for its errors: one bucket), PRIORITY, empty DATA or unknown frames than
+  their token buckets allow; a header block over
   ``max_header_block_bytes`` (CONTINUATION floods). Malformed frames are the
   errors RFC 9113 names (PROTOCOL_ERROR, FRAME_SIZE_ERROR,
   FLOW_CONTROL_ERROR, COMPRESSION_ERROR).
@@ -81,6 +82,8 @@ class ConnectionLimits:
     max_header_list_size: int = 16 << 10  # decoded request headers
     max_header_block_bytes: int = 64 << 10  # encoded, over HEADERS and CONTINUATION
     max_message_bytes: int = 64 << 20
+    #: Said after the numbers when a message is over ``max_message_bytes`` (what the limit comes from).
+    max_message_hint: str = ""
     max_buffered_bytes: int = 80 << 20  # received, not yet taken by the app, whole connection
     max_ping_strikes: int = 10
     ping_min_interval: float = 10.0  # seconds
@@ -225,6 +228,8 @@ class Connection:
         self._last_ping: float | None = None
         self._settings_bucket = _Bucket(*limits.settings_rate)
         self._reset_bucket = _Bucket(*limits.reset_rate)
+        #: Streams this end reset because of the peer's errors (for metrics).
+        self.resets_sent = 0
         self._junk_bucket = _Bucket(*limits.junk_rate)
         self._goaway_sent = False
         self._goaway_last = 0  # last stream id of the GOAWAY sent: a later one must not raise it
@@ -480,7 +485,8 @@ class Connection:
             try:
                 if size > limit:
                     raise RpcError(
-                        StatusCode.RESOURCE_EXHAUSTED, f"received message larger than max ({size} vs. {limit})"
+                        StatusCode.RESOURCE_EXHAUSTED,
+                        f"received message larger than max ({size} vs. {limit}){self.limits.max_message_hint}",
                     )
                 if end - pos - 5 < size:
                     break
@@ -842,7 +848,15 @@ class Connection:
                 s.recv_window += s.credit
                 s.credit = 0
 
+    def _police_reset(self) -> None:
+        """A stream this end resets for the peer's error costs what a reset it sends does: a peer that makes
+        us reset streams ("MadeYouReset", CVE-2025-8671) is stopped like one that resets them itself."""
+        self.resets_sent += 1
+        if not self._reset_bucket.take(self._now):
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many streams reset for the peer's errors")
+
     def _stream_error(self, sid: int, code: ErrorCode, events: list[Any]) -> None:
+        self._police_reset()
         self._out += wire.rst_stream(sid, code)
         s = self._streams.pop(sid, None)
         if s is not None:

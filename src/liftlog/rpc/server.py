@@ -101,6 +101,8 @@ class ServerOptions:
     keepalive_timeout: float = 20.0
     #: Close (GOAWAY) a connection without calls for this long; 0: never.
     idle_timeout: float = 0.0
+    #: Connections served at once; past it a new connection is closed at once (and counted). 0: no cap.
+    max_connections: int = 0
     #: How long a PING ACK may wait to share a write with a call's response (seconds; 0: never waits).
     ping_ack_delay: float = 0.002
 
@@ -340,6 +342,8 @@ class _Call:
 
 
 class _Server(Protocol):
+    def admit(self, conn: _Connection) -> bool: ...
+
     methods: dict[str, Method]
     options: ServerOptions
 
@@ -369,6 +373,10 @@ class _Connection(CoreProtocol):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.server.admit(self):
+            self.closing = True
+            transport.abort()  # type: ignore[attr-defined]  # not even the preface: it costs a socket, briefly
+            return
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             host, port = peer[0], peer[1]
@@ -377,6 +385,8 @@ class _Connection(CoreProtocol):
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return  # refused on arrival (max_connections), or gone
         now = self._loop.time()
         self.last_read = now
         events = self.core.receive(data, now)
@@ -556,6 +566,10 @@ class RpcServer:
         self._servers: list[asyncio.Server] = []
         self._connections: set[_Connection] = set()
         self._ticker: asyncio.Task[None] | None = None
+        #: Connections closed on arrival because ``max_connections`` were open (for metrics).
+        self.refused_connections = 0
+        #: Streams reset for their clients' errors on connections now closed (``resets_sent`` adds open ones).
+        self._resets_sent_closed = 0
 
     def add_methods(self, methods: Iterable[Method]) -> None:
         for m in methods:
@@ -604,12 +618,31 @@ class RpcServer:
         self._sockets.clear()
 
     def _connection(self) -> _Connection:
-        conn = _Connection(self)
+        return _Connection(self)
+
+    def admit(self, conn: _Connection) -> bool:
+        cap = self.options.max_connections
+        if cap and len(self._connections) >= cap:
+            self.refused_connections += 1
+            if self.refused_connections % 1000 == 1:
+                log.warning(
+                    "refused a connection: %d are open (rpc.max.connections); %d refused so far",
+                    len(self._connections),
+                    self.refused_connections,
+                )
+            return False
         self._connections.add(conn)
-        return conn
+        return True
 
     def connection_closed(self, conn: _Connection) -> None:
-        self._connections.discard(conn)
+        if conn in self._connections:
+            self._connections.discard(conn)
+            self._resets_sent_closed += conn.core.resets_sent
+
+    @property
+    def resets_sent(self) -> int:
+        """Streams reset for their clients' errors (a client provoking many is stopped: ENHANCE_YOUR_CALM)."""
+        return self._resets_sent_closed + sum(c.core.resets_sent for c in self._connections)
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()

@@ -226,6 +226,7 @@ class ServerConnection(Connection):
 
     def _call_error(self, s: _Stream, code: StatusCode, message: str, events: list[Any]) -> None:
         """End a call for a bad request message: trailers with ``code``, reset, and tell the app."""
+        self._police_reset()
         if not s.local_closed:
             if not s.headers_sent:
                 self._write_headers(s.id, wire.RESPONSE_HEADERS + wire.trailers_block(code, message), END_STREAM)

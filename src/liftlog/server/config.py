@@ -284,6 +284,25 @@ SETTINGS: tuple[Setting, ...] = (
     _s("nats.acks.nkey.seed", _str, "", "file holding the acks connection's nkey seed (see nats.acks.user)"),
     _s("nats.acks.credentials", _str, "", "NATS credentials file for the acks connection (see nats.acks.user)"),
     _s(
+        "rpc.max.connections",
+        _int(0),
+        10_000,
+        "gRPC connections served at once; past it new ones are closed on arrival and counted (0: no cap)",
+    ),
+    _s(
+        "rpc.idle.timeout",
+        parse_duration_ms,
+        600_000,
+        "close a gRPC connection without calls for this long (clients reconnect on their next call; 0: never)",
+    ),
+    _s(
+        "rpc.max.message.bytes",
+        parse_size,
+        0,
+        "largest gRPC request message (0: the larger of streams.max.message.bytes and the NATS max payload, plus "
+        "64 KiB for keys, headers and framing)",
+    ),
+    _s(
         "security.key.permissions.check",
         _bool,
         True,

@@ -448,6 +448,22 @@ class ServerCollector(Collector):
             budget = server.streams.descriptors
             yield _gauge("liftlog_segment_files_open", "Descriptors held by sealed segments", budget.open_count)
             yield _gauge("liftlog_segment_files_budget", "Most descriptors sealed segments may hold", budget.limit)
+        rpc = server.rpc_server
+        if rpc is not None:
+            yield _gauge(
+                "liftlog_rpc_connections", "gRPC connections open (rpc.max.connections caps them)", rpc.connections
+            )
+            yield _counter(
+                "liftlog_rpc_connections_refused",
+                "gRPC connections closed on arrival because rpc.max.connections were open",
+                rpc.refused_connections,
+            )
+            yield _counter(
+                "liftlog_rpc_streams_reset_sent",
+                "gRPC streams this server reset for their clients' protocol errors (policed with the clients' own "
+                "resets: a flood ends the connection with ENHANCE_YOUR_CALM)",
+                rpc.resets_sent,
+            )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -95,6 +95,8 @@ DEFAULT_ACK_TIMEOUT_S = 5.0
 #: The cluster secret of a server configured with none, in its data.dir (``make run`` uses the same file).
 DEFAULT_KEY_FILE = "cluster.key"
 GRPC_MAX_MESSAGE_BYTES = 64 << 20
+#: What a request carries besides its message or batch: key, headers, the fields around them.
+REQUEST_FRAMING_BYTES = 64 << 10
 
 
 class Server:
@@ -393,6 +395,11 @@ class Server:
             )
         except MasterKeyError as exc:
             raise ServerStartError(str(exc)) from exc
+
+    @property
+    def rpc_server(self) -> RpcServer | None:
+        """The gRPC server, once bound."""
+        return self._grpc
 
     @property
     def signs_internal_messages(self) -> bool:
@@ -915,12 +922,33 @@ class Server:
         if outages == self._nats_outages and streams.may_lead and self._nats_connected():
             streams.renew_lease(asked_at)
 
+    def _max_request_bytes(self) -> int:
+        """The largest gRPC request worth reading: a message (streams.max.message.bytes) or a batch (one NATS
+        message), with room for keys, headers and framing; never more than a gRPC message can be here."""
+        configured = int(self.config.values["rpc.max.message.bytes"])
+        if configured:
+            return min(configured, GRPC_MAX_MESSAGE_BYTES)
+        largest = max(self.config.streams.max_message_bytes, int(self._hot_nats.max_payload))
+        return min(largest + REQUEST_FRAMING_BYTES, GRPC_MAX_MESSAGE_BYTES)
+
     def _bind_grpc(self) -> None:
         assert self.streams is not None and self._acks is not None and self.cluster is not None
         bind_host = self.config.bind_host or self.config.host
         bind_port = self.config.bind_port if self.config.bind_host else self.config.port
         address = f"{bind_host}:{bind_port}"
-        server = RpcServer((), ServerOptions(limits=ConnectionLimits(max_message_bytes=GRPC_MAX_MESSAGE_BYTES)))
+        values = self.config.values
+        options = ServerOptions(
+            limits=ConnectionLimits(
+                max_message_bytes=self._max_request_bytes(),
+                max_message_hint=(
+                    f": messages are stored up to streams.max.message.bytes ({self.config.streams.max_message_bytes}"
+                    " bytes) and batches up to the NATS max payload; rpc.max.message.bytes sets this limit"
+                ),
+            ),
+            idle_timeout=values["rpc.idle.timeout"] / 1000,
+            max_connections=values["rpc.max.connections"],
+        )
+        server = RpcServer((), options)
         try:
             port = server.bind(bind_host, bind_port)
         except OSError as exc:
@@ -929,7 +957,6 @@ class Server:
         self._grpc_tls = self._tls_context()
         self.access = AccessControl(self._authorizer())
         self.port = port
-        values = self.config.values
         service = ApiService(
             server_id=self.server_id,
             host=self.config.host,
