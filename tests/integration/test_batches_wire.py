@@ -207,12 +207,15 @@ async def test_batch_publish_errors_name_the_problem(stubs: tuple, name: str) ->
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "not in the storage format" in (err.details() or "")
     err = await rpc_error(batches.Publish(batches_pb2.PublishRequest(stream=name, records=b"junk", count=1)))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    err = await rpc_error(batches.Publish(batch_request(name, [b"a", b"x" * (2 << 20)])))
+    over = (1 << 20) + 1024  # over streams.max.message.bytes, under the largest request the server reads
+    err = await rpc_error(batches.Publish(batch_request(name, [b"a", b"x" * over])))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and reason(err) == "too_large"
-    assert f"a message of the batch has {2 << 20} bytes" in (err.details() or "")
+    assert f"a message of the batch has {over} bytes" in (err.details() or "")
+    err = await rpc_error(batches.Publish(batch_request(name, [b"a", b"x" * (2 << 20)])))  # not even read
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "streams.max.message.bytes" in (err.details() or "")
     err = await rpc_error(batches.Publish(batch_request(name, [b"a"], ackPolicy=7)))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "ack policy 7" in (err.details() or "")
-    err = await rpc_error(batches.Publish(batch_request(name, [b"y" * 1024] * 2000)))  # 2 MB: one NATS message
+    err = await rpc_error(batches.Publish(batch_request(name, [b"y" * 1024] * 1040)))  # over one NATS message
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "NATS max payload" in (err.details() or "")
     ok = await batches.Publish(batch_request(name, [b"a", b"b"], expectedOffset=0))
     assert ok.baseOffset == 0

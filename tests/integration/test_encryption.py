@@ -188,7 +188,7 @@ def test_a_wrong_key_fails_clearly_and_rotation_keeps_every_message_readable(
         proc.stop()
 
         current = tmp_path / "current.key"
-        current.write_text("B" * 32)
+        current.write_text("base64:" + __import__("base64").b64encode(b"B" * 32).decode())
         proc.env = {}
         proc.args = ["--set", f"encryption.key.file={current}"]
         proc.start()
@@ -229,7 +229,7 @@ def test_a_wrong_key_fails_clearly_and_rotation_keeps_every_message_readable(
 
         # Rotate without a restart: C becomes the current key, B moves to a previous slot, SIGHUP.
         current.write_text("base64:" + __import__("base64").b64encode(b"C" * 32).decode())
-        old_b.write_text("B" * 32)
+        old_b.write_text("base64:" + __import__("base64").b64encode(b"B" * 32).decode())
         assert proc.proc is not None
         os.kill(proc.proc.pid, signal.SIGHUP)
         eventually(lambda: key_c.id.hex() in proc.output() or None, 10, "the keys reloaded")

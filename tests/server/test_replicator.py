@@ -31,6 +31,7 @@ from liftlog.replication.protocol import (
     fetch_subject,
     offset_subject,
 )
+from liftlog.security.cluster_auth import TRAILER_SIZE
 from liftlog.server.messages import Incoming
 from liftlog.server.partition import Partition, PartitionOptions
 from liftlog.server.replicator import Replicator, ReplicatorSettings
@@ -272,7 +273,7 @@ async def test_a_follower_server_fetches_all_its_partitions_from_a_leader_in_one
             await asyncio.sleep(0.05)
 
         async def spy(msg: nats.aio.msg.Msg) -> None:
-            req = decode_fetch_request(msg.data)
+            req = decode_fetch_request(msg.data[:-TRAILER_SIZE])  # signed with the cluster's secret
             seen.append((msg.subject.rsplit(".", 1)[1], sorted(p.stream for p in req.partitions)))
 
         await nc.subscribe(f"{ns}.fetch.*", cb=spy)

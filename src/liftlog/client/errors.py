@@ -382,6 +382,8 @@ def _class_from_status(code: Any, message: str) -> type[LiftlogError]:
         return FailedPreconditionError
     if code == grpc.StatusCode.INVALID_ARGUMENT and "too large" in lowered:
         return MessageTooLargeError
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in lowered:
+        return MessageTooLargeError  # a request over the server's rpc.max.message.bytes
     return _CODE_CLASSES.get(code, LiftlogError)
 
 
