@@ -68,7 +68,7 @@ def test_unsigned_messages_are_refused(data: bytes, expected: str) -> None:
 def test_a_request_is_bound_to_its_reply_subject_and_v1_trailers_still_open() -> None:
     sender, receiver = auth(), auth()
     sealed = sender.seal("ns.x", b"ask", NOW, reply="_INBOX.liftlog.r1.0")
-    assert sealed.endswith(b"LLA2")
+    assert sealed.endswith(b"LLA2") and sender.seal("ns.x", b"tell", NOW).endswith(b"LLA1"), "v2 for requests only"
     assert receiver.open("ns.x", sealed, NOW, ReplayGuard(), reply="_INBOX.liftlog.r1.0") == b"ask"
     assert reason(receiver, "ns.x", sealed) == "forged"  # sent on with no reply, or another one
     with pytest.raises(AuthError, match="does not match"):

@@ -53,9 +53,10 @@ __all__ = [
     "weak_secret_problem",
 ]
 
-#: The trailer's version: v2 tags cover a request's reply subject too; v1 (servers before that) do not, and
-#: are still accepted so that a rolling upgrade keeps working. A v2 tag cannot pass as v1 (it covers other
-#: bytes), so only requests from servers not yet upgraded can have their reply subject swapped.
+#: The trailer's version: v2 tags cover a request's reply subject too and are used for requests only; every
+#: other message keeps v1, byte for byte what servers before v2 send and check. v1 requests (from servers
+#: not yet upgraded) are still accepted; a v2 tag cannot pass as v1 (it covers other bytes), so only those
+#: older servers' requests can have their reply subject swapped.
 MAGIC = b"LLA2"
 MAGIC_V1 = b"LLA1"
 _FIELDS = struct.Struct(">8sQq")
@@ -160,6 +161,8 @@ class ClusterAuth:
         time ``now`` (ns)."""
         self._seq += 1
         fields = _FIELDS.pack(self._boot, self._seq, now)
+        if not reply:  # v1: what servers of every release check, so that a rolling upgrade keeps them talking
+            return b"".join((payload, fields, self._tag(fields, subject, payload), MAGIC_V1))
         return b"".join((payload, fields, self._tag(fields, _bound(subject, reply), payload), MAGIC))
 
     def open(self, subject: str, data: bytes, now: int, guard: ReplayGuard, reply: str = "") -> bytes:
