@@ -8,6 +8,7 @@ each test also sends the same message signed, so it shows that the path it attac
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -260,7 +261,9 @@ async def test_a_server_with_the_secret_joins(cluster: Cluster, nats_url: str, t
 async def test_a_secret_from_the_environment_signs_too(tmp_path: Path, nats_url: str) -> None:
     from tests.server.conftest import in_process_server
 
-    server = in_process_server(tmp_path / "e", nats_url, "env-secret", "e", **{"clustering.auth.key": "x" * 32})
+    server = in_process_server(
+        tmp_path / "e", nats_url, "env-secret", "e", **{"clustering.auth.key": secrets.token_hex(16)}
+    )
     try:
         await asyncio.wait_for(server.start(), 30)
         assert isinstance(server._internal_nats, AuthenticatedNats)
