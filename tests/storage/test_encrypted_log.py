@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from liftlog.storage import CommitLog, LogConfig, NewRecord
-from liftlog.storage.encryption import ATTR_ENCRYPTED, BatchCipher, MasterKey, MissingMasterKey, UndecryptableBatch
+from liftlog.storage.encryption import (
+    ATTR_ENCRYPTED,
+    BatchCipher,
+    MasterKey,
+    MissingMasterKey,
+    UndecryptableBatch,
+    partition_context,
+)
 from liftlog.storage.records import encode_records, iter_batch_headers
 
 from .conftest import FakeClock
@@ -62,6 +69,28 @@ def test_records_are_encrypted_on_disk_and_read_back_in_clear(tmp_path: Path, cl
     reopened = open_encrypted(tmp_path / "log", clock)
     assert values(reopened) == expected
     reopened.close()
+
+
+def test_segments_copied_into_another_partition_do_not_decrypt_there(tmp_path: Path, clock: FakeClock) -> None:
+    """Someone with the disk swaps segment files between partitions: the records are refused, not served."""
+    cipher = BatchCipher(KEY)
+    orders_0 = cipher.bind(partition_context("orders", 0, 1))
+    orders_1 = cipher.bind(partition_context("orders", 1, 1))
+    log = CommitLog.open(tmp_path / "orders" / "0", clock=clock, cipher=orders_0, encrypt=True)
+    fill(log, 20)
+    log.close()
+    other = tmp_path / "orders" / "1"
+    other.mkdir()
+    for f in (tmp_path / "orders" / "0").iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    moved = CommitLog.open(other, clock=clock, cipher=orders_1, encrypt=True)
+    assert moved.newest_offset == 19, "recovery needs no key: the copy looks like a whole log"
+    with pytest.raises(UndecryptableBatch, match="another partition or stream"):
+        values(moved)
+    moved.close()
+    home = CommitLog.open(tmp_path / "orders" / "0", clock=clock, cipher=orders_0, encrypt=True)
+    assert values(home) == [SECRET + b"-%d" % i for i in range(20)]
+    home.close()
 
 
 def test_a_timestamp_lookup_reads_through_the_encryption(tmp_path: Path, clock: FakeClock) -> None:

@@ -7,6 +7,7 @@ import struct
 
 import pytest
 from crc32c import crc32c
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,8 @@ from liftlog.storage.encryption import (
     MasterKey,
     MissingMasterKey,
     UndecryptableBatch,
+    envelope_of,
+    partition_context,
 )
 from liftlog.storage.records import (
     BATCH_HEADER_SIZE,
@@ -121,6 +124,88 @@ def test_a_ciphertext_moved_under_another_batch_header_is_refused() -> None:
     moved = refresh_crc(transplanted)
     with pytest.raises(UndecryptableBatch, match="fails authentication"):
         cipher.decrypt(moved, parse_batch_header(moved))
+
+
+ORDERS_0 = partition_context("orders", 0, 1_700_000_000_000_000_000)
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [
+        partition_context("orders", 1, 1_700_000_000_000_000_000),  # another partition
+        partition_context("orders-eu", 0, 1_700_000_000_000_000_000),  # another stream
+        partition_context("orders", 0, 1_800_000_000_000_000_000),  # a later stream of the same name
+        b"",  # no partition at all
+    ],
+)
+def test_a_batch_moved_to_another_partition_or_stream_is_refused(elsewhere: bytes) -> None:
+    cipher = BatchCipher(KEY_A)
+    sealed = cipher.encrypt(plain_batch(), context=ORDERS_0)
+    header = parse_batch_header(sealed)
+    assert cipher.decrypt(sealed, header, ORDERS_0) == plain_batch()
+    with pytest.raises(UndecryptableBatch, match="another partition or stream"):
+        cipher.decrypt(sealed, header, elsewhere)
+
+
+def test_stream_names_cannot_run_into_partition_ids_in_the_context() -> None:
+    contexts = {partition_context(s, p, 5) for s in ("a", "a\x00", "a\x00\x00\x00") for p in (0, 1, 256)}
+    assert len(contexts) == 9
+
+
+@pytest.mark.parametrize("bit", [0x0001, 0x0008, 0x0020, 0x4000])
+def test_a_batch_whose_attributes_were_changed_is_refused(bit: int) -> None:
+    """Flipping compression, timestamp type or transactional bits would change how the records read."""
+    cipher = BatchCipher(KEY_A)
+    sealed = bytearray(cipher.encrypt(plain_batch(), context=ORDERS_0))
+    attributes = struct.unpack_from(">H", sealed, 21)[0]
+    struct.pack_into(">H", sealed, 21, attributes ^ bit)
+    altered = refresh_crc(sealed)
+    with pytest.raises(UndecryptableBatch, match="fails authentication"):
+        cipher.decrypt(altered, parse_batch_header(altered), ORDERS_0)
+
+
+def version_1_batch(key: MasterKey, plain: bytes) -> bytes:
+    """A batch as servers before envelope version 2 wrote it: the AAD binds the header fields only."""
+    h = parse_batch_header(plain)
+    data_key, nonce = b"d" * 32, b"n" * 12
+    wrapped = key.wrap(data_key)
+    aad = struct.pack(
+        ">qiiqqi",
+        h.base_offset,
+        h.leader_epoch,
+        h.last_offset_delta,
+        h.first_timestamp,
+        h.max_timestamp,
+        h.record_count,
+    )
+    body = struct.pack(">B4sB", 1, key.id, len(wrapped)) + wrapped + nonce
+    body += AESGCM(data_key).encrypt(nonce, plain[BATCH_HEADER_SIZE:], aad)
+    batch = bytearray(plain[:BATCH_HEADER_SIZE] + body)
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    struct.pack_into(">H", batch, 21, h.attributes | ATTR_ENCRYPTED)
+    return refresh_crc(batch)
+
+
+def test_version_1_batches_still_decrypt_in_any_partition() -> None:
+    cipher = BatchCipher(KEY_A)
+    old = version_1_batch(KEY_A, plain_batch())
+    header = parse_batch_header(old)
+    assert envelope_of(old, header) == (1, KEY_A.id)
+    assert cipher.decrypt(old, header, ORDERS_0) == plain_batch()
+    assert cipher.decrypt(old, header, b"") == plain_batch()
+    new = cipher.encrypt(plain_batch(), context=ORDERS_0)
+    assert envelope_of(new, parse_batch_header(new)) == (2, KEY_A.id)
+
+
+def test_a_version_2_batch_relabelled_as_version_1_is_refused() -> None:
+    """Downgrading the envelope to escape the partition binding fails: the tag covers the version 2 data."""
+    cipher = BatchCipher(KEY_A)
+    sealed = bytearray(cipher.encrypt(plain_batch(), context=ORDERS_0))
+    assert sealed[BATCH_HEADER_SIZE] == 2
+    sealed[BATCH_HEADER_SIZE] = 1
+    relabelled = refresh_crc(sealed)
+    with pytest.raises(UndecryptableBatch, match="fails authentication"):
+        cipher.decrypt(relabelled, parse_batch_header(relabelled), b"")
 
 
 def test_rotation_new_batches_use_the_new_key_and_old_ones_still_decrypt() -> None:

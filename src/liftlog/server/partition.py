@@ -60,7 +60,7 @@ from liftlog.storage import (
     StorageError,
 )
 from liftlog.storage.descriptors import DescriptorBudget
-from liftlog.storage.encryption import BatchCipher, EncryptionError
+from liftlog.storage.encryption import BatchCipher, EncryptionError, PartitionCipher, partition_context
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 from liftlog.storage.records import ATTR_MSG_IDS, decode_records
 
@@ -268,6 +268,12 @@ class Partition:
     def is_open(self) -> bool:
         return self.log is not None and self._closed_reason is None
 
+    def _cipher(self) -> PartitionCipher | None:
+        cipher = self.options.cipher
+        if cipher is None:
+            return None
+        return cipher.bind(partition_context(self.meta.stream, self.meta.id, self.options.created))
+
     def open_log(self) -> None:
         """Open (recover) the log; readers may use it from now on."""
         if self.log is None:
@@ -277,7 +283,7 @@ class Partition:
                 clock=self._clock,
                 io=self.options.file_io,
                 budget=self.options.descriptors,
-                cipher=self.options.cipher,
+                cipher=self._cipher(),
                 encrypt=self.options.encrypt,
             )
             if len(self.meta.replicas) == 1:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .encryption import BatchCipher, MissingMasterKey, is_encrypted
+from .encryption import MissingMasterKey, PartitionCipher, is_encrypted
 from .records import BatchHeader, encode_empty_batch, iter_batch_headers, record_keys, retain_records
 from .segment import Segment
 
@@ -80,7 +80,7 @@ class CleanedSegment:
 
 
 def clean_segment(
-    seg: Segment, latest: dict[bytes, int], plain: Plain = _clear_only, cipher: BatchCipher | None = None
+    seg: Segment, latest: dict[bytes, int], plain: Plain = _clear_only, cipher: PartitionCipher | None = None
 ) -> CleanedSegment | None:
     """Build the compacted copy of ``seg``; None when it would change nothing.
 
@@ -107,7 +107,7 @@ def clean_segment(
 
 
 def _copy_cleaned(
-    seg: Segment, out: Segment, latest: dict[bytes, int], plain: Plain, cipher: BatchCipher | None
+    seg: Segment, out: Segment, latest: dict[bytes, int], plain: Plain, cipher: PartitionCipher | None
 ) -> int:
     """Write ``seg``'s batches to ``out`` without the records ``latest`` outdates; return how many went."""
     removed = 0

@@ -4,15 +4,21 @@ An encrypted batch keeps its header in the clear, since offsets, epoch, counts a
 what indexing, retention, replication and recovery read, sets ``ATTR_ENCRYPTED`` in its
 attributes, and stores in place of its records::
 
-     0  uint8   envelope version = 1
+     0  uint8   envelope version (2; version 1 batches are still read)
      1  4 bytes master key id       (see ``MasterKey.id``)
      5  uint8   wrapped key length  (40: AES key wrap with padding, RFC 5649, of a 32-byte data key)
      6  ...     wrapped data key
      .  12      nonce (random)
      .  ...     AES-256-GCM ciphertext of the records, then its 16-byte tag
 
-The GCM associated data is the header's base offset, leader epoch, last offset delta, timestamps
-and record count: a ciphertext moved under another header fails to decrypt. The batch CRC covers
+The GCM associated data binds the ciphertext to where it belongs. Version 2 covers the envelope
+version, the header's base offset, leader epoch, last offset delta, timestamps, record count and
+attributes, and the partition's context (``partition_context``: stream name, partition id and the
+stream's creation time), so a batch moved under another header, into another partition or stream, or
+into a later stream of the same name fails to decrypt, as does one whose attributes were changed.
+Version 1 (written before 2026-11) covered the header fields only; such batches still decrypt, and
+``liftlog encryption rewrap --reencrypt`` rewrites them as version 2. Relabelling a version 2 batch
+as version 1 does not help a forger: its tag was computed over the version 2 data. The batch CRC covers
 the stored bytes as for any batch, so followers check and store encrypted batches without
 decrypting them, and crash recovery needs no key.
 
@@ -56,13 +62,18 @@ __all__ = [
     "EncryptionError",
     "MasterKey",
     "MissingMasterKey",
+    "PartitionCipher",
     "UndecryptableBatch",
+    "envelope_of",
     "is_encrypted",
+    "partition_context",
 ]
 
 #: Attributes bit of a batch whose records are encrypted.
 ATTR_ENCRYPTED: Final = 0x0010
-ENVELOPE_VERSION: Final = 1
+ENVELOPE_VERSION: Final = 2
+#: Envelope versions this code reads: 1 binds the header only, 2 also the attributes and the partition.
+READABLE_VERSIONS: Final = (1, 2)
 DATA_KEY_BYTES: Final = 32
 NONCE_BYTES: Final = 12
 TAG_BYTES: Final = 16
@@ -71,7 +82,9 @@ MASTER_KEY_SIZES: Final = (16, 32)
 DATA_KEY_USES: Final = 1 << 20
 
 _ENVELOPE_HEAD = struct.Struct(">B4sB")
-_AAD = struct.Struct(">qiiqqi")
+_AAD_V1 = struct.Struct(">qiiqqi")
+_AAD_V2 = struct.Struct(">BqiiqqiH")  # version, then the v1 fields, then attributes
+_CONTEXT_LABEL: Final = b"liftlog partition\x00"
 _HEAD = struct.Struct(">qiiBI")  # base offset, length, epoch, magic, crc
 _TAIL = struct.Struct(">Hiqqi")  # attributes, last offset delta, first/max timestamp, count
 _UNWRAPPED_KEEP: Final = 256
@@ -168,8 +181,14 @@ class BatchCipher:
 
     # -- writing ---------------------------------------------------------
 
-    def encrypt(self, batch: bytes | bytearray | memoryview, header: BatchHeader | None = None) -> bytes:
-        """``batch`` (one whole plaintext batch, header at ``header.position``) as an encrypted batch."""
+    def encrypt(
+        self, batch: bytes | bytearray | memoryview, header: BatchHeader | None = None, context: bytes = b""
+    ) -> bytes:
+        """``batch`` (one whole plaintext batch, header at ``header.position``) as an encrypted batch.
+
+        ``context`` (``partition_context``) names the partition the batch belongs to; reading it back
+        needs the same context.
+        """
         if header is None:
             header = parse_batch_header(batch)
         if header.attributes & ATTR_ENCRYPTED:
@@ -178,8 +197,9 @@ class BatchCipher:
         nonce = self._random(NONCE_BYTES)
         start = header.position + BATCH_HEADER_SIZE
         records = memoryview(batch)[start : header.position + header.size]
-        sealed = aead.encrypt(nonce, bytes(records), _aad(header))
-        return _seal(header, header.attributes | ATTR_ENCRYPTED, prefix + nonce + sealed)
+        attributes = header.attributes | ATTR_ENCRYPTED
+        sealed = aead.encrypt(nonce, bytes(records), _aad_v2(header, attributes, context))
+        return _seal(header, attributes, prefix + nonce + sealed)
 
     def _data_key(self) -> tuple[AESGCM, bytes]:
         with self._lock:
@@ -201,8 +221,11 @@ class BatchCipher:
 
     # -- reading ---------------------------------------------------------
 
-    def decrypt(self, batch: bytes | bytearray | memoryview, header: BatchHeader) -> bytes:
-        """The plaintext batch (attributes bit cleared, CRC recomputed) of one encrypted batch."""
+    def decrypt(self, batch: bytes | bytearray | memoryview, header: BatchHeader, context: bytes = b"") -> bytes:
+        """The plaintext batch (attributes bit cleared, CRC recomputed) of one encrypted batch.
+
+        ``context`` must be the one the batch was encrypted with (version 2 batches).
+        """
         mv = memoryview(batch)
         start = header.position + BATCH_HEADER_SIZE
         end = header.position + header.size
@@ -211,7 +234,7 @@ class BatchCipher:
         if end - start < min_size:
             raise UndecryptableBatch(f"encrypted batch at base offset {base} is too short ({end - start} bytes)")
         version, key_id, wrapped_len = _ENVELOPE_HEAD.unpack_from(mv, start)
-        if version != ENVELOPE_VERSION:
+        if version not in READABLE_VERSIONS:
             raise UndecryptableBatch(f"encrypted batch at base offset {base} has unknown envelope version {version}")
         p = start + _ENVELOPE_HEAD.size
         if end - p < wrapped_len + NONCE_BYTES + TAG_BYTES:
@@ -220,11 +243,13 @@ class BatchCipher:
         p += wrapped_len
         aead = self._aead(key_id, wrapped, base)
         nonce = bytes(mv[p : p + NONCE_BYTES])
+        aad = _aad_v1(header) if version == 1 else _aad_v2(header, header.attributes, context)
         try:
-            plain = aead.decrypt(nonce, bytes(mv[p + NONCE_BYTES : end]), _aad(header))
+            plain = aead.decrypt(nonce, bytes(mv[p + NONCE_BYTES : end]), aad)
         except InvalidTag:
+            moved = "" if version == 1 else ", or it belongs to another partition or stream"
             raise UndecryptableBatch(
-                f"encrypted batch at base offset {base} fails authentication: its bytes were altered "
+                f"encrypted batch at base offset {base} fails authentication: its bytes were altered{moved} "
                 f"(master key {key_id.hex()} unwrapped its data key)"
             ) from None
         return _seal(header, header.attributes & ~ATTR_ENCRYPTED, plain)
@@ -259,7 +284,7 @@ class BatchCipher:
                 self._unwrapped.popitem(last=False)
         return aead
 
-    def decrypt_batches(self, data: bytes) -> bytes:
+    def decrypt_batches(self, data: bytes, context: bytes = b"") -> bytes:
         """``data`` (whole batches) with every encrypted batch decrypted; ``data`` itself when none is."""
         headers = list(iter_batch_headers(data))
         if not any(h.attributes & ATTR_ENCRYPTED for h in headers):
@@ -268,20 +293,79 @@ class BatchCipher:
         parts: list[bytes | memoryview] = []
         for h in headers:
             if h.attributes & ATTR_ENCRYPTED:
-                parts.append(self.decrypt(mv, h))
+                parts.append(self.decrypt(mv, h, context))
             else:
                 parts.append(mv[h.position : h.position + h.size])
         return b"".join(parts)
+
+    def bind(self, context: bytes) -> PartitionCipher:
+        """This cipher for one partition's batches (see ``partition_context``)."""
+        return PartitionCipher(self, context)
+
+
+class PartitionCipher:
+    """A ``BatchCipher`` bound to one partition: what a commit log encrypts and decrypts with."""
+
+    __slots__ = ("cipher", "context")
+
+    def __init__(self, cipher: BatchCipher, context: bytes = b"") -> None:
+        self.cipher = cipher
+        self.context = context
+
+    @property
+    def can_encrypt(self) -> bool:
+        return self.cipher.can_encrypt
+
+    def encrypt(self, batch: bytes | bytearray | memoryview, header: BatchHeader | None = None) -> bytes:
+        return self.cipher.encrypt(batch, header, self.context)
+
+    def decrypt(self, batch: bytes | bytearray | memoryview, header: BatchHeader) -> bytes:
+        return self.cipher.decrypt(batch, header, self.context)
+
+    def decrypt_batches(self, data: bytes) -> bytes:
+        return self.cipher.decrypt_batches(data, self.context)
+
+
+def partition_context(stream: str, partition: int, created: int) -> bytes:
+    """What version 2 batches of partition ``partition`` of stream ``stream`` are bound to.
+
+    ``created`` is the stream's creation timestamp, which tells apart streams that reused a name.
+    """
+    name = stream.encode()
+    return _CONTEXT_LABEL + struct.pack(">H", len(name)) + name + struct.pack(">iq", partition, created)
+
+
+def envelope_of(batch: bytes | bytearray | memoryview, header: BatchHeader) -> tuple[int, bytes]:
+    """The envelope version and master key id of one encrypted batch (nothing is decrypted)."""
+    start = header.position + BATCH_HEADER_SIZE
+    if header.size - BATCH_HEADER_SIZE < _ENVELOPE_HEAD.size:
+        raise UndecryptableBatch(f"encrypted batch at base offset {header.base_offset} is too short")
+    version, key_id, _ = _ENVELOPE_HEAD.unpack_from(batch, start)
+    return version, bytes(key_id)
 
 
 def is_encrypted(header: BatchHeader) -> bool:
     return bool(header.attributes & ATTR_ENCRYPTED)
 
 
-def _aad(h: BatchHeader) -> bytes:
-    return _AAD.pack(
+def _aad_v1(h: BatchHeader) -> bytes:
+    return _AAD_V1.pack(
         h.base_offset, h.leader_epoch, h.last_offset_delta, h.first_timestamp, h.max_timestamp, h.record_count
     )
+
+
+def _aad_v2(h: BatchHeader, attributes: int, context: bytes) -> bytes:
+    head = _AAD_V2.pack(
+        2,
+        h.base_offset,
+        h.leader_epoch,
+        h.last_offset_delta,
+        h.first_timestamp,
+        h.max_timestamp,
+        h.record_count,
+        attributes,
+    )
+    return head + context
 
 
 def _seal(h: BatchHeader, attributes: int, body: bytes) -> bytes:

@@ -49,7 +49,14 @@ from .checkpoint import CorruptCheckpoint, EpochEntry, LeaderEpochCache, OffsetC
 from .compaction import build_key_map, clean_segment, discard_cleaning_dir, swap_in
 from .config import FsyncPolicy, LogConfig
 from .descriptors import DescriptorBudget
-from .encryption import ATTR_ENCRYPTED, BatchCipher, EncryptionError, MissingMasterKey, UndecryptableBatch
+from .encryption import (
+    ATTR_ENCRYPTED,
+    BatchCipher,
+    EncryptionError,
+    MissingMasterKey,
+    PartitionCipher,
+    UndecryptableBatch,
+)
 from .errors import (
     InvalidBatch,
     LogClosed,
@@ -112,12 +119,13 @@ class CommitLog:
         clock: Clock,
         io: FileIO = DEFAULT_FILE_IO,
         budget: DescriptorBudget | None = None,
-        cipher: BatchCipher | None = None,
+        cipher: BatchCipher | PartitionCipher | None = None,
         encrypt: bool = False,
     ) -> None:
         self.directory = directory
-        #: Decrypts encrypted batches and, with ``encrypt``, encrypts every batch this log encodes.
-        self.cipher = cipher
+        #: Decrypts encrypted batches and, with ``encrypt``, encrypts every batch this log encodes, bound to
+        #: this log's partition (a bare ``BatchCipher`` binds to no partition: tests and tools).
+        self.cipher = cipher.bind(b"") if isinstance(cipher, BatchCipher) else cipher
         self.encrypt = encrypt
         self.config = config
         self._clock = clock
@@ -155,7 +163,7 @@ class CommitLog:
         clock: Clock = time.time_ns,
         io: FileIO = DEFAULT_FILE_IO,
         budget: DescriptorBudget | None = None,
-        cipher: BatchCipher | None = None,
+        cipher: BatchCipher | PartitionCipher | None = None,
         encrypt: bool = False,
     ) -> CommitLog:
         """Open (or create) the log in ``directory``, recovering from a crash.

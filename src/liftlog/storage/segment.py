@@ -29,7 +29,7 @@ from pathlib import Path
 from liftlog.histogram import FSYNC_SECONDS
 
 from .descriptors import DescriptorBudget
-from .encryption import BatchCipher, MissingMasterKey, is_encrypted
+from .encryption import MissingMasterKey, PartitionCipher, is_encrypted
 from .errors import CorruptBatch, InvalidBatch, StorageError, WriteFailed
 from .fileio import DEFAULT_FILE_IO, FileIO
 from .index import OffsetIndex, TimeIndex
@@ -421,7 +421,7 @@ class Segment:
         for path in (self.log_path, self.index.path, self.time_index.path):
             self.io.unlink(path)
 
-    def _cut_at(self, offset: int, cipher: BatchCipher | None) -> tuple[int, BatchHeader | None, bytes]:
+    def _cut_at(self, offset: int, cipher: PartitionCipher | None) -> tuple[int, BatchHeader | None, bytes]:
         """Where ``truncate_to(offset)`` cuts, the header of the batch there, and what to write back of it."""
         position = self.find_position(offset) if offset < self.next_offset else self.size
         if position >= self.size:
@@ -448,7 +448,7 @@ class Segment:
             kept = cipher.encrypt(kept)
         return position, header, kept or encode_empty_batch(header.base_offset, lod, header.leader_epoch)
 
-    def truncate_to(self, offset: int, cipher: BatchCipher | None = None) -> None:
+    def truncate_to(self, offset: int, cipher: PartitionCipher | None = None) -> None:
         """Remove every record at or above ``offset``.
 
         A batch that straddles ``offset`` is rewritten with the records below
