@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -273,5 +275,54 @@ def test_publishing_to_an_encrypted_stream_on_a_server_that_lost_its_key_is_refu
         assert "has no encryption master key" in answers[0].asyncError.message
         assert on_disk(proc.data_dir, "lost") == before
         assert "has no encryption master key" in proc.output()
+    finally:
+        proc.kill()
+
+
+def liftlog_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    return subprocess.run(
+        [sys.executable, "-m", "liftlog.cli.main", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_rewrap_moves_a_stopped_servers_data_to_a_new_master_key(tmp_path: Path, nats_server: NatsProcess) -> None:
+    """The key rotation that lets the old key go: stop, rewrap (refused while running; dry run first), start with
+    only the new key, and every message reads."""
+    old_file, new_file = tmp_path / "old.key", tmp_path / "new.key"
+    generate_master_key_file(old_file)
+    generate_master_key_file(new_file)
+    old_key, new_key = (parse_master_key(f.read_text(), str(f)) for f in (old_file, new_file))
+    proc = LiftlogProcess(tmp_path / "data", "--set", f"encryption.key.file={old_file}", nats_url=nats_server.url)
+    proc.start()
+    try:
+        create_encrypted(proc.address, "pay")
+        written = [SECRET + b"-%d" % i for i in range(30)]
+        publish(proc.address, "pay", written)
+        rewrap = ["encryption", "rewrap", "--data-dir", str(proc.data_dir), "--key-file", str(new_file)]
+        rewrap += ["--previous-key-file", str(old_file)]
+
+        running = liftlog_cli(*rewrap)
+        assert running.returncode == 1
+        assert "is in use by a liftlog server" in running.stderr and "stop it first" in running.stderr
+        proc.stop()
+
+        stored = on_disk(proc.data_dir, "pay")
+        dry = liftlog_cli(*rewrap, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "30 batches would be rewrapped" in dry.stdout.replace("\n", " ")
+        assert on_disk(proc.data_dir, "pay") == stored, "a dry run writes nothing"
+
+        done = liftlog_cli(*rewrap)
+        assert done.returncode == 0, done.stderr
+        assert "30 batches were rewrapped" in done.stdout.replace("\n", " ")
+        rewrapped = on_disk(proc.data_dir, "pay")
+        assert len(rewrapped) == len(stored) and old_key.id not in rewrapped and new_key.id in rewrapped
+
+        proc.args = [a.replace(str(old_file), str(new_file)) for a in proc.args]  # the new key only
+        proc.start()
+        assert subscribe_values(proc.address, "pay") == written
+        publish(proc.address, "pay", [b"after"])
+        assert asyncio.run(client_reads(proc.address, "pay")) == ([*written, b"after"], [*written, b"after"])
     finally:
         proc.kill()

@@ -15,6 +15,7 @@ from liftlog.cli.bench import bench
 from liftlog.cli.cluster import cluster
 from liftlog.cli.common import CLIENT_ENV, ReportingGroup, fail, root_addr_option
 from liftlog.cli.cursors import cursor
+from liftlog.cli.encryption import encryption
 from liftlog.cli.groups import group
 from liftlog.cli.messages import publish, subscribe
 from liftlog.cli.pipeline import pipeline  # imports neither pyspark nor gRPC until a command runs
@@ -231,6 +232,7 @@ main.add_command(cursor)
 main.add_command(group)
 main.add_command(activity)
 main.add_command(pipeline)
+main.add_command(encryption)
 
 
 if __name__ == "__main__":  # `python -m liftlog.cli.main`, as `liftlog bench --start-server` runs it

@@ -298,6 +298,32 @@ class BatchCipher:
                 parts.append(mv[h.position : h.position + h.size])
         return b"".join(parts)
 
+    def rewrap(self, batch: bytes | bytearray | memoryview, header: BatchHeader, context: bytes = b"") -> bytes:
+        """One encrypted batch with its data key wrapped by the current master key instead.
+
+        The nonce, ciphertext and envelope version stay (the data key is the same), so the batch keeps
+        its size and position. The batch is decrypted first, so a damaged one is refused, not carried on.
+        """
+        current = self._current
+        if current is None:
+            raise MissingMasterKey("cannot rewrap: no current master key")
+        self.decrypt(batch, header, context)  # proves the key, the ciphertext and the binding
+        mv = memoryview(batch)[header.position : header.position + header.size]
+        version, key_id, wrapped_len = _ENVELOPE_HEAD.unpack_from(mv, BATCH_HEADER_SIZE)
+        p = BATCH_HEADER_SIZE + _ENVELOPE_HEAD.size
+        wrapped = bytes(mv[p : p + wrapped_len])
+        with self._lock:
+            aead_key = self._keys[key_id]  # present: decrypt unwrapped with it
+        rewrapped = current.wrap(aead_key.unwrap(wrapped))
+        if len(rewrapped) != wrapped_len:
+            raise EncryptionError(
+                f"batch at base offset {header.base_offset}: its data key wraps to {len(rewrapped)} bytes "
+                f"under the new master key, not {wrapped_len}; use a re-encryption instead"
+            )
+        body = bytearray(mv[BATCH_HEADER_SIZE:])
+        body[: p - BATCH_HEADER_SIZE + wrapped_len] = _ENVELOPE_HEAD.pack(version, current.id, wrapped_len) + rewrapped
+        return _seal(header, header.attributes, bytes(body))
+
     def bind(self, context: bytes) -> PartitionCipher:
         """This cipher for one partition's batches (see ``partition_context``)."""
         return PartitionCipher(self, context)
