@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from liftlog.rpc import wire
+from liftlog.rpc.connection import BufferBudget
 from liftlog.rpc.server_connection import (
     ConnectionLimits,
     ConnectionTerminated,
@@ -46,6 +47,9 @@ def check_accounting(conn: ServerConnection) -> None:
     streams = conn._streams.values()
     assert conn._partial == sum(len(s.buf) for s in streams)
     assert conn._buffered == sum(s.held for s in streams)
+    budget = conn._budget
+    if budget is not None and not conn.closed:  # what it holds or has open is charged beyond its floor
+        assert conn._charged >= conn._footprint() - budget.floor
 
 
 @dataclass
@@ -70,14 +74,19 @@ class Response:
 class Pair:
     """An h2 client and a ServerConnection, wired together in memory."""
 
-    def __init__(self, limits: ConnectionLimits | None = None, client_settings: dict[int, int] | None = None):
+    def __init__(
+        self,
+        limits: ConnectionLimits | None = None,
+        client_settings: dict[int, int] | None = None,
+        budget: BufferBudget | None = None,
+    ):
         self.client = h2.connection.H2Connection(
             config=h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
         self.client.initiate_connection()
         if client_settings:
             self.client.update_settings(client_settings)
-        self.server = ServerConnection(limits or ConnectionLimits())
+        self.server = ServerConnection(limits or ConnectionLimits(), budget)
         self.now = 0.0
         self.events: list[Event] = []  # the server's
         self.client_events: list[h2.events.Event] = []

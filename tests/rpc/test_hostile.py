@@ -8,6 +8,7 @@ connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -26,6 +27,7 @@ from .frames import Frame, FrameReader, goaway_code, goaways, grpc_message, requ
 from .service import FakeAPI, serving, until
 
 LIMITS = ConnectionLimits(max_concurrent_streams=16)
+ATTACKER = "127.0.0.2"
 
 
 class RawClient:
@@ -43,7 +45,9 @@ class RawClient:
     async def connect(
         cls, server: RpcServer, preface: bool = True, settings: Iterable[tuple[int, int]] = ()
     ) -> RawClient:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        # From an address of its own: the server cools down addresses it caught abusing it, and the
+        # well-behaved clients of these tests come from 127.0.0.1.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, local_addr=(ATTACKER, 0))
         client = cls(reader, writer)
         if preface:
             client.send(wire.PREFACE + wire.settings_frame(settings))
@@ -453,3 +457,80 @@ async def test_a_malformed_message_among_good_ones_in_one_read() -> None:
         (block,) = [dict(decoder.decode(f.payload)) for f in client.frames if f.type == FrameType.HEADERS][-1:]
         assert block["grpc-status"] == str(StatusCode.INTERNAL.value)
         assert "cannot parse request message" in urllib.parse.unquote(block["grpc-message"])
+
+
+# -- server-wide bounds: abusive addresses cool down, the buffer budget holds ----------------------------
+
+
+async def test_an_address_closed_for_abuse_is_refused_for_a_while(service: FakeAPI) -> None:
+    """A flood that reconnects after each GOAWAY would get a fresh allowance each time: its address waits."""
+    async with serving(service, ServerOptions(limits=LIMITS, abuse_cooldown=0.5)) as server:
+        client = await RawClient.connect(server)
+        burst = LIMITS.reset_rate[0]
+        client.send(b"".join(client.headers(sid) + wire.rst_stream(sid, 8) for sid in range(1, 4 * burst, 2)))
+        assert await client.goaway() == ErrorCode.ENHANCE_YOUR_CALM
+        again = await RawClient.connect(server)
+        assert await again.closed(), "closed on arrival"
+        assert not again.frames, "not even the server's SETTINGS: it costs the server nothing"
+        assert server.cooled_connections == 1
+        await assert_serving(server)  # another address is served meanwhile
+        await asyncio.sleep(0.6)
+        later = await RawClient.connect(server)
+        later.send(later.headers(1) + wire.frame(FrameType.DATA, END_STREAM, 1, publish("echo", "late")))
+        await later.read(lambda frames: any(f.type == FrameType.DATA for f in frames))
+        later.close()
+
+
+async def _hoard(server: RpcServer, streams: int = 8) -> RawClient:
+    """A client that announces 1 MB messages on ``streams`` calls and sends what the windows allow, never all."""
+    client = await RawClient.connect(server)
+    client.send(b"".join(client.headers(sid) for sid in range(1, 2 * streams, 2)))
+    window, stream_window = wire.DEFAULT_WINDOW, dict.fromkeys(range(1, 2 * streams, 2), wire.DEFAULT_WINDOW)
+    first = dict.fromkeys(stream_window, True)
+    for _ in range(40):
+        for sid in stream_window:
+            room = min(window, stream_window[sid], 16_384)
+            if room < 5:
+                continue
+            prefix = b"\0" + (1_000_000).to_bytes(4, "big") if first[sid] else b""  # never finished
+            payload = (prefix + b"h" * room)[:room]
+            first[sid] = False
+            client.send(wire.frame(FrameType.DATA, 0, sid, payload))
+            window -= room
+            stream_window[sid] -= room
+        with contextlib.suppress(AssertionError):  # timed out: nothing more came
+            await client.read(lambda frames: False, timeout=0.05)
+        for f in client.frames:
+            if f.type == FrameType.WINDOW_UPDATE:
+                inc = int.from_bytes(f.payload, "big") & 0x7FFFFFFF
+                if f.stream_id == 0:
+                    window += inc
+                elif f.stream_id in stream_window:
+                    stream_window[f.stream_id] += inc
+        client.frames.clear()
+    return client
+
+
+async def test_hoarding_connections_get_no_more_than_the_budget_and_stalled_ones_are_closed(
+    service: FakeAPI,
+) -> None:
+    budget = 2 << 20
+    options = ServerOptions(limits=LIMITS, max_buffered_bytes=budget, stall_timeout=1.0, abuse_cooldown=0.0)
+    async with serving(service, options) as server:
+        hoarders = await asyncio.gather(*(_hoard(server) for _ in range(6)))
+        assert server.budget is not None
+        assert server.budget.used <= budget
+        held = sum(c.core._partial + c.core._buffered for c in server._connections)
+        assert held <= budget + len(hoarders) * wire.DEFAULT_WINDOW
+        assert server.budget.waiting, "the hoarders want more than there is"
+        await assert_serving(server)  # a newcomer publishes within its own 64 KiB
+        await until(lambda: server.stalled_connections > 0, timeout=5)
+        calmed = 0
+        for h in hoarders:
+            with contextlib.suppress(AssertionError):  # still open: it was not among the ones closed
+                calmed += await h.goaway(timeout=0.5) == ErrorCode.ENHANCE_YOUR_CALM
+        assert 1 <= calmed <= server.stalled_connections
+        assert server.budget.used <= budget
+        for h in hoarders:
+            h.close()
+        await until(lambda: server.connections == 0 and server.budget is not None and server.budget.used == 0)

@@ -18,7 +18,10 @@ Rules both ends follow:
   until the app says it took the message (:meth:`consumed`); window updates
   go out in batches of a quarter window. A stream whose messages the app does
   not take, or a connection holding ``max_buffered_bytes``, gets no more
-  credit, so a peer can never make us buffer without bound.
+  credit, so a peer can never make us buffer without bound. Connections that
+  share a :class:`BufferBudget` (a server's) also get no credit the budget
+  cannot cover: each may hold the protocol's initial window (64 KiB) on its
+  own; beyond it, what it holds or has been granted comes from the budget.
 - Flow control, sending: messages are queued per stream and framed when
   :meth:`data_to_send` is called, packed up to the peer's frame size and as
   far as both windows allow; :meth:`buffered` tells the app how far behind a
@@ -56,6 +59,7 @@ from .wire import ACK, END_HEADERS, END_STREAM, PADDED, PRIORITY_FLAG, ErrorCode
 
 __all__ = [
     "ENCODINGS",
+    "BufferBudget",
     "Connection",
     "ConnectionLimits",
     "ConnectionTerminated",
@@ -91,6 +95,32 @@ class ConnectionLimits:
     settings_rate: tuple[int, float] = (100, 100.0)
     reset_rate: tuple[int, float] = (500, 200.0)
     junk_rate: tuple[int, float] = (1000, 1000.0)
+
+
+class BufferBudget:
+    """Bytes every connection of a server together may hold or let their peers send, beyond a floor each.
+
+    A connection's footprint is its receive window still open to the peer plus the bytes it holds (whole
+    messages the app has not taken, unfinished ones). The first ``floor`` bytes of a footprint are the
+    connection's own (the window HTTP/2 grants every connection before any WINDOW_UPDATE); the rest is
+    charged here, and a window update the budget cannot cover is held back: the peer waits
+    (backpressure). Connections waiting for budget are in ``waiting``, oldest first; the shell calls
+    their ``grant_withheld`` once ``room`` shows budget again. Sans-IO, like the connections.
+    """
+
+    __slots__ = ("floor", "limit", "used", "waiting", "withheld")
+
+    def __init__(self, limit: int, floor: int = wire.DEFAULT_WINDOW) -> None:
+        self.limit = limit
+        self.floor = floor
+        self.used = 0
+        self.waiting: dict[Connection, None] = {}
+        #: Window updates held back for want of budget (for metrics).
+        self.withheld = 0
+
+    @property
+    def room(self) -> int:
+        return self.limit - self.used
 
 
 # -- events both ends raise ------------------------------------------------------
@@ -203,8 +233,14 @@ class Connection:
     #: DATA frames holding one whole message take _receive's short way (a test turns it off to compare).
     fast_data = True
 
-    def __init__(self, limits: ConnectionLimits, settings: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, limits: ConnectionLimits, settings: list[tuple[int, int]], budget: BufferBudget | None = None
+    ) -> None:
         self.limits = limits
+        self._budget = budget
+        self._charged = 0  # bytes of the footprint charged to the budget
+        #: Messages the app took so far: a shell tells a connection that holds bytes without progress by it.
+        self.consumptions = 0
         self._in = bytearray()
         self._out = bytearray()
         self._acks = bytearray()  # PING ACKs: they may wait for the next write (see has_urgent_output)
@@ -220,7 +256,11 @@ class Connection:
         self._peer_max_frame = wire.DEFAULT_MAX_FRAME
         self._peer_max_streams: int | None = None  # streams the peer lets us open, once it said
         self._send_window = wire.DEFAULT_WINDOW  # connection level
-        self._recv_window = limits.connection_window
+        self._recv_window = wire.DEFAULT_WINDOW  # what the peer may still send (raised below)
+        #: The connection window we keep open: recv_window + credit + bytes held against it. Without a budget
+        #: it is connection_window from the start; with one it starts at the protocol's 64 KiB and doubles
+        #: each time the peer nearly runs out of it, so idle connections (and slow talkers) hold no budget.
+        self._window = limits.connection_window if budget is None else wire.DEFAULT_WINDOW
         self._credit = 0
         self._buffered = 0  # bytes of messages handed to the app and not consumed
         self._partial = 0  # bytes of unfinished messages
@@ -243,8 +283,9 @@ class Connection:
         if limits.max_frame_size != wire.DEFAULT_MAX_FRAME:
             settings.append((Setting.MAX_FRAME_SIZE, limits.max_frame_size))
         self._out += wire.settings_frame(settings)
-        if limits.connection_window > wire.DEFAULT_WINDOW:
-            self._out += wire.window_update(0, limits.connection_window - wire.DEFAULT_WINDOW)
+        if self._window > wire.DEFAULT_WINDOW:
+            self._credit = self._window - wire.DEFAULT_WINDOW
+            self._grant_connection_credit()
 
     # -- what differs between the ends ----------------------------------------------
 
@@ -511,6 +552,8 @@ class Connection:
             s.excess += cost - (5 + size - prepaid)
             prepaid = 0
             self._buffered += cost
+            if cost > 5 + size and self._budget is not None:
+                self._settle_budget()
             events.append(MessageReceived(s.id, message, cost))
         rest = end - pos
         if data is body:
@@ -532,6 +575,8 @@ class Connection:
         limit = self.limits.max_message_bytes
         # The windows count compressed bytes: a window of small gzip messages could stand for gigabytes.
         room = self.limits.max_buffered_bytes - self._buffered - self._partial
+        if self._budget is not None:  # the inflated bytes count beyond what the window covered
+            room = min(room, len(message) + max(0, self._budget.room))
         inflater = zlib.decompressobj(wbits=31)
         try:
             out = inflater.decompress(message, max(0, min(limit, room)) + 1)  # max_length 0 would mean all
@@ -732,6 +777,7 @@ class Connection:
 
     def consumed(self, stream_id: int, size: int) -> None:
         """The app took a message of ``size`` bytes (its event's): the peer may send more."""
+        self.consumptions += 1
         s = self._streams.get(stream_id)
         if s is None:
             return  # a stream that ended gave back what it held then
@@ -834,19 +880,85 @@ class Connection:
     def _give_back(self, s: _Stream | None, size: int) -> None:
         """Credit ``size`` received bytes; send WINDOW_UPDATEs once a quarter window has built up."""
         self._credit += size
-        if (
-            self._credit >= self.limits.connection_window // 4
-            and self._buffered + self._partial < self.limits.max_buffered_bytes
-        ):
-            self._out += wire.window_update(0, self._credit)
-            self._recv_window += self._credit
-            self._credit = 0
+        if self._budget is not None:
+            self._settle_budget()
+        if self._credit >= self._window // 4 and self._buffered + self._partial < self.limits.max_buffered_bytes:
+            if self._recv_window < self._window // 4 and self._window < self.limits.connection_window:
+                # The peer used most of its window before we could give any back: let it have twice as much.
+                grow = min(self._window, self.limits.connection_window - self._window)
+                self._window += grow
+                self._credit += grow
+            self._grant_connection_credit()
         if s is not None and not s.remote_closed and s.id in self._streams:
             s.credit += size
             if s.credit >= self.limits.stream_window // 4 and s.held < self.limits.stream_window:
                 self._out += wire.window_update(s.id, s.credit)
                 s.recv_window += s.credit
                 s.credit = 0
+
+    def _footprint(self) -> int:
+        return self._recv_window + self._buffered + self._partial
+
+    def _settle_budget(self) -> None:
+        """Charge the budget what this connection holds or has open beyond its floor, no more, no less.
+
+        Mostly a return (bytes taken by the app, streams gone); a charge only for inflated messages,
+        which hold more than the window let in (``_inflate`` kept them within the budget's room).
+        """
+        budget = self._budget
+        assert budget is not None
+        need = max(0, self._footprint() - budget.floor)
+        budget.used += need - self._charged
+        self._charged = need
+
+    def _grant_connection_credit(self) -> None:
+        """Send the connection's credit as a WINDOW_UPDATE, as far as the budget covers it."""
+        grant = self._credit
+        budget = self._budget
+        if budget is not None:
+            floor_left = max(0, budget.floor - self._footprint())
+            covered = floor_left + max(0, budget.room)
+            if covered < grant:
+                budget.withheld += 1
+                budget.waiting[self] = None
+                # Part of it if that is worth a frame (a peer at a standstill may finish a message with it),
+                # and always what is left of the connection's own floor.
+                if not floor_left and covered < min(grant, self.limits.connection_window // 16):
+                    return
+                grant = covered
+            else:
+                budget.waiting.pop(self, None)
+            charge = max(0, self._footprint() + grant - budget.floor) - self._charged
+            if charge > 0:
+                budget.used += charge
+                self._charged += charge
+        self._out += wire.window_update(0, grant)
+        self._recv_window += grant
+        self._credit -= grant
+
+    def grant_withheld(self) -> bool:
+        """Try again to send credit held back for want of budget; True if a window update is now queued."""
+        if self._budget is None or self.closed or not self._credit:
+            if self._budget is not None:
+                self._budget.waiting.pop(self, None)
+            return False
+        before = self._credit
+        if self._buffered + self._partial < self.limits.max_buffered_bytes:
+            self._grant_connection_credit()
+        return self._credit < before
+
+    def release_budget(self) -> None:
+        """The connection is gone: everything it held or had granted goes back to the budget."""
+        budget = self._budget
+        if budget is not None:
+            budget.used -= self._charged
+            self._charged = 0
+            budget.waiting.pop(self, None)
+
+    @property
+    def budget_charged(self) -> int:
+        """Bytes of the server's buffer budget this connection holds or has granted."""
+        return self._charged
 
     def _police_reset(self) -> None:
         """A stream this end resets for the peer's error costs what a reset it sends does: a peer that makes

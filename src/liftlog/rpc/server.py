@@ -14,7 +14,11 @@ of a servicer object named as in the service's protobuf descriptor::
 Backpressure: ``context.write`` returns at once while the call's queued output
 is under a high-water mark and the socket takes data; otherwise it waits for
 the client's window or socket to drain. A client that stops reading stops
-being read from. Call objects and contexts belong to the event loop's thread.
+being read from. What clients send is bounded server-wide by a
+:class:`BufferBudget` (``max_buffered_bytes``): a connection gets no window
+the budget cannot cover, waits until bytes come back, and one that holds
+budget without progress while others wait is closed (ENHANCE_YOUR_CALM).
+Call objects and contexts belong to the event loop's thread.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
+from .connection import BufferBudget
 from .server_connection import (
     ConnectionLimits,
     ConnectionTerminated,
@@ -105,6 +110,13 @@ class ServerOptions:
     max_connections: int = 0
     #: How long a PING ACK may wait to share a write with a call's response (seconds; 0: never waits).
     ping_ack_delay: float = 0.002
+    #: Bytes all connections together may hold or have granted beyond 64 KiB each (0: no server-wide bound).
+    max_buffered_bytes: int = 256 << 20
+    #: While connections wait for budget, one holding budget without a message taken for this long is closed.
+    stall_timeout: float = 5.0
+    #: A client address whose connection was closed for abuse (ENHANCE_YOUR_CALM) has its new connections
+    #: closed on arrival for this long, doubling with each repeat up to a minute (0: never).
+    abuse_cooldown: float = 1.0
 
 
 class _CallGone(Exception):
@@ -342,22 +354,30 @@ class _Call:
 
 
 class _Server(Protocol):
-    def admit(self, conn: _Connection) -> bool: ...
+    def admit(self, conn: _Connection, host: str) -> bool: ...
+
+    def penalize(self, host: str) -> None: ...
 
     methods: dict[str, Method]
     options: ServerOptions
+    budget: BufferBudget | None
 
     def connection_closed(self, conn: _Connection) -> None: ...
+
+    def budget_returned(self) -> None: ...
 
 
 class _Connection(CoreProtocol):
     core: ServerConnection
 
     def __init__(self, server: _Server) -> None:
-        super().__init__(ServerConnection(server.options.limits))
+        super().__init__(ServerConnection(server.options.limits, server.budget))
         self.server = server
+        self._consumptions = 0
+        self.last_progress = self._loop.time()  # a message taken by a handler (see tick)
         self.calls: dict[int, _Call] = {}
         self.peer = "unknown"
+        self.peer_host = ""
         #: The client's verified certificate (``ssl.SSLObject.getpeercert()``), None without TLS or without one.
         self.peer_certificate: dict[str, Any] | None = None
         self.last_read = self._loop.time()
@@ -373,14 +393,15 @@ class _Connection(CoreProtocol):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self.server.admit(self):
-            self.closing = True
-            transport.abort()  # type: ignore[attr-defined]  # not even the preface: it costs a socket, briefly
-            return
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             host, port = peer[0], peer[1]
+            self.peer_host = host
             self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        if not self.server.admit(self, self.peer_host):
+            self.closing = True
+            transport.abort()  # type: ignore[attr-defined]  # not even the preface: it costs a socket, briefly
+            return
         self.peer_certificate = transport.get_extra_info("peercert") or None
         super().connection_made(transport)
 
@@ -411,6 +432,7 @@ class _Connection(CoreProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.core.release_budget()
         if self._ack_timer is not None:
             self._ack_timer.cancel()
         self._ack_timer = None
@@ -455,6 +477,8 @@ class _Connection(CoreProtocol):
                     self._close_if_idle()
                 else:
                     log.info("closing connection from %s: %s", self.peer, event.reason)
+                    if event.code == ErrorCode.ENHANCE_YOUR_CALM:
+                        self.server.penalize(self.peer_host)
 
     def _start(self, event: RequestReceived) -> None:
         method = self.server.methods.get(event.path)
@@ -508,6 +532,9 @@ class _Connection(CoreProtocol):
         if self.closing and not self.calls and self.core.open_streams == 0:
             # A call's trailers leave the core only here: finish() came too early to close.
             self.close_transport()
+        budget = self.server.budget
+        if budget is not None and budget.waiting and budget.room > 0:
+            self.server.budget_returned()
 
     async def writable(self) -> None:
         if self.transport is None:
@@ -540,6 +567,9 @@ class _Connection(CoreProtocol):
     def tick(self, now: float) -> None:
         """Keepalive and idle policing, once a second."""
         options = self.server.options
+        if self.core.consumptions != self._consumptions:
+            self._consumptions = self.core.consumptions
+            self.last_progress = now
         if self.ping_sent is not None:
             if now - self.ping_sent > options.keepalive_timeout:
                 log.info("closing connection from %s: keepalive ping not answered", self.peer)
@@ -553,6 +583,18 @@ class _Connection(CoreProtocol):
             self.flush()
         if options.idle_timeout and not self.calls and now - self.last_active > options.idle_timeout:
             self.go_away()
+
+    def calm_down(self, reason: str) -> None:
+        """Close at once with GOAWAY ENHANCE_YOUR_CALM: the client misuses what the server shares."""
+        log.info("closing connection from %s: %s", self.peer, reason)
+        self.server.penalize(self.peer_host)
+        self.core.close(ErrorCode.ENHANCE_YOUR_CALM, reason)
+        self.flush()
+        self.core.release_budget()  # now, not when the socket is gone: others wait for it
+        for call in list(self.calls.values()):
+            call.abandon()
+        self.calls.clear()
+        self.close_transport()
 
 
 class RpcServer:
@@ -570,6 +612,15 @@ class RpcServer:
         self.refused_connections = 0
         #: Streams reset for their clients' errors on connections now closed (``resets_sent`` adds open ones).
         self._resets_sent_closed = 0
+        #: What all connections may hold beyond their own 64 KiB (None: unbounded server-wide).
+        self.budget = BufferBudget(options.max_buffered_bytes) if options.max_buffered_bytes else None
+        self._by_core: dict[object, _Connection] = {}  # a waiting core's shell
+        #: Connections closed for holding budget without progress while others waited (for metrics).
+        self.stalled_connections = 0
+        #: Client address -> (refused until, the next cooldown, last penalized): see ``abuse_cooldown``.
+        self._cooling: dict[str, tuple[float, float, float]] = {}
+        #: Connections closed on arrival because their address was cooling down after abuse (for metrics).
+        self.cooled_connections = 0
 
     def add_methods(self, methods: Iterable[Method]) -> None:
         for m in methods:
@@ -620,7 +671,11 @@ class RpcServer:
     def _connection(self) -> _Connection:
         return _Connection(self)
 
-    def admit(self, conn: _Connection) -> bool:
+    def admit(self, conn: _Connection, host: str) -> bool:
+        cooling = self._cooling.get(host) if self._cooling else None
+        if cooling is not None and asyncio.get_running_loop().time() < cooling[0]:
+            self.cooled_connections += 1
+            return False
         cap = self.options.max_connections
         if cap and len(self._connections) >= cap:
             self.refused_connections += 1
@@ -632,12 +687,65 @@ class RpcServer:
                 )
             return False
         self._connections.add(conn)
+        self._by_core[conn.core] = conn
         return True
 
     def connection_closed(self, conn: _Connection) -> None:
         if conn in self._connections:
             self._connections.discard(conn)
+            self._by_core.pop(conn.core, None)
             self._resets_sent_closed += conn.core.resets_sent
+        self.budget_returned()
+
+    def penalize(self, host: str) -> None:
+        """``host``'s connection was closed for abuse: refuse its next ones for a while (a reconnecting flood
+        would otherwise get a fresh allowance each time)."""
+        base = self.options.abuse_cooldown
+        if not base or not host:
+            return
+        now = asyncio.get_running_loop().time()
+        until, cooldown, last = self._cooling.get(host, (0.0, base, now))
+        if now < until:
+            return  # its other connections, closed in the same breath: one offence
+        self._cooling.pop(host, None)  # re-inserted last: the dict stays in order of offence
+        if now - last > 600:  # behaved for ten minutes: start over
+            cooldown = base
+        self._cooling[host] = (now + cooldown, min(cooldown * 2, 60.0), now)
+        if len(self._cooling) > 10_000:  # bounded: the longest-forgiven go first
+            del self._cooling[next(iter(self._cooling))]
+        log.warning("refusing connections from %s for %.0f s: it was closed for abuse", host, cooldown)
+
+    def budget_returned(self) -> None:
+        """Budget came back: connections that wait for it get their window updates, oldest first."""
+        budget = self.budget
+        if budget is None:
+            return
+        for core in list(budget.waiting):
+            if budget.room <= 0:
+                break
+            conn = self._by_core.get(core)
+            if conn is None:
+                budget.waiting.pop(core, None)
+            elif conn.core.grant_withheld():
+                conn.want_flush()
+
+    def _reclaim(self, now: float) -> None:
+        """While connections wait for budget, close those that hold budget without taking messages."""
+        budget = self.budget
+        if budget is None or not budget.waiting or budget.room > budget.limit // 16:
+            return
+        stall = self.options.stall_timeout
+        stalled = [
+            c for c in self._connections if c.core.budget_charged and now - c.last_progress > stall and c.transport
+        ]
+        for conn in sorted(stalled, key=lambda c: -c.core.budget_charged):
+            self.stalled_connections += 1
+            conn.calm_down(
+                f"holds {conn.core.budget_charged} bytes of the server's buffer budget (rpc.max.buffered.bytes) "
+                f"and took no message for {now - conn.last_progress:.0f} s while other connections wait"
+            )
+            if budget.room > budget.limit // 8:
+                break
 
     @property
     def resets_sent(self) -> int:
@@ -651,6 +759,7 @@ class RpcServer:
             now = loop.time()
             for conn in list(self._connections):
                 conn.tick(now)
+            self._reclaim(now)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop listening, let calls in flight finish for ``grace`` seconds, then end the rest."""

@@ -27,6 +27,7 @@ from typing import Any, Final
 from . import wire
 from .connection import (
     ENCODINGS,
+    BufferBudget,
     Connection,
     ConnectionLimits,
     ConnectionTerminated,
@@ -76,9 +77,9 @@ Event = RequestReceived | MessageReceived | RequestEnded | StreamReset | WindowO
 class ServerConnection(Connection):
     expects_preface = True
 
-    def __init__(self, limits: ConnectionLimits | None = None) -> None:
+    def __init__(self, limits: ConnectionLimits | None = None, budget: BufferBudget | None = None) -> None:
         limits = limits or ConnectionLimits()
-        super().__init__(limits, [(Setting.MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams)])
+        super().__init__(limits, [(Setting.MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams)], budget)
 
     def receive(self, data: bytes, now: float) -> list[Event]:
         """Bytes from the client; returns what they mean, in order. Output may be queued."""

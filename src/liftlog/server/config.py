@@ -303,6 +303,21 @@ SETTINGS: tuple[Setting, ...] = (
         "64 KiB for keys, headers and framing)",
     ),
     _s(
+        "rpc.abuse.cooldown",
+        parse_duration_ms,
+        1_000,
+        "after a client's connection is closed for abuse (ENHANCE_YOUR_CALM), close new connections from its "
+        "address on arrival for this long, doubling with each repeat up to a minute (0: never)",
+    ),
+    _s(
+        "rpc.max.buffered.bytes",
+        parse_size,
+        256 << 20,
+        "bytes all gRPC connections together may hold or let their clients send beyond 64 KiB each; a client "
+        "gets no more window than it covers, and one that holds it without progress while others wait is closed "
+        "(0: no server-wide bound)",
+    ),
+    _s(
         "security.key.permissions.check",
         _bool,
         True,

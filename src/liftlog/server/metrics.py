@@ -459,11 +459,36 @@ class ServerCollector(Collector):
                 rpc.refused_connections,
             )
             yield _counter(
+                "liftlog_rpc_connections_cooled",
+                "gRPC connections closed on arrival because their address was closed for abuse moments before "
+                "(rpc.abuse.cooldown)",
+                rpc.cooled_connections,
+            )
+            yield _counter(
                 "liftlog_rpc_streams_reset_sent",
                 "gRPC streams this server reset for their clients' protocol errors (policed with the clients' own "
                 "resets: a flood ends the connection with ENHANCE_YOUR_CALM)",
                 rpc.resets_sent,
             )
+            if rpc.budget is not None:
+                yield _gauge(
+                    "liftlog_rpc_buffer_budget_used_bytes",
+                    "Bytes gRPC connections hold or let their clients send beyond 64 KiB each",
+                    rpc.budget.used,
+                )
+                yield _gauge(
+                    "liftlog_rpc_buffer_budget_bytes", "rpc.max.buffered.bytes: the most they may", rpc.budget.limit
+                )
+                yield _counter(
+                    "liftlog_rpc_buffer_budget_withheld",
+                    "Window updates held back because the buffer budget could not cover them (clients waited)",
+                    rpc.budget.withheld,
+                )
+                yield _counter(
+                    "liftlog_rpc_connections_stalled",
+                    "gRPC connections closed for holding buffer budget without progress while others waited",
+                    rpc.stalled_connections,
+                )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

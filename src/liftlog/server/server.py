@@ -947,6 +947,8 @@ class Server:
             ),
             idle_timeout=values["rpc.idle.timeout"] / 1000,
             max_connections=values["rpc.max.connections"],
+            max_buffered_bytes=values["rpc.max.buffered.bytes"],
+            abuse_cooldown=values["rpc.abuse.cooldown"] / 1000,
         )
         server = RpcServer((), options)
         try:
