@@ -75,6 +75,29 @@ async def test_requests_and_replies_are_sealed_both_ways(nc: nats.NATS, second: 
     assert seen == [b"ping"]
 
 
+async def test_concurrent_first_requests_share_one_reply_subscription(nc: nats.NATS, second: nats.NATS) -> None:
+    server, client = signer(nc), signer(second)
+
+    async def answer(msg: NatsMessage) -> None:
+        await msg.respond(b"pong:" + msg.data)
+
+    await server.subscribe("ns.x.propose", cb=answer)
+    await nats_settled(nc)
+    subscribed = 0
+    inner_subscribe = second.subscribe
+
+    async def counting_subscribe(*args: object, **kwargs: object) -> object:
+        nonlocal subscribed
+        subscribed += 1
+        await asyncio.sleep(0.01)  # a client that waits for the server's word (our lean client may)
+        return await inner_subscribe(*args, **kwargs)  # type: ignore[arg-type]
+
+    second.subscribe = counting_subscribe  # type: ignore[method-assign]
+    replies = await asyncio.gather(*(client.request("ns.x.propose", b"%d" % i, timeout=5) for i in range(5)))
+    assert sorted(r.data for r in replies) == [b"pong:%d" % i for i in range(5)]
+    assert subscribed == 1, "each reply would otherwise arrive once per subscription, and all but one be dropped"
+
+
 async def test_an_unsigned_reply_counts_as_no_reply(nc: nats.NATS, second: nats.NATS) -> None:
     async def plain(msg: nats.aio.msg.Msg) -> None:
         await msg.respond(b"forged answer")

@@ -90,6 +90,7 @@ class AuthenticatedNats:
         #: Where replies to this connection's internal requests come, one token per request.
         self._inbox = f"{SERVER_INBOX_PREFIX}r{secrets.token_hex(10)}."
         self._inbox_sub: NatsSubscription | None = None
+        self._inbox_lock = asyncio.Lock()  # the first requests, at once: one subscription, not one each
         self._tokens = itertools.count()
         self._waiting: dict[str, asyncio.Future[NatsMessage]] = {}
         self._opened = 0
@@ -128,7 +129,9 @@ class AuthenticatedNats:
         if not self._is_internal(subject):
             return await self.inner.request(subject, payload, timeout=timeout)
         if self._inbox_sub is None:
-            self._inbox_sub = await self.inner.subscribe(self._inbox + "*", cb=self._on_reply)
+            async with self._inbox_lock:
+                if self._inbox_sub is None:
+                    self._inbox_sub = await self.inner.subscribe(self._inbox + "*", cb=self._on_reply)
         token = str(next(self._tokens))
         reply = self._inbox + token
         loop = asyncio.get_running_loop()
