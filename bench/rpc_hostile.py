@@ -144,11 +144,15 @@ class Tally:
             pos += 9 + length
 
 
+#: The attacker's source address: all of 127/8 is loopback, so the server tells attackers from the good client
+#: (127.0.0.1) by address, as it would on a network. Each phase attacks from one of its own, so that one
+#: attack's cooldown (rpc.abuse.cooldown) does not stop the next.
+SOURCE = "127.0.0.2"
+
+
 async def connect(port: int, tally: Tally) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
     try:
-        # From an address of its own (all of 127/8 is loopback): the server tells attackers from the good client
-        # by address, as it would on a network.
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(SOURCE, 0))
     except OSError:
         tally.failed_connects += 1
         return None
@@ -358,6 +362,8 @@ ATTACKS = {
 
 
 def run_attack(name: str, port: int, duration: float, out: Any) -> None:
+    global SOURCE
+    SOURCE = f"127.0.0.{10 + list(ATTACKS).index(name)}"
     tally = Tally()
     stop = time.monotonic() + duration
     try:
@@ -401,6 +407,7 @@ async def good_client(address: str, stream: str, duration: float) -> dict[str, A
 
     return {
         "published": len(latencies),
+        "per_s": round(len(latencies) / duration),
         "failed": len(failures),
         "failures": sorted(set(failures))[:3],
         "p50_ms": pct(0.5),

@@ -948,12 +948,19 @@ class Connection:
         return self._credit < before
 
     def release_budget(self) -> None:
-        """The connection is gone: everything it held or had granted goes back to the budget."""
+        """The connection is gone: everything it held or had granted goes back to the budget, and its buffers
+        are dropped now (the shell's objects and this core form cycles that only a collection would free)."""
         budget = self._budget
         if budget is not None:
             budget.used -= self._charged
             self._charged = 0
             budget.waiting.pop(self, None)
+        for s in self._streams.values():
+            s.buf = bytearray()
+            s.outbuf = bytearray()
+        self._in = bytearray()
+        self._partial = self._buffered = 0
+        self.closed = True
 
     @property
     def budget_charged(self) -> int:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import gc
 import logging
 import socket
 import ssl
@@ -117,6 +119,22 @@ class ServerOptions:
     #: A client address whose connection was closed for abuse (ENHANCE_YOUR_CALM) has its new connections
     #: closed on arrival for this long, doubling with each repeat up to a minute (0: never).
     abuse_cooldown: float = 1.0
+
+
+_libc: Any = None
+
+
+def malloc_trim() -> None:
+    """glibc's malloc_trim(0): freed heap pages back to the system; nothing where there is no glibc."""
+    global _libc
+    if _libc is False:
+        return
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL("libc.so.6")
+        _libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        _libc = False  # not glibc: never again
 
 
 class _CallGone(Exception):
@@ -617,6 +635,7 @@ class RpcServer:
         self._by_core: dict[object, _Connection] = {}  # a waiting core's shell
         #: Connections closed for holding budget without progress while others waited (for metrics).
         self.stalled_connections = 0
+        self._budget_peak = 0  # the most the budget held since memory was last handed back
         #: Client address -> (refused until, the next cooldown, last penalized): see ``abuse_cooldown``.
         self._cooling: dict[str, tuple[float, float, float]] = {}
         #: Connections closed on arrival because their address was cooling down after abuse (for metrics).
@@ -729,6 +748,21 @@ class RpcServer:
             elif conn.core.grant_withheld():
                 conn.want_flush()
 
+    def _hand_back_memory(self) -> None:
+        """Once the budget has been mostly full and is mostly free again, give freed heap pages back.
+
+        Buffers of many connections grow and are freed in no order; glibc keeps the freed pages of such a
+        heap, so without this the process would stay at its peak (hundreds of MB) after an attack ends.
+        """
+        budget = self.budget
+        if budget is None:
+            return
+        self._budget_peak = max(self._budget_peak, budget.used)
+        if self._budget_peak > budget.limit // 2 and budget.used < budget.limit // 8:
+            self._budget_peak = 0
+            gc.collect()  # closed connections are cycles (protocol, core, calls): freed only by a collection
+            malloc_trim()
+
     def _reclaim(self, now: float) -> None:
         """While connections wait for budget, close those that hold budget without taking messages."""
         budget = self.budget
@@ -760,6 +794,7 @@ class RpcServer:
             for conn in list(self._connections):
                 conn.tick(now)
             self._reclaim(now)
+            self._hand_back_memory()
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop listening, let calls in flight finish for ``grace`` seconds, then end the rest."""
