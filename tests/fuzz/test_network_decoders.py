@@ -31,6 +31,7 @@ from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import decode_record_batch, encode_record_batch
 from liftlog.api.envelope import decode_publish_message, encode_publish_message
 from liftlog.rpc import wire
+from liftlog.rpc.connection import BufferBudget
 from liftlog.rpc.server_connection import (
     ConnectionLimits,
     ConnectionTerminated,
@@ -83,7 +84,8 @@ def frame_types(data: bytes) -> list[int]:
 def serve(chunks: list[bytes], limits: ConnectionLimits) -> tuple[list[object], bytes]:
     """Feed ``chunks`` to a new server connection as an application would: every message taken and answered,
     every call ended. Returns the events and everything the server wrote."""
-    conn = ServerConnection(limits)
+    budget = BufferBudget(8192)  # small: the fuzzer's clients run into it (servers share one by default)
+    conn = ServerConnection(limits, budget)
     events: list[object] = []
     out = bytearray(conn.data_to_send())
     for i, chunk in enumerate(chunks):
@@ -101,6 +103,9 @@ def serve(chunks: list[bytes], limits: ConnectionLimits) -> tuple[list[object], 
         streams = conn._streams.values()
         assert conn._partial == sum(len(s.buf) for s in streams)
         assert conn._buffered == sum(s.held for s in streams)
+        assert budget.used == conn.budget_charged <= budget.limit
+        if not conn.closed:
+            assert conn._footprint() <= budget.floor + conn.budget_charged, "held or granted beyond the budget"
         if conn.closed:
             assert any(isinstance(e, ConnectionTerminated) and not e.by_peer for e in events)
             assert conn.receive(b"\x00" * 9, now=i) == [], "a closed connection takes nothing more"

@@ -1240,3 +1240,13 @@ def test_one_message_data_frames_mean_the_same_the_short_way(
         )
         results.append((events, out, state, conn.closed))
     assert results[0] == results[1]
+
+
+def test_an_undecodable_header_block_is_named_without_our_memory_addresses() -> None:
+    """Found by the fuzzer: hpack's message held the repr of its buffer, so the same bytes gave other reasons."""
+    raw = Raw()
+    raw.send(wire.frame(FrameType.HEADERS, END_HEADERS, 1, b"\x3f" + b"\xff" * 12))
+    assert raw.goaway == ErrorCode.COMPRESSION_ERROR
+    (terminated,) = [e for e in raw.events if isinstance(e, ConnectionTerminated)]
+    assert terminated.reason.startswith("cannot decode headers: ")
+    assert "memory at" not in terminated.reason and "0x" not in terminated.reason

@@ -44,6 +44,7 @@ Rules both ends follow:
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from collections.abc import Iterable
@@ -70,6 +71,7 @@ __all__ = [
 ]
 
 PREFIX: Final = struct.Struct(">BL")
+_MEMORY_REPR: Final = re.compile(r":? ?<memory at 0x[0-9a-f]+>")
 _DATA: Final = int(FrameType.DATA)
 _U32 = struct.Struct(">L")
 ENCODINGS: Final = "identity,gzip"
@@ -739,7 +741,9 @@ class Connection:
         except hpack.exceptions.OversizedHeaderListError as exc:
             raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"headers too large: {exc}") from exc
         except hpack.exceptions.HPACKError as exc:
-            raise _ConnectionError(ErrorCode.COMPRESSION_ERROR, f"cannot decode headers: {exc}") from exc
+            # hpack may put the repr of its input buffer in the message: the bytes are the peer's, the address ours.
+            why = _MEMORY_REPR.sub("", str(exc)).rstrip(": ")
+            raise _ConnectionError(ErrorCode.COMPRESSION_ERROR, f"cannot decode headers: {why}") from exc
         self._on_headers(sid, flags, headers, events)
 
     # -- output ----------------------------------------------------------------------
