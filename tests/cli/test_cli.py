@@ -129,7 +129,7 @@ def test_parse_start() -> None:
     assert parse_start("LATEST") == StartSpec("LATEST")
     assert parse_start("new") == parse_start("new-only") == StartSpec("NEW_ONLY")
     assert parse_start("offset:42") == StartSpec("OFFSET", offset=42)
-    assert parse_start("time:1700000000000000000") == StartSpec("TIMESTAMP", timestamp_ns=1_700_000_000_000_000_000)
+    assert parse_start("time:1700000000000000000ns") == StartSpec("TIMESTAMP", timestamp_ns=1_700_000_000_000_000_000)
     for bad in ("", "first", "offset:", "offset:-1", "offset:x", "earliest:3", "time:yesterday"):
         with pytest.raises(ValueError):
             parse_start(bad)
@@ -147,12 +147,23 @@ def test_parse_stop() -> None:
 def test_parse_time_ns() -> None:
     assert parse_time_ns("2024-05-01T12:00:00Z") == 1_714_564_800 * 10**9
     assert parse_time_ns("2024-05-01T14:00:00.250+02:00") == 1_714_564_800 * 10**9 + 250_000_000
-    assert parse_time_ns("1714564800000000123") == 1_714_564_800_000_000_123
+    assert parse_time_ns("1714564800000000123ns") == 1_714_564_800_000_000_123
+    assert parse_time_ns("1714564800s") == parse_time_ns("1714564800000ms") == 1_714_564_800 * 10**9
+    assert parse_time_ns("1714564800000001us") == 1_714_564_800_000_001_000
     naive = datetime(2024, 5, 1, 12, 0, 0).astimezone()  # no offset: local time
     assert parse_time_ns("2024-05-01T12:00:00") == int(naive.timestamp()) * 10**9
     before = time.time_ns()
     ninety_seconds_ago = parse_time_ns("-90s")
     assert before - 90 * 10**9 <= ninety_seconds_ago <= time.time_ns() - 90 * 10**9
+
+
+@pytest.mark.parametrize("bare", ["1714564800", "1714564800000", "1714564800000000000"])
+def test_a_unix_time_without_its_unit_is_refused_naming_the_units(bare: str) -> None:
+    """A bare number read as ns would quietly start at offset 0 for someone who meant seconds or ms."""
+    with pytest.raises(ValueError, match=f"needs a unit: {bare}s .* {bare}ms, {bare}us or {bare}ns"):
+        parse_time_ns(bare)
+    with pytest.raises(ValueError, match="needs a unit"):
+        parse_start(f"time:{bare}")
 
 
 def test_parse_header() -> None:

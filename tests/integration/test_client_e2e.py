@@ -128,8 +128,59 @@ async def test_nats_publish_with_ack(client: Client, name: str) -> None:
     assert await read(client, name) == [b"via nats", b"raw"]
 
 
+async def test_the_cli_reads_every_partition_unless_told(client: Client, name: str, server: LiftlogProcess) -> None:
+    from tests.cli.test_cli import invoke
+
+    await client.create_stream(name, name, partitions=2)
+    await client.publish(name, b"zero", partition=0)
+    await client.publish(name, b"one", partition=1)
+    await client.publish(name, b"two", partition=0)
+    everything = await asyncio.to_thread(invoke, "subscribe", name, "-a", server.address)
+    assert everything.stdout.splitlines() == ["0:0  -  zero", "1:0  -  one", "0:1  -  two"]
+    one = await asyncio.to_thread(invoke, "subscribe", name, "-p", "1", "-a", server.address)
+    assert one.stdout.splitlines() == ["0  -  one"]
+
+
 async def test_unreachable_server_is_unavailable() -> None:
     client = Client(f"127.0.0.1:{free_port()}", retries=1, backoff=0.01)
     with pytest.raises(UnavailableError):
         await client.connect()
     await client.close()
+
+
+async def test_subscribe_all_reads_every_partition_in_time_order(client: Client, name: str) -> None:
+    await client.create_stream(name, name, partitions=3)
+    sent = []
+    for i in range(30):  # round the partitions, so time order differs from partition order
+        await client.publish(name, b"m%d" % i, partition=i % 3)
+        sent.append(b"m%d" % i)
+    async with client.subscribe_all(
+        name, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
+    ) as sub:
+        assert sub.partitions == [0, 1, 2]
+        got = [m async for m in sub]
+    assert [m.value for m in got] == sent
+    assert [m.partition for m in got] == [i % 3 for i in range(30)]
+    timestamps = [m.timestamp for m in got]
+    assert timestamps == sorted(timestamps)
+
+    some = client.subscribe_all(
+        name, partitions=[2], start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
+    )
+    assert [m.value async for m in some] == sent[2::3]
+    with pytest.raises(NoSuchPartitionError, match="no partition 7"):
+        await client.subscribe_all(name, partitions=[7]).started()
+    with pytest.raises(NoSuchStreamError):
+        await client.subscribe_all(name + "-missing").started()
+
+
+async def test_following_every_partition_an_idle_one_holds_nothing_back(client: Client, name: str) -> None:
+    await client.create_stream(name, name, partitions=2)
+    for i in range(5):
+        await client.publish(name, b"old%d" % i, partition=0)
+    async with client.subscribe_all(name, start_position=StartPosition.EARLIEST) as sub:  # follows: STOP_ON_CANCEL
+        got = [(await asyncio.wait_for(anext(sub), 5)).value for _ in range(5)]
+        assert got == [b"old%d" % i for i in range(5)], "partition 1 is empty: it does not hold the backlog back"
+        await client.publish(name, b"new-on-1", partition=1)
+        fresh = await asyncio.wait_for(anext(sub), 2)
+        assert (fresh.value, fresh.partition) == (b"new-on-1", 1)

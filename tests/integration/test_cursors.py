@@ -104,6 +104,8 @@ def test_bad_cursor_requests_are_named(server: LiftlogProcess) -> None:
         (lambda: set_cursor(a, "x" * 1025, "orders", 1), grpc.StatusCode.INVALID_ARGUMENT, "at most 1024"),
         (lambda: set_cursor(a, "c", "ghost", 1), grpc.StatusCode.NOT_FOUND, "ghost"),
         (lambda: set_cursor(a, "c", "orders", 1, partition=9), grpc.StatusCode.NOT_FOUND, "partition"),
+        (lambda: fetch_cursor(a, "c", "ghost"), grpc.StatusCode.NOT_FOUND, "ghost"),  # not -1: no such stream
+        (lambda: fetch_cursor(a, "c", "orders", partition=9), grpc.StatusCode.NOT_FOUND, "partition"),
     ]
     for call, code, text in cases:
         err = refused(call)
@@ -239,3 +241,17 @@ def test_the_cursor_command(server: LiftlogProcess) -> None:
     assert invoke("cursor", "get", "cli", "orders", "--partition", "1", "-a", server.address).stdout.strip() == "17"
     line = assert_one_error_line(invoke("cursor", "set", "cli", "ghost", "1", "-a", server.address), 1)
     assert "ghost" in line
+
+
+def test_the_cli_names_a_missing_stream_partition_or_activity_stream(server: LiftlogProcess) -> None:
+    from tests.cli.test_cli import assert_one_error_line, invoke
+
+    a = server.address
+    assert invoke("cursor", "set", "cli", "orders", "3", "-a", a).exit_code == 0
+    assert invoke("cursor", "get", "cli", "orders", "-a", a).stdout.strip() == "3"
+    assert "ghost" in assert_one_error_line(invoke("cursor", "get", "cli", "ghost", "-a", a), 1)
+    assert "partition" in assert_one_error_line(
+        invoke("cursor", "get", "cli", "orders", "--partition", "9", "-a", a), 1
+    )
+    line = assert_one_error_line(invoke("activity", "-a", a), 1)
+    assert "activity stream is off" in line and "activity.stream.enabled=true" in line

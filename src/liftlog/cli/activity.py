@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from liftlog.cli.common import addr_option, connect, run
+from liftlog.cli.common import addr_option, connect, fail, run
 
 __all__ = ["activity", "describe_event"]
 
@@ -68,7 +68,7 @@ def activity(start: str, follow: bool, as_json: bool) -> None:
       liftlog activity
       liftlog activity --from new --follow
     """
-    from liftlog.client import StartPosition, StopPosition
+    from liftlog.client import NoSuchStreamError, StartPosition, StopPosition
 
     async def go() -> None:
         seen = 0
@@ -88,4 +88,13 @@ def activity(start: str, follow: bool, as_json: bool) -> None:
                     if follow:
                         sys.stdout.flush()
 
-    run(go())
+    async def or_say_why() -> None:
+        try:
+            await go()
+        except NoSuchStreamError:
+            fail(
+                "the activity stream is off on this cluster: start the servers with "
+                "--set activity.stream.enabled=true (the metadata leader creates __activity then)"
+            )
+
+    run(or_say_why())

@@ -254,7 +254,13 @@ async def _flatten(batches: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
 @click.command()
 @addr_option
 @click.argument("stream")
-@click.option("-p", "--partition", type=click.IntRange(min=0), default=0, show_default=True, help="Partition to read.")
+@click.option(
+    "-p",
+    "--partition",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Read only this partition.  [default: every partition, merged by time]",
+)
 @click.option(
     "--from",
     "start",
@@ -289,7 +295,7 @@ async def _flatten(batches: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
 )
 def subscribe(
     stream: str,
-    partition: int,
+    partition: int | None,
     start: StartSpec,
     stop: StopSpec | None,
     follow: bool,
@@ -298,12 +304,17 @@ def subscribe(
     group: str | None,
     output: str,
 ) -> None:
-    """Print messages of a partition of STREAM (or, with --group, of the partitions a group member holds).
+    """Print messages of STREAM (or, with --group, of the partitions a group member holds).
 
-    By default reads from the earliest message to the newest one and exits;
+    Reads every partition, merged in the order the server received the
+    messages (each partition's in its own order), or only -p's. Lines are
+    `offset  key  value`, `partition:offset  key  value` when the stream has
+    more than one partition. By default reads from the earliest message to
+    the newest one and exits;
     --follow keeps printing new messages until Ctrl-C. Times T are ISO 8601
-    (2024-05-01T12:00:00Z; local time without an offset), nanoseconds since
-    the epoch, or -DURATION for that long ago (time:-15m).
+    (2024-05-01T12:00:00Z; local time without an offset), a Unix time with
+    its unit (time:1700000000s, ms, us or ns), or -DURATION for that long
+    ago (time:-15m).
 
     JSON values (and keys and header values) that are not UTF-8 come as
     value_b64 (key_b64, headers_b64), base64-encoded, instead.
@@ -311,7 +322,7 @@ def subscribe(
     \b
       liftlog subscribe orders
       liftlog subscribe orders --from time:-1h --output json
-      liftlog subscribe orders -p 2 --from new --follow
+      liftlog subscribe orders -p 2 --from new --follow  # one partition
       liftlog subscribe orders --group billing          # run it twice: the partitions are shared
     """
     formatter = format_message_json if output.lower() == "json" else format_message_text
@@ -345,7 +356,7 @@ async def _consume(
 
 async def _subscribe(
     stream: str,
-    partition: int,
+    partition: int | None,
     start: StartSpec,
     stop: StopSpec,
     count: int | None,
@@ -353,25 +364,31 @@ async def _subscribe(
     formatter: Callable[[MessageLike], str],
     flush_each: bool,
 ) -> None:
-    from liftlog.client import StartPosition, StopPosition
+    from liftlog.client import MergedSubscription, StartPosition, StopPosition, Subscription
 
     out = sys.stdout
     received = 0
     async with connect() as client:
-        sub = client.subscribe(
-            stream,
-            partition=partition,
-            start_position=getattr(StartPosition, start.position),
-            start_offset=start.offset,
-            start_timestamp=start.timestamp_ns,
-            stop_position=getattr(StopPosition, stop.position),
-            stop_offset=stop.offset,
-            stop_timestamp=stop.timestamp_ns,
-            resume=resume,
-        )
+        sub: Subscription | MergedSubscription
+        options: dict[str, Any] = {
+            "start_position": getattr(StartPosition, start.position),
+            "start_offset": start.offset,
+            "start_timestamp": start.timestamp_ns,
+            "stop_position": getattr(StopPosition, stop.position),
+            "stop_offset": stop.offset,
+            "stop_timestamp": stop.timestamp_ns,
+            "resume": resume,
+        }
+        if partition is not None:
+            sub = client.subscribe(stream, partition=partition, **options)
+        else:
+            sub = client.subscribe_all(stream, **options)
         async with sub:
+            # Several partitions in text: each line says which (JSON always does).
+            several = isinstance(sub, MergedSubscription) and len(sub.partitions) > 1
+            prefix = several and formatter is format_message_text
             async for msg in sub:
-                out.write(formatter(msg) + "\n")
+                out.write((f"{msg.partition}:" if prefix else "") + formatter(msg) + "\n")
                 if flush_each:  # someone is watching (or piping to grep): show each message now
                     out.flush()
                 received += 1

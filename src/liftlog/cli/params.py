@@ -45,14 +45,25 @@ def parse_header(text: str) -> tuple[str, bytes]:
     return name.strip(), value.encode()
 
 
-def parse_time_ns(text: str) -> int:
-    """Nanoseconds since the epoch from an ISO 8601 time, an integer of ns, or ``-DURATION`` (ago).
+_EPOCH_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
-    An ISO time without a UTC offset is local time.
+
+def parse_time_ns(text: str) -> int:
+    """Nanoseconds since the epoch from an ISO 8601 time, a Unix time with its unit, or ``-DURATION`` (ago).
+
+    A Unix time names its unit (``1700000000s``, ``1700000000000ms``, ``...us``, ``...ns``): a bare number
+    is refused, since seconds, milliseconds (Spark's ``startingTimestamp``) and nanoseconds (Liftbridge's
+    timestamps) would all be read as something. An ISO time without a UTC offset is local time.
     """
     text = text.strip()
     if text.isdigit():
-        return int(text)
+        raise ValueError(
+            f"time {text!r} needs a unit: {text}s (seconds), {text}ms, {text}us or {text}ns since the epoch; "
+            "or an ISO 8601 time (2024-05-01T12:00:00Z), or -DURATION for that long ago (-15m)"
+        )
+    digits = len(text) - len(text.lstrip("0123456789"))
+    if digits and text[digits:] in _EPOCH_UNITS:
+        return int(text[:digits]) * _EPOCH_UNITS[text[digits:]]
     if text.startswith("-"):
         # Relative to now: "-5m" is five minutes ago.
         return time.time_ns() - parse_duration_ms(text[1:]) * 1_000_000
@@ -60,7 +71,8 @@ def parse_time_ns(text: str) -> int:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise ValueError(
-            f"expected an ISO 8601 time (2024-05-01T12:00:00Z), nanoseconds since the epoch or -DURATION, got {text!r}"
+            f"expected an ISO 8601 time (2024-05-01T12:00:00Z), a Unix time with its unit (1700000000s, "
+            f"1700000000000ms, ...ns) or -DURATION (-15m), got {text!r}"
         ) from None
     # timestamp() treats a naive datetime as local time; whole seconds and microseconds separately keep precision.
     return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000

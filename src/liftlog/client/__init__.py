@@ -67,6 +67,7 @@ from liftlog.client.errors import (
     UnimplementedError,
     error_from_rpc,
 )
+from liftlog.client.merged import MergedSubscription
 from liftlog.client.subscription import Subscription
 from liftlog.client.tls import TlsConfig
 from liftlog.client.types import (
@@ -110,6 +111,7 @@ __all__ = [
     "InvalidArgumentError",
     "LiftlogError",
     "LimitExceededError",
+    "MergedSubscription",
     "Message",
     "MessageTooLargeError",
     "Metadata",

@@ -62,6 +62,7 @@ from liftlog.client.errors import (
     UnimplementedError,
     error_from_ack,
 )
+from liftlog.client.merged import MergedSubscription
 from liftlog.client.msg_ids import HIDDEN_MSG_ID_HEADER, MSG_ID_HEADER, new_msg_id
 from liftlog.client.nats_helpers import connect_nats, encode_publish, publish_and_wait_ack, to_bytes, to_headers
 from liftlog.client.publish_async import PublishBatch, publish_async_attempt
@@ -587,6 +588,56 @@ class Client(Routing):
         sub = Subscription(self, req, read_uncommitted=read_uncommitted, batched=batched)
         self._subscriptions.add(sub)
         return sub
+
+    def subscribe_all(
+        self,
+        stream: str,
+        *,
+        partitions: Sequence[int] | None = None,
+        start_position: StartPosition = StartPosition.NEW_ONLY,
+        start_offset: int = 0,
+        start_timestamp: int = 0,
+        stop_position: StopPosition = StopPosition.STOP_ON_CANCEL,
+        stop_offset: int = 0,
+        stop_timestamp: int = 0,
+        read_isr_replica: bool = False,
+        resume: bool = False,
+        batched: bool = True,
+    ) -> MergedSubscription:
+        """Subscribe to every partition of a stream (or to ``partitions``) as one iterator, merged by time.
+
+        :meth:`subscribe` reads one partition (0 unless told): a stream of several partitions needs
+        this, or one subscription per partition. The positions apply to each partition (an offset
+        means the same offset in each). Messages come in the order of their timestamps across
+        partitions (see :class:`~liftlog.client.merged.MergedSubscription`), each partition's in log
+        order; ``msg.partition`` says where each came from::
+
+            async with client.subscribe_all("orders", start_position=StartPosition.EARLIEST) as sub:
+                async for msg in sub:
+                    print(msg.partition, msg.offset, msg.value)
+
+        Starting it raises :class:`NoSuchStreamError` or :class:`NoSuchPartitionError`.
+        """
+        self.check_open()
+
+        def one(partition: int) -> Subscription:
+            return self.subscribe(
+                stream,
+                partition=partition,
+                start_position=start_position,
+                start_offset=start_offset,
+                start_timestamp=start_timestamp,
+                stop_position=stop_position,
+                stop_offset=stop_offset,
+                stop_timestamp=stop_timestamp,
+                read_isr_replica=read_isr_replica,
+                resume=resume,
+                batched=batched,
+            )
+
+        # The backlog a following merge keeps in time order: what a partition holds from its start on.
+        backlog = start_position in (StartPosition.EARLIEST, StartPosition.OFFSET, StartPosition.TIMESTAMP)
+        return MergedSubscription(self, stream, partitions, one, stop_position, backlog=backlog)
 
     async def fetch(
         self,

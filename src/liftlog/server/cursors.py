@@ -108,6 +108,7 @@ class CursorService:
         _check(req.stream, req.cursorId)
         key = cursor_key(req.cursorId, req.stream, req.partition)
         pid, part = await self._leader(key)
+        self._check_target(req.stream, req.partition)  # -1 for a typo would read as "nothing processed yet"
         table = await self._table(pid, part)
         known = table.values.get(key)
         return -1 if known is None else known[1]
@@ -115,7 +116,8 @@ class CursorService:
     # -- where a cursor lives --------------------------------------------------------------------
 
     def _check_target(self, stream: str, partition: int) -> None:
-        """A cursor names a partition that exists (Liftbridge does not check: a typo would be kept forever)."""
+        """A cursor names a partition that exists (Liftbridge does not check: a typo would be kept forever, and
+        read back as -1)."""
         try:
             self._api.streams.metadata.partition(stream, partition)
         except MetadataError as exc:
