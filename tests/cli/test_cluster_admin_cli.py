@@ -125,3 +125,28 @@ def test_status_marks_a_leaving_server(admin: tuple[FakeAdmin, str]) -> None:
     assert result.exit_code == 0, result.output
     row = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("c "))
     assert "leaving" in row
+
+
+def test_decommission_sent_to_the_server_leaving_follows_the_others() -> None:
+    """The leaving server stops hearing of the cluster once it has left: asked, it would say "still moving",
+    "still here" for ever. The command follows the controller instead and ends as it would anywhere else."""
+    leaving, staying = FakeAdmin(), FakeAdmin()
+    leaving_server, leaving_address = start_server(leaving)
+    staying_server, staying_address = start_server(staying)
+    try:
+        host_a, port_a = leaving_address.rsplit(":", 1)
+        host_b, port_b = staying_address.rsplit(":", 1)
+        for fake, self_id in ((leaving, "a"), (staying, "b")):
+            fake.response = cluster_pb2.ClusterStatusResponse(serverId=self_id, controller="b")
+            if fake is leaving:
+                fake.response.servers.add(id="a", host=host_a, port=int(port_a), alive=True, voter=True, leaving=True)
+            fake.response.servers.add(id="b", host=host_b, port=int(port_b), alive=True, voter=True, controller=True)
+        leaving.progress = [[moving()]]  # stale: it never learns the move finished
+        staying.progress = [[moving()], []]
+        result = invoke("cluster", "decommission", "a", "-a", leaving_address, env=WIDE)
+        assert result.exit_code == 0, result.output
+        assert result.stdout.rstrip().endswith("server a has left the cluster; stop its process")
+        assert leaving.requests[-1].server == "a"
+    finally:
+        leaving_server.stop(None)
+        staying_server.stop(None)

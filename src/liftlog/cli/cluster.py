@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from liftlog.cli.common import addr_option, connect, run
+from liftlog.cli.common import addr_option, connect, connect_to, run
 from liftlog.cli.output import out_console
 from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watch_options
 
@@ -502,12 +502,24 @@ def decommission(server: str, wait: bool) -> None:
     async def go() -> None:
         client = connect()
         try:
+            status = await client.cluster_status()  # before: the server leaving may be the one asked
             started = await client.decommission(server)
             console = out_console()
             if started:
                 console.print(reassignments_table(started))
             if wait:
-                await _follow(client, server)
+                # Follow through the other servers, the controller first: the one leaving stops hearing of the
+                # cluster once it has left, and would report its departure as pending for ever.
+                others = sorted(
+                    (s for s in status.servers if s.id != server), key=lambda s: (not s.controller, not s.alive)
+                )
+                if not others:
+                    raise click.ClickException(f"server {server} is the only server: it cannot leave")
+                watcher = connect_to([s.address for s in others])
+                try:
+                    await _follow(watcher, server)
+                finally:
+                    await watcher.close()
                 console.print(f"server {server} has left the cluster; stop its process")
         finally:
             await client.close()

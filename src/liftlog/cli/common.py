@@ -28,6 +28,7 @@ __all__ = [
     "addresses",
     "client_tls",
     "connect",
+    "connect_to",
     "fail",
     "reporting_errors",
     "root_addr_option",
@@ -148,6 +149,13 @@ def connect(**kwargs: Any) -> Client:
     from liftlog.client import Client
 
     return Client(list(addresses()), tls=client_tls(), **kwargs)
+
+
+def connect_to(addresses: list[str], **kwargs: Any) -> Client:
+    """A client for ``addresses`` (servers the command found) with the TLS settings in effect."""
+    from liftlog.client import Client
+
+    return Client(addresses, tls=client_tls(), **kwargs)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
