@@ -3,15 +3,27 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+BASE_STAMP := $(VENV)/.installed-base
 
-.PHONY: install test lint typecheck unit run bench bench-log bench-spark bench-reassign sim chaos fuzz clean
+.PHONY: install install-base test lint typecheck unit run bench bench-log bench-spark bench-reassign sim chaos fuzz clean
 
-# (Re)install when pyproject.toml changes; a missing venv is created first.
+# (Re)install when pyproject.toml changes; a missing venv is created first. `make run` needs the server
+# only (the base package, about 100 MB); everything else also wants the test, Spark and plot extras.
+$(BASE_STAMP): pyproject.toml
+	@echo "installing liftlog into $(VENV)" >&2
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip >&2
+	@$(BIN)/python -m pip install --quiet -e . >&2
+	@touch $@
+
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark,plot]'
-	touch $@
+	@echo "installing liftlog with its dev, spark and plot extras into $(VENV)" >&2
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip >&2
+	@$(BIN)/python -m pip install --quiet -e '.[dev,spark,plot]' >&2
+	@touch $@ $(BASE_STAMP)
+
+install-base: $(BASE_STAMP)
 
 install: $(STAMP)
 
@@ -30,7 +42,7 @@ test: lint typecheck unit
 # A standalone server: embedded nats-server on 127.0.0.1:4222, gRPC API on 127.0.0.1:9292, data in ./data.
 # Its server-to-server messages are signed with ./data/cluster.key, made on first run (docs/security.md);
 # Prometheus metrics and health checks on http://127.0.0.1:9464 (/metrics, /healthz, /readyz).
-run: install
+run: install-base
 	$(BIN)/liftlog server --embedded-nats --data-dir ./data --set clustering.auth.key.file=./data/cluster.key \
 		--set clustering.auth.key.generate=true --set cursors.stream.partitions=1 \
 		--set metrics.listen=127.0.0.1:9464 $(RUN_ARGS)
@@ -38,7 +50,7 @@ run: install
 # Starts its own server (temporary data, free ports), once per fsync policy in BENCH_FSYNC, and compares them.
 BENCH_FSYNC ?= never,interval,always
 bench: install
-	$(BIN)/liftlog bench --start-server --fsync $(BENCH_FSYNC) $(BENCH_ARGS)
+	@$(BIN)/liftlog bench --start-server --fsync $(BENCH_FSYNC) $(BENCH_ARGS)
 
 # The seeded simulations over many seeds: Raft alone, and the whole cluster (metadata, controller,
 # replication, storage). CI runs their default counts (2,000 and 1,000) as part of `make test`.
@@ -56,24 +68,25 @@ chaos: install
 		--duration $(or $(DURATION),30) $(if $(SEED),--seed $(SEED)) --fsync $(or $(FSYNC),always) \
 		$(if $(POWER_ALL),--power-all) $(if $(KINDS),--kinds $(KINDS)) $(if $(RETRY),--retry)
 
+# Benchmarks and fuzz print their JSON on stdout and nothing else (`make bench > x.json`).
 # Fuzz a live server for DURATION seconds (default 60) with hostile gRPC requests and NATS messages, then
 # check it is alive, its data unchanged and its memory bounded; SEED=<n> replays a run. One JSON line.
 fuzz: install
-	$(BIN)/python -m tests.fuzz.live --duration $(or $(DURATION),60) $(if $(SEED),--seed $(SEED))
+	@$(BIN)/python -m tests.fuzz.live --duration $(or $(DURATION),60) $(if $(SEED),--seed $(SEED))
 
 bench-log: install
-	$(BIN)/python bench/log_bench.py $(BENCH_ARGS)
+	@$(BIN)/python bench/log_bench.py $(BENCH_ARGS)
 
 # Spark reads (batch count and AvailableNow stream) of 1,000,000 256-byte messages vs our client's raw rate,
 # and an exactly-once AvailableNow copy; each three times, the best counting (--runs N).
 # Starts its own server unless BENCH_ARGS has --addr; one JSON line on stdout.
 bench-spark: install
-	$(BIN)/python bench/spark_bench.py $(BENCH_ARGS)
+	@$(BIN)/python bench/spark_bench.py $(BENCH_ARGS)
 
 # Moving a 1 GiB partition to another server of a 3-server cluster while a replicated stream takes
 # ack-ALL publishes: the move's time and the live rate before and during it. One JSON line on stdout.
 bench-reassign: install
-	$(BIN)/python bench/reassign_bench.py $(BENCH_ARGS)
+	@$(BIN)/python bench/reassign_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis src/*.egg-info

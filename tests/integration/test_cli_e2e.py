@@ -78,3 +78,32 @@ def test_bench_runs_against_a_server(server: LiftlogProcess) -> None:
     assert result["bench"] == "liftlog" and result["size"] == 256
     for scenario in ("sync", "async", "consume"):
         assert result["scenarios"][scenario]["msgs_per_s"] > 0, result["scenarios"][scenario]
+
+
+def test_listings_never_cut_names_and_speak_json(server: LiftlogProcess) -> None:
+    long_name = "liftbridge-orders-from-the-eu-warehouse-" + "x" * 40
+    ok(liftlog(server, "stream", "create", long_name, "--subject", long_name + ".events"))
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run(  # stdout a pipe, no COLUMNS: as `liftlog stream list | grep` sees it
+        [sys.executable, "-m", "liftlog.cli.main", "stream", "list", "-a", server.address],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert any(long_name in line and long_name + ".events" in line for line in piped.stdout.splitlines())
+    narrow = subprocess.run(
+        [sys.executable, "-m", "liftlog.cli.main", "stream", "list", "-a", server.address],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "60"},
+        timeout=60,
+    )
+    cells = [line.split("│")[1].strip() for line in narrow.stdout.splitlines() if line.startswith("│")]
+    assert long_name in "".join(cells), "a narrow terminal wraps names rather than cut them"
+    listed = json.loads(ok(liftlog(server, "stream", "list", "--output", "json")))
+    (mine,) = [s for s in listed if s["name"] == long_name]
+    assert mine["subject"] == long_name + ".events" and mine["partitions"][0]["id"] == 0
+    status = json.loads(ok(liftlog(server, "cluster", "status", "-o", "json")))
+    assert status["servers"][0]["id"]
+    assert json.loads(ok(liftlog(server, "group", "list", "-o", "json")) or "null") is None  # no groups: no lines

@@ -14,8 +14,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from liftlog.cli.common import addr_option, connect, connect_to, run
-from liftlog.cli.output import out_console
+from liftlog.cli.common import addr_option, connect, connect_to, output_option, run
+from liftlog.cli.output import out_console, table_console
 from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watch_options
 
 if TYPE_CHECKING:
@@ -292,10 +292,13 @@ def watch_view(result: ClusterStatus, rows: Sequence[PartitionRow]) -> Group:
 
 @cluster.command()
 @addr_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table (as --output json).")
+@output_option
 @watch_options
 @click.pass_context
-def status(ctx: click.Context, as_json: bool, watch: bool, interval: float, watch_count: int | None) -> None:
+def status(
+    ctx: click.Context, as_json: bool, output: str, watch: bool, interval: float, watch_count: int | None
+) -> None:
     """Show the servers of the cluster and who leads it, as the answering server sees it.
 
     Each server's role (controller = metadata leader, voter = member of the
@@ -313,6 +316,7 @@ def status(ctx: click.Context, as_json: bool, watch: bool, interval: float, watc
       liftlog cluster status --watch --interval 1
       liftlog cluster status --json | jq '.servers[] | select(.alive | not) | .id'
     """
+    as_json = as_json or output.lower() == "json"
     options = WatchOptions(watch, interval, watch_count)
     check_watch_options(ctx, options)
     if watch:
@@ -334,7 +338,7 @@ def status(ctx: click.Context, as_json: bool, watch: bool, interval: float, watc
     if as_json:
         click.echo(status_json(result))
         return
-    console = out_console()
+    console = table_console()
     console.print(status_summary(result), soft_wrap=True)
     console.print(status_table(result))
     for note in status_notes(result):

@@ -30,6 +30,7 @@ __all__ = [
     "connect",
     "connect_to",
     "fail",
+    "output_option",
     "reporting_errors",
     "root_addr_option",
     "run",
@@ -149,6 +150,18 @@ def connect(**kwargs: Any) -> Client:
     from liftlog.client import Client
 
     return Client(list(addresses()), tls=client_tls(), **kwargs)
+
+
+def output_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``-o/--output text|json``; the command gets ``output`` (``--json``, where a command has it, is the same)."""
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["text", "json"], case_sensitive=False),
+        default="text",
+        show_default=True,
+        help="text: a table (names are never cut short); json: machine-readable.",
+    )(f)
 
 
 def connect_to(addresses: list[str], **kwargs: Any) -> Client:

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 import click
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
-from liftlog.cli.common import addr_option, connect, fail, run
-from liftlog.cli.output import out_console
+from liftlog.cli.common import addr_option, connect, fail, output_option, run
+from liftlog.cli.output import out_console, table_console
 
 if TYPE_CHECKING:
     from liftlog.client import GroupInfo
@@ -33,9 +34,11 @@ def group() -> None:
 
 @group.command(name="list")
 @addr_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per group.")
-def list_(as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per group (as --output json).")
+@output_option
+def list_(as_json: bool, output: str) -> None:
     """Every consumer group: coordinator, epoch, members."""
+    as_json = as_json or output.lower() == "json"
 
     async def go() -> list[GroupInfo]:
         async with connect() as client:
@@ -47,9 +50,11 @@ def list_(as_json: bool) -> None:
             click.echo(json.dumps(asdict(g)))
         return
     table = Table("GROUP", "COORDINATOR", "EPOCH", "MEMBERS", box=box.SIMPLE_HEAD)
+    for column in (table.columns[0], table.columns[3]):
+        column.overflow = "fold"  # wrap long names, never cut them short
     for g in groups:
-        table.add_row(g.id, g.coordinator, str(g.epoch), ", ".join(m.consumer_id for m in g.members))
-    out_console().print(table if groups else "no consumer groups")
+        table.add_row(Text(g.id), g.coordinator, str(g.epoch), Text(", ".join(m.consumer_id for m in g.members)))
+    table_console().print(table if groups else "no consumer groups")
 
 
 @group.command()

@@ -29,11 +29,22 @@ __all__ = [
     "out_console",
     "print_error",
     "print_note",
+    "table_console",
 ]
 
 
 def out_console() -> Console:
     return Console(highlight=False)
+
+
+def table_console() -> Console:
+    """Where tables go: the terminal's width on a terminal; into a pipe as wide as they need (an 80-column
+    guess would wrap or cut names, and `| grep` would miss them). COLUMNS, when set, wins."""
+    import os
+    import sys
+
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(highlight=False, width=100_000 if piped else None)
 
 
 def err_console() -> Console:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from liftlog.cli.common import CommandError, addr_option, connect, run
-from liftlog.cli.output import format_time_ns, local_utc_offset, out_console, print_note
+from liftlog.cli.common import CommandError, addr_option, connect, output_option, run
+from liftlog.cli.output import format_time_ns, local_utc_offset, out_console, print_note, table_console
 from liftlog.cli.params import DURATION, SIZE
 from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watch_options
 
@@ -183,18 +185,29 @@ def _lines(values: Sequence[object]) -> Text:
 
 @stream.command("list")
 @addr_option
-def list_streams() -> None:
-    """List every stream with one line per partition: leader, ISR, high watermark, newest offset, state."""
+@output_option
+def list_streams(output: str) -> None:
+    """List every stream with one line per partition: leader, ISR, high watermark, newest offset, state.
+
+    \b
+      liftlog stream list
+      liftlog stream list -o json | jq -r '.[].name'
+    """
 
     async def go() -> list[tuple[StreamInfo, list[PartitionInfo]]]:
         async with connect() as client:
             return await _describe(client, ())
 
     streams = run(go())
+    if output.lower() == "json":
+        click.echo(json.dumps([_stream_json(info, parts) for info, parts in streams], ensure_ascii=False))
+        return
     if not streams:
         print_note("no streams")
         return
     table = Table("Stream", "Subject", "Part.", "Leader", "ISR", "HW", "Newest", "State")
+    for column in table.columns[:2]:
+        column.overflow = "fold"  # a name too long for the terminal wraps; it is never cut short
     for info, parts in streams:
         table.add_row(
             Text(info.name),
@@ -207,7 +220,16 @@ def list_streams() -> None:
             _lines([_state(p) for p in parts]),
             end_section=True,
         )
-    out_console().print(table)
+    table_console().print(table)
+
+
+def _stream_json(info: StreamInfo, parts: Sequence[PartitionInfo]) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "subject": info.subject,
+        "creation_timestamp": info.creation_timestamp,
+        "partitions": [dataclasses.asdict(p) for p in parts],
+    }
 
 
 def describe_view(info: StreamInfo, parts: Sequence[PartitionInfo]) -> list[RenderableType]:
