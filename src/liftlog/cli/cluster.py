@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from liftlog.cli.common import addr_option, connect, connect_to, output_option, run
-from liftlog.cli.output import out_console, table_console
+from liftlog.cli.output import out_console, print_note, table_console
+from liftlog.cli.params import DURATION
 from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watch_options
 
 if TYPE_CHECKING:
@@ -529,6 +530,47 @@ def decommission(server: str, wait: bool) -> None:
             await client.close()
 
     run(go())
+
+
+@cluster.command()
+@addr_option
+@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True, help="Live servers to wait for.")
+@click.option("--timeout", type=DURATION, default="60s", show_default=True, help="Give up after this long.")
+def wait(servers: int, timeout: int) -> None:
+    """Wait until the cluster answers with a controller and SERVERS live servers (for scripts).
+
+    Servers just started take a moment to find each other and elect a
+    controller; a command sent before then is refused. Exit status 1 (saying
+    what was missing) if that does not happen within --timeout.
+
+    \b
+      liftlog server --id a ... &
+      liftlog cluster wait --servers 3 && liftlog stream create orders ...
+    """
+
+    from liftlog.client import LiftlogError
+
+    async def go() -> str:
+        client = connect(timeout=2.0, retries=0)
+        deadline = asyncio.get_running_loop().time() + timeout / 1000
+        seen = "no server answered"
+        try:
+            while True:
+                try:
+                    status = await client.cluster_status()
+                    live = [s.id for s in status.servers if s.alive]
+                    if status.controller and len(live) >= servers:
+                        return f"controller {status.controller}, {len(live)} live servers: {', '.join(sorted(live))}"
+                    seen = f"controller {status.controller or 'unknown'}, {len(live)} live servers of {servers} wanted"
+                except LiftlogError as exc:
+                    seen = str(exc)  # not up yet, or refusing until it has found the others
+                if asyncio.get_running_loop().time() > deadline:
+                    raise click.ClickException(f"the cluster was not ready within {timeout / 1000:g} s: {seen}")
+                await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+
+    print_note(run(go()))
 
 
 @cluster.command()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["local_session", "register"]
 
 
 def register(spark: Any) -> None:
@@ -19,3 +19,11 @@ def register(spark: Any) -> None:
     from .source import register as _register
 
     _register(spark)
+
+
+def local_session(app_name: str = "liftlog", *, cores: int = 2, conf: dict[str, str] | None = None) -> Any:
+    """A SparkSession on this machine with the source registered: workers run this Python (where liftlog is
+    installed), the driver binds to 127.0.0.1, the UI is off. For trying things, tests and benchmarks."""
+    from .source import local_session as _local_session
+
+    return _local_session(app_name, cores=cores, conf=conf)
