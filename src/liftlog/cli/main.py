@@ -187,37 +187,73 @@ def server(
 
 
 @main.command()
-@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("path", type=click.Path())
 @click.option(
     "--master-key",
     is_flag=True,
     help="write an encryption master key (32 random bytes, base64) for encryption.key.file instead",
 )
-def keygen(path: str, master_key: bool) -> None:
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="make PATH a directory of TLS files instead: a CA, a server and a client certificate and their keys",
+)
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    help="with --tls: a name or address clients reach the server by (repeat; default 127.0.0.1 and localhost)",
+)
+@click.option(
+    "--client-name",
+    default="client",
+    show_default=True,
+    help="with --tls: the client certificate's common name, the identity authorization policies name",
+)
+def keygen(path: str, master_key: bool, tls: bool, hosts: tuple[str, ...], client_name: str) -> None:
     """Write a new cluster secret to PATH (readable by you only) for clustering.auth.key.file.
 
     Give every server of the cluster a copy; servers sign their messages to each
     other with it and drop what is not signed. An existing file is left alone.
     With --master-key, write a master key for encrypted streams instead; every
-    server needs a copy of that too.
+    server needs a copy of that too. With --tls, make PATH a directory holding a
+    private CA (ca.pem, ca.key), a server certificate for --host names
+    (server.pem, server.key) and a client certificate (client.pem, client.key).
 
     \b
       liftlog keygen /etc/liftlog/cluster.key
       liftlog server --set clustering.auth.key.file=/etc/liftlog/cluster.key ...
       liftlog keygen --master-key /etc/liftlog/master.key
       liftlog server --set encryption.key.file=/etc/liftlog/master.key ...
+      liftlog keygen --tls tls --host 127.0.0.1 --host db.example.com --client-name alice
+      liftlog server --tls-cert tls/server.pem --tls-key tls/server.key ...
+      liftlog stream list --tls-ca tls/ca.pem
     """
     from pathlib import Path
+
+    if tls:
+        if master_key:
+            raise click.UsageError("--tls and --master-key exclude each other")
+        from liftlog.security.certificates import make_tls_files
+
+        try:
+            written = make_tls_files(Path(path), list(hosts) or ["127.0.0.1", "localhost"], client_name)
+        except (OSError, ValueError) as exc:
+            fail(f"cannot write TLS files to {path}: {exc}")
+        click.echo("wrote " + ", ".join(str(p) for p in written))
+        return
+    if hosts or client_name != "client":
+        raise click.UsageError("--host and --client-name go with --tls")
 
     from liftlog.security.cluster_auth import generate_key_file
     from liftlog.security.master_key import generate_master_key_file
 
     what = "encryption master key" if master_key else "cluster secret"
     try:
-        written = (generate_master_key_file if master_key else generate_key_file)(Path(path))
+        written_key = (generate_master_key_file if master_key else generate_key_file)(Path(path))
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
-    if not written:
+    if not written_key:
         fail(f"{path} exists; remove it first to replace the {what} (every server needs the new one)")
     click.echo(f"wrote a new {what} to {path}")
 
