@@ -80,3 +80,17 @@ def test_insecure_is_explicit_and_visible(tmp_path: Path, nats_server: NatsProce
         proc.kill()
     with pytest.raises(ConfigError, match="a cluster secret is configured too"):
         load_config(None, {"clustering.auth.insecure": True, "clustering.auth.key.file": "k"}, env={})
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [("clustering.auth.key.file", "clustering.auth.key.file"), ("encryption.key.file", "encryption master key")],
+)
+def test_a_missing_secret_stops_the_server_before_it_creates_its_data_directory(
+    tmp_path: Path, nats_server: NatsProcess, setting: str, named: str
+) -> None:
+    """As a first start from an example configuration would: nothing left behind to clean up."""
+    proc = server(tmp_path, nats_server.url, "a", "seed", f"{setting}={tmp_path / 'nowhere.key'}")
+    said = refusal(proc)
+    assert named in said and "nowhere.key" in said
+    assert not (tmp_path / "a").exists(), "the data directory was not created"

@@ -187,10 +187,16 @@ class Server:
         for key in ignored_settings(self.config.values):
             log.warning("%s is set but has no effect in liftlog: %s", key, SETTING_HELP[key])
         try:
+            # Secrets named in the configuration first: one missing or unreadable stops the server before it
+            # creates or locks anything (the default secret lives in the data directory, so it comes after).
+            c = self.config.clustering
+            configured = bool(c.auth_key or c.auth_key_file or c.auth_insecure)
+            auth = self._cluster_auth() if configured else None
+            cipher = self._batch_cipher()
             self._open_data_dir()
             await self._start_ops_endpoint()  # liveness answers while the server catches up
-            auth = self._cluster_auth()
-            cipher = self._batch_cipher()
+            if not configured:
+                auth = self._cluster_auth()
             await self._start_nats()
             self._internal_nats = self._connected_nats if auth is None else self._authenticated(auth)
             self._replication_nats = self._replication_connection(auth)
