@@ -3,7 +3,8 @@
     python bench/log_bench.py [--records N] [--value-bytes B] [--batch N] [--fsync never|interval|always]
                               [--encrypt]
 
-Measures batched and single-record appends, decoded sequential reads, raw
+Prints a table on stderr and the figures as one JSON line on stdout. Measures batched and single-record
+appends, decoded sequential reads, raw
 batch reads (what replication ships) and clear batch reads (what clients
 get: decrypted) on a log in a temporary directory (page cache warm, so the
 read figures are CPU cost, not disk speed). ``--encrypt`` makes it the log
@@ -113,7 +114,29 @@ def main() -> None:
         "read_raw_mb_per_s": round(raw_bytes / raw_s / 1e6, 1),
         "read_clear_mb_per_s": round(clear_bytes / clear_s / 1e6, 1),
     }
+    show(result)
     print(json.dumps(result))
+
+
+def show(result: dict[str, object]) -> None:
+    """The figures as a table on stderr (stdout stays the one JSON line)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        "what",
+        "rate",
+        title=f"commit log, {result['value_bytes']}-byte values, fsync {result['fsync']}"
+        + (", encrypted" if result["encrypted"] else ""),
+    )
+    table.add_row(
+        f"append, batches of {result['batch_records']}", f"{result['append_batched_records_per_s']:,} records/s"
+    )
+    table.add_row("append, one record per call", f"{result['append_single_records_per_s']:,} records/s")
+    table.add_row("read, decoded records", f"{result['read_records_per_s']:,} records/s")
+    table.add_row("read raw batches (replication)", f"{result['read_raw_mb_per_s']:,} MB/s")
+    table.add_row("read clear batches (clients)", f"{result['read_clear_mb_per_s']:,} MB/s")
+    Console(stderr=True).print(table)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from liftlog.cli.messages import to_ack_policy
 if TYPE_CHECKING:
     from liftlog.client import Client, Subscription
 
-__all__ = ["DEFAULT_COUNTS", "REFERENCE", "RUNNERS", "SCENARIOS", "Result", "Settings", "percentiles"]
+__all__ = ["DEFAULT_COUNTS", "RUNNERS", "SCENARIOS", "Result", "Settings", "percentiles"]
 
 #: Messages per scenario by default: the whole run, server start included, takes about half a minute on
 #: 2 cores at today's gRPC speed (the consume prefill through PublishAsync dominates).
@@ -39,14 +39,6 @@ DEFAULT_COUNTS = {
 #: What runs without --scenarios; cursor (SetCursor calls) and rebalance (members joining) run when named.
 SCENARIOS = ("sync", "async", "concurrent", "nats", "consume", "e2e")
 ALL_SCENARIOS = tuple(DEFAULT_COUNTS)
-
-#: Liftbridge on the same machine class, 256-byte values, for comparison.
-REFERENCE: dict[str, dict[str, Any]] = {
-    "sync": {"msgs_per_s": 10_900, "latency_us": {"p50": 81}, "notes": "1 publisher"},
-    "async": {"msgs_per_s": 75_800, "latency_us": {"p99": 2900}, "notes": "window 100"},
-    "concurrent": {"msgs_per_s": 73_000, "notes": "64 publishers"},
-    "consume": {"msgs_per_s": 240_000, "notes": "catch-up read"},
-}
 
 
 @dataclass
