@@ -550,7 +550,10 @@ class Client(Routing):
         batched: bool = True,
         consumer: api_pb2.Consumer | None = None,
     ) -> Subscription:
-        """Subscribe to a stream partition; see :class:`Subscription`.
+        """Subscribe to one partition of a stream (``partition``, 0 by default); see :class:`Subscription`.
+
+        A stream of several partitions needs :meth:`subscribe_all` (every partition, merged by time) or a
+        subscription per partition: this one alone sees only its partition's messages.
 
         `start_position` picks where to begin (`start_offset`, or
         `start_timestamp` in Unix ns, for OFFSET and TIMESTAMP) and
