@@ -182,7 +182,7 @@ def test_a_wrong_key_fails_clearly_and_rotation_keeps_every_message_readable(
 ) -> None:
     """Liftbridge's env key first; then a new key without the old one (clear errors); then the old one kept as a
     previous key (all readable); then a rotation with SIGHUP, no restart."""
-    key_a, key_b, key_c = MasterKey(LIFTBRIDGE_KEY.encode()), MasterKey(b"B" * 32), MasterKey(b"C" * 32)
+    key_a, key_b, key_c = parse_master_key(LIFTBRIDGE_KEY, "test"), MasterKey(b"B" * 32), MasterKey(b"C" * 32)
     proc = LiftlogProcess(tmp_path / "data", nats_url=nats_server.url, env={ENV_VAR: LIFTBRIDGE_KEY}).start()
     try:
         create_encrypted(proc.address, "rot")
@@ -324,5 +324,44 @@ def test_rewrap_moves_a_stopped_servers_data_to_a_new_master_key(tmp_path: Path,
         assert subscribe_values(proc.address, "pay") == written
         publish(proc.address, "pay", [b"after"])
         assert asyncio.run(client_reads(proc.address, "pay")) == ([*written, b"after"], [*written, b"after"])
+    finally:
+        proc.kill()
+
+
+def test_data_under_a_typed_key_as_stored_before_hkdf_still_reads_and_rewraps(
+    tmp_path: Path, nats_server: NatsProcess
+) -> None:
+    """A stream written when typed keys were used as their bytes: a server with the same typed key reads it
+    (the old form decrypts), and rewrap moves it to the derived key."""
+    from liftlog.storage import CommitLog
+    from liftlog.storage.encryption import BatchCipher, partition_context
+    from liftlog.storage.records import NewRecord
+
+    proc = LiftlogProcess(tmp_path / "data", nats_url=nats_server.url, env={ENV_VAR: LIFTBRIDGE_KEY}).start()
+    try:
+        create_encrypted(proc.address, "old")
+        publish(proc.address, "old", [b"new-0"])  # under the derived key
+        proc.stop()
+        created = int((proc.data_dir / "streams" / "old" / ".created").read_text())
+        raw_key = MasterKey(LIFTBRIDGE_KEY.encode())  # what servers before HKDF made of the same text
+        log = CommitLog.open(
+            proc.data_dir / "streams" / "old" / "0",
+            cipher=BatchCipher(raw_key).bind(partition_context("old", 0, created)),
+            encrypt=True,
+        )
+        log.append([NewRecord(b"written-the-old-way")])
+        log.set_high_watermark(log.newest_offset)
+        log.close()
+        proc.start()
+        assert subscribe_values(proc.address, "old") == [b"new-0", b"written-the-old-way"]
+        proc.stop()
+        key_file = tmp_path / "typed.key"
+        key_file.write_text(LIFTBRIDGE_KEY)
+        key_file.chmod(0o600)
+        done = liftlog_cli("encryption", "rewrap", "--data-dir", str(proc.data_dir), "--key-file", str(key_file))
+        assert done.returncode == 0, done.stderr
+        assert raw_key.id not in on_disk(proc.data_dir, "old")
+        proc.start()
+        assert subscribe_values(proc.address, "old") == [b"new-0", b"written-the-old-way"]
     finally:
         proc.kill()

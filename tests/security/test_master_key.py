@@ -7,21 +7,38 @@ import stat
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from liftlog.security.master_key import (
     ENV_VAR,
     MasterKeyError,
     generate_master_key_file,
+    legacy_master_key,
     load_master_keys,
     parse_master_key,
 )
 from liftlog.storage.encryption import MasterKey
 
 
-def test_liftbridge_style_text_keys_are_their_bytes() -> None:
-    assert parse_master_key("t7w!z%C*F-JaNcRf", "env").id == MasterKey(b"t7w!z%C*F-JaNcRf").id
-    typed = "Vf3#nQ8!pZ1@rT6$wY2%kM7^bH4&cJ9*"
-    assert parse_master_key(typed + "\n", "env").id == MasterKey(typed.encode()).id
+def test_typed_keys_go_through_hkdf_and_their_old_raw_form_still_decrypts() -> None:
+    typed = "t7w!z%C*F-JaNcRf"  # as Liftbridge's documentation gives one: 16 bytes of text
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"liftlog encryption master key v1")
+    assert parse_master_key(typed, "env").id == MasterKey(derived.derive(typed.encode())).id
+    assert parse_master_key(typed + "\n", "env").id == parse_master_key(typed, "env").id
+    assert parse_master_key(typed, "env").id != MasterKey(typed.encode()).id, "never the typed bytes themselves"
+    legacy = legacy_master_key(typed)
+    assert legacy is not None and legacy.id == MasterKey(typed.encode()).id
+    assert legacy_master_key("base64:" + base64.b64encode(bytes(32)).decode()) is None, "a decoded key was never typed"
+    longer = "Vf3#nQ8!pZ1@rT6$wY2%kM7^bH4&cJ9*-and-more"  # any length from 16 on, now that it is derived
+    assert parse_master_key(longer, "env") is not None and legacy_master_key(longer) is None
+
+
+def test_a_typed_current_key_brings_its_old_form_as_a_decrypt_only_key(tmp_path: Path) -> None:
+    typed = "t7w!z%C*F-JaNcRf"
+    current, previous = load_master_keys("", [], env={ENV_VAR: typed})
+    assert current is not None and current.id == parse_master_key(typed, "x").id
+    assert [k.id for k in previous] == [MasterKey(typed.encode()).id]
 
 
 @pytest.mark.parametrize(
@@ -42,12 +59,12 @@ def test_base64_and_hex_keys_are_decoded() -> None:
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("short", "is 5 bytes; it must be 16 or 32 bytes"),
-        ("x" * 24, "is 24 bytes"),
+        ("short", "is 5 bytes of text; it needs at least 16"),
+        ("hex:" + "ab" * 24, "is 24 bytes; it must be 16 or 32 bytes"),
         ("base64:!!!", "does not decode"),
         ("hex:zz", "does not decode"),
         ("base64:" + base64.b64encode(b"x" * 20).decode(), "is 20 bytes"),
-        ("", "is 0 bytes"),
+        ("", "is 0 bytes of text"),
     ],
 )
 def test_a_bad_key_names_its_source_and_the_problem(text: str, problem: str) -> None:
@@ -60,7 +77,8 @@ def test_keys_come_from_the_environment_or_a_file_not_both(tmp_path: Path) -> No
     assert load_master_keys("", [], env={}) == (None, [])
     typed = "Qz8!rT2#mW5$kY9&"
     current, previous = load_master_keys("", [], env={ENV_VAR: typed})
-    assert current is not None and current.id == MasterKey(typed.encode()).id and previous == []
+    assert current is not None and current.id == parse_master_key(typed, "x").id
+    assert [k.id for k in previous] == [MasterKey(typed.encode()).id]  # its form before HKDF: decrypts only
     path = tmp_path / "master.key"
     assert generate_master_key_file(path)
     with pytest.raises(MasterKeyError, match="not both"):

@@ -1,8 +1,12 @@
 """Where the encryption master keys come from: Liftbridge's environment variable or key files.
 
-A key is text. ``base64:...`` and ``hex:...`` are decoded; anything else is taken as its UTF-8 bytes,
-as Liftbridge takes ``LIFTBRIDGE_ENCRYPTION_KEY``. Either way it must come to 16 or 32 bytes
-(AES-128 or AES-256 key wrap). ``liftlog keygen --master-key FILE`` writes 32 random bytes in base64.
+A key is text. ``base64:...`` and ``hex:...`` are decoded and used as they are: 16 or 32 bytes (AES-128 or
+AES-256 key wrap); ``liftlog keygen --master-key FILE`` writes 32 random bytes in base64. Anything else is
+a secret someone typed (as ``LIFTBRIDGE_ENCRYPTION_KEY`` is in Liftbridge's documentation): at least 16
+bytes, not guessable (``weak_secret_problem``), and never used as it is: HKDF-SHA256 derives the 32-byte
+key from it. Servers before this derivation used a typed key's 16 or 32 bytes directly; that form stays
+among the keys that decrypt (``legacy_master_key``), so their data stays readable, and
+``liftlog encryption rewrap`` moves it to the derived key.
 """
 
 from __future__ import annotations
@@ -14,10 +18,23 @@ import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from liftlog.security.cluster_auth import private_file_problem, weak_secret_problem, write_new_private_file
 from liftlog.storage.encryption import MasterKey
 
-__all__ = ["ENV_VAR", "MasterKeyError", "generate_master_key_file", "load_master_keys", "parse_master_key"]
+__all__ = [
+    "ENV_VAR",
+    "MasterKeyError",
+    "generate_master_key_file",
+    "legacy_master_key",
+    "load_master_keys",
+    "parse_master_key",
+]
+
+#: HKDF's info for a typed master key: a key derived for this use and no other.
+_HKDF_INFO = b"liftlog encryption master key v1"
 
 #: Liftbridge's variable for the master key; liftlog reads the same one.
 ENV_VAR = "LIFTBRIDGE_ENCRYPTION_KEY"
@@ -25,6 +42,10 @@ ENV_VAR = "LIFTBRIDGE_ENCRYPTION_KEY"
 
 class MasterKeyError(Exception):
     """A master key that is missing, unreadable or not 16 or 32 bytes; the message names its source."""
+
+
+def _typed(text: str) -> bool:
+    return not text.startswith(("base64:", "hex:"))
 
 
 def parse_master_key(text: str, source: str) -> MasterKey:
@@ -39,16 +60,30 @@ def parse_master_key(text: str, source: str) -> MasterKey:
             raw = text.encode()
     except (binascii.Error, ValueError) as exc:
         raise MasterKeyError(f"the encryption master key in {source} does not decode: {exc}") from None
-    if len(raw) not in (16, 32):
+    if not _typed(text):
+        if len(raw) not in (16, 32):
+            raise MasterKeyError(
+                f"the encryption master key in {source} is {len(raw)} bytes; it must be 16 or 32 bytes "
+                "(AES-128 or AES-256), e.g. from `liftlog keygen --master-key FILE`"
+            )
+        return MasterKey(raw)
+    if len(raw) < 16:
         raise MasterKeyError(
-            f"the encryption master key in {source} is {len(raw)} bytes; it must be 16 or 32 bytes "
-            "(AES-128 or AES-256), e.g. from `liftlog keygen --master-key FILE`"
+            f"the encryption master key in {source} is {len(raw)} bytes of text; it needs at least 16 (or use "
+            "`liftlog keygen --master-key FILE`)"
         )
-    if not text.startswith(("base64:", "hex:")):  # typed text, used as its bytes: it must not be guessable
-        weak = weak_secret_problem(raw)
-        if weak is not None:
-            raise MasterKeyError(f"the encryption master key in {source} {weak}")
-    return MasterKey(raw)
+    weak = weak_secret_problem(raw)
+    if weak is not None:
+        raise MasterKeyError(f"the encryption master key in {source} {weak}")
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_HKDF_INFO).derive(raw)
+    return MasterKey(derived)
+
+
+def legacy_master_key(text: str) -> MasterKey | None:
+    """The key servers before HKDF made of typed ``text`` (its bytes as they are), if it could be one."""
+    text = text.strip()
+    raw = text.encode()
+    return MasterKey(raw) if _typed(text) and len(raw) in (16, 32) else None
 
 
 def _read(path: Path, check_permissions: bool) -> str:
@@ -79,12 +114,22 @@ def load_master_keys(
     from_env = environ.get(ENV_VAR, "")
     if key_file and from_env:
         raise MasterKeyError(f"give the encryption master key in {ENV_VAR} or in encryption.key.file, not both")
-    current: MasterKey | None = None
+    texts: list[tuple[str, str]] = []  # (text, source): the current key's first
     if key_file:
-        current = parse_master_key(_read(Path(key_file), check_permissions), f"file {key_file}")
+        texts.append((_read(Path(key_file), check_permissions), f"file {key_file}"))
     elif from_env:
-        current = parse_master_key(from_env, ENV_VAR)
-    previous = [parse_master_key(_read(Path(p), check_permissions), f"file {p}") for p in previous_files if p]
+        texts.append((from_env, ENV_VAR))
+    current: MasterKey | None = parse_master_key(*texts[0]) if texts else None
+    earlier = [(_read(Path(p), check_permissions), f"file {p}") for p in previous_files if p]
+    previous = [parse_master_key(*text) for text in earlier]
+    texts += earlier
+    # Typed keys as servers before HKDF used them: data they encrypted stays readable.
+    known = {k.id for k in previous} | ({current.id} if current is not None else set())
+    for text, _ in texts:
+        legacy = legacy_master_key(text)
+        if legacy is not None and legacy.id not in known:
+            previous.append(legacy)
+            known.add(legacy.id)
     return current, previous
 
 
