@@ -255,3 +255,20 @@ def test_the_cli_names_a_missing_stream_partition_or_activity_stream(server: Lif
     )
     line = assert_one_error_line(invoke("activity", "-a", a), 1)
     assert "activity stream is off" in line and "activity.stream.enabled=true" in line
+
+
+def test_cursor_list_shows_the_newest_value_of_every_cursor(server: LiftlogProcess) -> None:
+    import json
+
+    from tests.cli.test_cli import invoke
+
+    a = server.address
+    for offset in (1, 2, 9):
+        set_cursor(a, "lister", "orders", offset, partition=1)
+    set_cursor(a, "lister-" + "x" * 60, "orders", 4)
+    listed = json.loads(invoke("cursor", "list", "orders", "-o", "json", "-a", a).stdout)
+    mine = {(c["cursor_id"], c["partition"]): c["offset"] for c in listed if c["cursor_id"].startswith("lister")}
+    assert mine == {("lister", 1): 9, ("lister-" + "x" * 60, 0): 4}
+    assert all(c["stream"] == "orders" for c in listed)
+    text = invoke("cursor", "list", "-a", a).stdout
+    assert "lister-" + "x" * 60 in text, "names are never cut short"

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import click
+import dataclasses
+import json
 
-from liftlog.cli.common import addr_option, connect, run
-from liftlog.cli.output import out_console
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from liftlog.cli.common import addr_option, connect, fail, output_option, run
+from liftlog.cli.output import out_console, print_note, table_console
 
 __all__ = ["cursor"]
 
@@ -22,7 +28,41 @@ def cursor() -> None:
     \b
       liftlog cursor set billing orders 41 --partition 0
       liftlog cursor get billing orders --partition 0
+      liftlog cursor list orders
     """
+
+
+@cursor.command(name="list")
+@addr_option
+@click.argument("stream", required=False)
+@output_option
+def list_(stream: str | None, output: str) -> None:
+    """Every cursor stored (of STREAM only, if given): id, stream, partition, offset.
+
+    Consumer groups' checkpoints are the cursors named __group:<group>.
+    """
+    from liftlog.client import CursorInfo, NoSuchStreamError
+
+    async def go() -> list[CursorInfo]:
+        async with connect() as client:
+            try:
+                return await client.cursors(stream)
+            except NoSuchStreamError:
+                fail("cursors are off on this cluster: set cursors.stream.partitions to more than 0 on the servers")
+
+    found = run(go())
+    if output.lower() == "json":
+        click.echo(json.dumps([dataclasses.asdict(c) for c in found], ensure_ascii=False))
+        return
+    if not found:
+        print_note("no cursors" + (f" of {stream}" if stream else ""))
+        return
+    table = Table("CURSOR", "STREAM", "PART.", "OFFSET", box=box.SIMPLE_HEAD)
+    for column in table.columns[:2]:
+        column.overflow = "fold"  # wrap long names, never cut them short
+    for c in found:
+        table.add_row(Text(c.cursor_id), Text(c.stream), str(c.partition), str(c.offset))
+    table_console().print(table)
 
 
 @cursor.command()

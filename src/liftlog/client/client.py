@@ -38,7 +38,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
-from liftlog.api.cursors import CURSORS_STREAM, cursor_key, cursor_partition
+from liftlog.api.cursors import CURSORS_STREAM, CursorValueError, cursor_key, cursor_partition, decode_cursor
 from liftlog.client.batches import Columns, Fetched, FetchedBatches, decode_batches
 from liftlog.client.cluster import (
     ClusterStatus,
@@ -74,6 +74,7 @@ from liftlog.client.tls import TlsOption
 from liftlog.client.types import (
     Ack,
     AckPolicy,
+    CursorInfo,
     Metadata,
     PartitionInfo,
     PublishValue,
@@ -843,6 +844,27 @@ class Client(Routing):
             "fetch_cursor", req, cursor_key(cursor_id, stream, partition)
         )
         return resp.offset
+
+    async def cursors(self, stream: str | None = None) -> list[CursorInfo]:
+        """Every cursor stored (of ``stream`` only, if given), sorted by stream, partition and id.
+
+        Reads the servers' ``__cursors`` stream to its end, newest value per cursor; consumer groups'
+        checkpoints are the cursors named ``__group:<group>``. Liftbridge servers keep cursors the same
+        way. Raises :class:`NoSuchStreamError` when cursors are off (no ``__cursors``).
+        """
+        found: dict[bytes, CursorInfo] = {}
+        sub = self.subscribe_all(
+            CURSORS_STREAM, start_position=StartPosition.EARLIEST, stop_position=StopPosition.STOP_LATEST
+        )
+        async with sub:
+            async for msg in sub:
+                try:
+                    cursor = decode_cursor(msg.value)
+                except CursorValueError:
+                    continue  # not a cursor (nothing a server writes): not shown
+                if stream is None or cursor.stream == stream:
+                    found[msg.key or b""] = CursorInfo(cursor.cursorId, cursor.stream, cursor.partition, cursor.offset)
+        return sorted(found.values(), key=lambda c: (c.stream, c.partition, c.cursor_id))
 
     async def _cursor_call(self, method: str, req: Any, key: bytes) -> Any:
         self.check_open()

@@ -20,6 +20,7 @@ __all__ = [
     "AckError",
     "AckPolicy",
     "BrokerInfo",
+    "CursorInfo",
     "EventTimestamps",
     "Message",
     "Metadata",
@@ -342,6 +343,16 @@ def _event_timestamps(
     name: Literal["messagesReceivedTimestamps", "pauseTimestamps", "readonlyTimestamps"],
 ) -> EventTimestamps | None:
     return EventTimestamps.from_proto(getattr(p, name)) if p.HasField(name) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CursorInfo:
+    """A stored cursor: the offset of the last message ``cursor_id`` processed in a stream partition."""
+
+    cursor_id: str
+    stream: str
+    partition: int
+    offset: int
 
 
 @dataclass(frozen=True, slots=True)
