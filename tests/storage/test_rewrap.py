@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from crc32c import crc32c
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from liftlog.storage import CommitLog, LogConfig, NewRecord
 from liftlog.storage.encryption import BatchCipher, MasterKey, envelope_of, partition_context
@@ -16,6 +15,7 @@ from liftlog.storage.records import BATCH_HEADER_SIZE, encode_batch, iter_batch_
 from liftlog.storage.rewrap import RewrapError, find_partitions, lock_data_dir, rewrap_partition
 
 from .conftest import FakeClock
+from .test_encryption import version_1_batch as old_format_batch
 
 OLD = MasterKey(b"o" * 32)
 NEW = MasterKey(b"n" * 16)
@@ -138,26 +138,7 @@ def test_segments_copied_from_another_partition_are_refused(tmp_path: Path) -> N
 
 def version_1_batch(key: MasterKey, base: int, values: list[bytes]) -> bytes:
     """A batch as servers before envelope version 2 wrote it (its AAD binds the header only)."""
-    plain = encode_batch(base, 0, [NewRecord(v) for v in values], default_timestamp=CREATED)
-    h = parse_batch_header(plain)
-    data_key, nonce = os.urandom(32), os.urandom(12)
-    wrapped = key.wrap(data_key)
-    aad = struct.pack(
-        ">qiiqqi",
-        h.base_offset,
-        h.leader_epoch,
-        h.last_offset_delta,
-        h.first_timestamp,
-        h.max_timestamp,
-        h.record_count,
-    )
-    body = struct.pack(">B4sB", 1, key.id, len(wrapped)) + wrapped + nonce
-    body += AESGCM(data_key).encrypt(nonce, plain[BATCH_HEADER_SIZE:], aad)
-    batch = bytearray(plain[:BATCH_HEADER_SIZE] + body)
-    struct.pack_into(">i", batch, 8, len(batch) - 12)
-    struct.pack_into(">H", batch, 21, h.attributes | 0x10)
-    struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))
-    return bytes(batch)
+    return old_format_batch(key, encode_batch(base, 0, [NewRecord(v) for v in values], default_timestamp=CREATED))
 
 
 def test_rewrap_keeps_old_format_batches_and_reencrypt_upgrades_them(tmp_path: Path) -> None:
