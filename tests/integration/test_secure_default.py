@@ -84,13 +84,20 @@ def test_insecure_is_explicit_and_visible(tmp_path: Path, nats_server: NatsProce
 
 @pytest.mark.parametrize(
     ("setting", "named"),
-    [("clustering.auth.key.file", "clustering.auth.key.file"), ("encryption.key.file", "encryption master key")],
+    [
+        ("clustering.auth.key.file", "clustering.auth.key.file"),
+        ("encryption.key.file", "encryption master key"),
+        ("tls.cert", "TLS certificate"),
+    ],
 )
 def test_a_missing_secret_stops_the_server_before_it_creates_its_data_directory(
     tmp_path: Path, nats_server: NatsProcess, setting: str, named: str
 ) -> None:
     """As a first start from an example configuration would: nothing left behind to clean up."""
-    proc = server(tmp_path, nats_server.url, "a", "seed", f"{setting}={tmp_path / 'nowhere.key'}")
+    settings = [f"{setting}={tmp_path / 'nowhere.key'}"]
+    if setting == "tls.cert":
+        settings.append(f"tls.key={tmp_path / 'nowhere.key'}")
+    proc = server(tmp_path, nats_server.url, "a", "seed", *settings)
     said = refusal(proc)
     assert named in said and "nowhere.key" in said
     assert not (tmp_path / "a").exists(), "the data directory was not created"

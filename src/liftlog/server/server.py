@@ -187,12 +187,13 @@ class Server:
         for key in ignored_settings(self.config.values):
             log.warning("%s is set but has no effect in liftlog: %s", key, SETTING_HELP[key])
         try:
-            # Secrets named in the configuration first: one missing or unreadable stops the server before it
-            # creates or locks anything (the default secret lives in the data directory, so it comes after).
+            # Secrets and certificates named in the configuration first: one missing or unreadable stops the
+            # server before it creates or locks anything (the default secret lives in the data directory).
             c = self.config.clustering
             configured = bool(c.auth_key or c.auth_key_file or c.auth_insecure)
             auth = self._cluster_auth() if configured else None
             cipher = self._batch_cipher()
+            self._grpc_tls = self._tls_context()
             self._open_data_dir()
             await self._start_ops_endpoint()  # liveness answers while the server catches up
             if not configured:
@@ -962,7 +963,6 @@ class Server:
         except OSError as exc:
             raise ServerStartError(f"cannot listen on {address}: {exc} (is another server using the port?)") from exc
         self._grpc = server
-        self._grpc_tls = self._tls_context()
         self.access = AccessControl(self._authorizer())
         self.port = port
         service = ApiService(
@@ -1060,6 +1060,12 @@ class Server:
         files = TlsFiles(
             values["tls.cert"], values["tls.key"], values["tls.client.auth.ca"], values["tls.client.auth.enabled"]
         )
+        named = [("tls.cert", values["tls.cert"]), ("tls.key", values["tls.key"])]
+        if values["tls.client.auth.enabled"]:
+            named.append(("tls.client.auth.ca", values["tls.client.auth.ca"]))
+        for key, path in named:  # the ssl module's own error would not say which file
+            if not Path(path).is_file():
+                raise ServerStartError(f"cannot load the API's TLS certificate or key: {key}: {path} does not exist")
         try:
             return ReloadingTls(files)
         except (OSError, ssl.SSLError) as exc:
