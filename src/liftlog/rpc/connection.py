@@ -930,6 +930,8 @@ class Connection:
                 if not floor_left and covered < min(grant, self.limits.connection_window // 16):
                     return
                 grant = covered
+                if grant <= 0:
+                    return  # a WINDOW_UPDATE of 0 is a protocol error
             else:
                 budget.waiting.pop(self, None)
             charge = max(0, self._footprint() + grant - budget.floor) - self._charged

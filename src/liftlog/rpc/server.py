@@ -551,7 +551,8 @@ class _Connection(CoreProtocol):
             # A call's trailers leave the core only here: finish() came too early to close.
             self.close_transport()
         budget = self.server.budget
-        if budget is not None and budget.waiting and budget.room > 0:
+        # Only room enough for a useful grant wakes the waiting (below it they would all decline, one by one).
+        if budget is not None and budget.waiting and budget.room >= self.core.limits.connection_window // 16:
             self.server.budget_returned()
 
     async def writable(self) -> None:
