@@ -84,8 +84,10 @@ async def test_published_messages_reach_nats_subscribers_with_their_headers(
     app, sub = await subscribed(nats_server.url, "events.>")
     await lean.publish("events.a", b"one")
     await lean.publish("events.b", b"two", reply="back.here", headers={"Liftlog-Id": "9"})
-    first = await sub.next_msg(timeout=5)
-    second = await sub.next_msg(timeout=5)
+    await asyncio.wait_for(lean.flush(), 30)  # the nats-server has both (its PONG follows them)
+    # Generous waits: a busy CI machine once took over 5 s to hand nats-py's reader the messages.
+    first = await sub.next_msg(timeout=30)
+    second = await sub.next_msg(timeout=30)
     await app.close()
     assert (first.subject, first.data) == ("events.a", b"one")
     assert (second.subject, second.reply, second.data) == ("events.b", "back.here", b"two")
@@ -103,8 +105,8 @@ async def test_send_now_writes_what_was_published_without_waiting_for_the_loop(
     lean.send_now()
     assert lean._out == []  # gone to the socket, in order, in one write
     lean.send_now()  # nothing queued: nothing to do
-    first = await sub.next_msg(timeout=5)
-    second = await sub.next_msg(timeout=5)
+    first = await sub.next_msg(timeout=30)
+    second = await sub.next_msg(timeout=30)
     await app.close()
     assert [(first.subject, first.data), (second.subject, second.data)] == [("events.a", b"one"), ("events.b", b"two")]
 
