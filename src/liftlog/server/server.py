@@ -44,12 +44,13 @@ from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.metadata.model import CreateStream, ServerMeta, StreamSettings
 from liftlog.metadata.names import ACTIVITY_STREAM, CURSORS_STREAM, internal_stream_subject
-from liftlog.metadata.protocol import ControlRequest, IsrChange, LeaderConfirmation, LeaderReport
+from liftlog.metadata.protocol import ControlRequest, LeaderConfirmation, LeaderReport
 from liftlog.natswire import LeanNats, NatsConnectError
 from liftlog.natswire.client import LeanNatsClient
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
+from liftlog.replication.roles import isr_change
 from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_methods
 from liftlog.security.ack_routes import RouteIds
 from liftlog.security.authz import Authorizer
@@ -579,13 +580,11 @@ class Server:
             await self.cluster.pause(name, partitions)
 
     async def _propose_isr(self, part: Partition, isr: tuple[str, ...], reason: str) -> None:
-        meta, core = part.meta, part.leader
-        # Metadata is applied before the partition steps down: once it names another leader (or a newer
-        # epoch), its partition epoch would make a deposed leader's proposal look current. Checked and
-        # read with no await in between, so a later ChangeLeader leaves the proposal stale.
-        if core is None or meta.leader != self.server_id or meta.leader_epoch != core.leader_epoch:
+        core = part.leader
+        # Decided and read with no await in between, so a later ChangeLeader leaves the proposal stale.
+        change = isr_change(self.server_id, part.meta, core.leader_epoch, isr) if core is not None else None
+        if change is None:
             return
-        change = IsrChange(part.stream, part.id, isr, meta.epoch)
         # On failure (a newer epoch, no controller) the leader proposes again later.
         await self._tell_controller(part, change, f"ISR change to {','.join(isr)} not applied")
 

@@ -34,12 +34,21 @@ from liftlog.metadata import (
     Metadata,
     NoSuchPartitionError,
     PartitionMeta,
-    PartitionState,
     RefusedError,
     StreamMeta,
     StreamSettings,
     check_stream_usable,
     is_internal_stream,
+)
+from liftlog.replication.roles import (
+    ConfirmCandidacy,
+    Follow,
+    Lead,
+    ReplicaRole,
+    RoleKind,
+    StandBy,
+    SyncMembership,
+    decide_role,
 )
 from liftlog.server.config import StreamsConfig
 from liftlog.storage import FileIO, FsyncPolicy, LogConfig, StorageError
@@ -71,8 +80,8 @@ class _Hosted:
     created: int
     paused: bool
     readonly: bool
-    #: (leader, leader epoch, leading) the replica was last set up for; None while closed.
-    role: tuple[str, int, bool] | None = None
+    #: What the replica was last set up as; None while closed (and always without a replicator).
+    role: ReplicaRole | None = None
     #: Partition epoch at which this replica last confirmed it was asked to take over.
     confirmed_at: int = -1
     #: Its log failed to open (the partition is fenced with the reason); tried again at each reconcile.
@@ -441,32 +450,31 @@ class StreamManager:
         hosted.role = None
 
     async def _set_role(self, hosted: _Hosted, meta: PartitionMeta) -> None:
-        """Lead or follow as the metadata says; only a leader that is not readonly listens on its subject."""
+        """Lead, follow or stand by as ``decide_role`` says; only a leader that is not readonly takes writes."""
         part = hosted.part
-        # Mid-election or offline, the named leader is the old one: nobody leads until ChangeLeader.
-        named = meta.leader == self.server_id
-        leader = named and meta.state is PartitionState.ONLINE
-        role = (meta.leader, meta.leader_epoch, leader)
         replicator = self.replicator
-        if (
-            meta.state is PartitionState.CANDIDATE_FOUND
-            and meta.candidate == self.server_id
-            and hosted.confirmed_at != meta.epoch
-        ):
-            # Asked to take over: stop fetching from the old leader, and say we are ready.
-            hosted.confirmed_at = meta.epoch
-            if replicator is not None:
-                replicator.unfollow(part)
-            if self._confirm_candidate is not None:
-                task: asyncio.Future[None] = asyncio.ensure_future(self._confirm_candidate(part))
-                self._confirmations.add(task)
-                task.add_done_callback(self._confirmations.discard)
-        if leader and not self.may_lead:
-            if part.accepting:  # suspended (suspend_leading): no writes until the metadata is known current
-                await part.stop_intake()
-            return  # _set_role runs again once allowed
-        if replicator is not None and role != hosted.role:
-            if leader:
+        core = part.leader
+        decision = decide_role(
+            self.server_id,
+            meta,
+            hosted.role,
+            hosted.confirmed_at,
+            may_lead=self.may_lead,
+            membership=(core.replicas, core.isr) if core is not None else None,
+        )
+        hosted.confirmed_at = decision.confirmed_at
+        for action in decision.actions:
+            if isinstance(action, ConfirmCandidacy):
+                # Asked to take over: stop fetching from the old leader, and say we are ready.
+                if replicator is not None:
+                    replicator.unfollow(part)
+                if self._confirm_candidate is not None:
+                    task: asyncio.Future[None] = asyncio.ensure_future(self._confirm_candidate(part))
+                    self._confirmations.add(task)
+                    task.add_done_callback(self._confirmations.discard)
+            elif replicator is None:
+                continue  # unreplicated (tests): the named leader takes writes, nobody fetches
+            elif isinstance(action, Lead):
                 replicator.unfollow(part)
                 part.become_leader(
                     self.server_id,
@@ -478,31 +486,30 @@ class StreamManager:
                 )
                 replicator.lead(part)
                 log.info("%s: leading in leader epoch %d (ISR %s)", part, meta.leader_epoch, ",".join(meta.isr))
-            else:
+            elif isinstance(action, Follow | StandBy):
                 # Step down before anything awaits: from here on, messages the subscription still
                 # delivers are refused, never written to what is now a follower's log.
                 if part.leader is not None:
                     part.become_follower()
                 await part.stop_intake()
                 replicator.stop_leading(part)
-                if named:
-                    # Still named leader while an election runs (or the partition is offline): wait, idle.
+                if isinstance(action, StandBy):
                     replicator.unfollow(part)
-                    log.info("%s: not leading while the partition is %s", part, meta.state.value)
+                    log.info("%s: neither leading nor following while the partition is %s", part, action.state.value)
                 else:
                     replicator.follow(part)
-                    log.info("%s: following %s in leader epoch %d", part, meta.leader, meta.leader_epoch)
-            hosted.role = role
-        elif (
-            leader
-            and part.leader is not None
-            and (tuple(meta.isr) != part.leader.isr or tuple(meta.replicas) != part.leader.replicas)
-        ):
-            part.isr_committed(self._clock())
-        listen = leader and not meta.readonly
-        if listen and not part.accepting:
+                    log.info("%s: following %s in leader epoch %d", part, action.leader, action.leader_epoch)
+            elif isinstance(action, SyncMembership):
+                part.isr_committed(self._clock())
+        if decision.held:
+            if part.accepting:  # suspended (suspend_leading): no writes until the metadata is known current
+                await part.stop_intake()
+            return  # decided again once allowed
+        if replicator is not None:
+            hosted.role = decision.role
+        if decision.listen and not part.accepting:
             await part.start_intake(self._internal_nats if is_internal_stream(part.stream) else self._nats)
-        elif not listen and part.accepting:
+        elif not decision.listen and part.accepting:
             await part.stop_intake()
         if meta.readonly != hosted.readonly:
             part.wake_readers()  # readers at the end learn the partition is readonly
@@ -544,7 +551,7 @@ class StreamManager:
             return False
         if self.replicator is None or hosted.paused:  # unreplicated (tests), or paused: named is leading
             return hosted.part.meta.leader == self.server_id
-        return hosted.role is not None and hosted.role[2]
+        return hosted.role is not None and hosted.role.kind is RoleKind.LEAD
 
     def occ_enabled(self, name: str) -> bool:
         """Whether publishes to the stream check expectedOffset (its setting, else the server's)."""
