@@ -30,9 +30,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.metadata import (
-    ChangeGroupCoordinator,
     InvalidStreamError,
-    LeaveGroup,
     Metadata,
     MetadataError,
     NoSuchGroupError,
@@ -41,7 +39,6 @@ from liftlog.metadata import (
     PartitionMeta,
     RefusedError,
     StreamExistsError,
-    is_internal_stream,
 )
 from liftlog.metadata.activity import apply_entry
 from liftlog.metadata.codec import decode_operation, decode_snapshot, encode_operation, encode_snapshot
@@ -49,23 +46,18 @@ from liftlog.metadata.controller import (
     CreateStreamRequest,
     LivenessTracker,
     plan_create_stream,
-    plan_policy_change,
 )
-from liftlog.metadata.groups import CoordinatorWitnesses, choose_coordinator, plan_join
 from liftlog.metadata.limits import StreamLimits
 from liftlog.metadata.model import (
     AddPolicy,
-    ChangeIsr,
-    DeleteStream,
     Operation,
     Policy,
     RegisterServer,
     RemoveServer,
     RevokePolicy,
     ServerMeta,
-    SetPaused,
-    SetReadonly,
 )
+from liftlog.metadata.planning import ChangePlanner
 from liftlog.metadata.protocol import (
     Applied,
     AppliedQuery,
@@ -113,9 +105,6 @@ from liftlog.metadata.protocol import (
 )
 from liftlog.metadata.reassignment import (
     departures,
-    plan_decommission,
-    plan_moves,
-    preferred_leader_changes,
     reassignment_steps,
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
@@ -305,8 +294,6 @@ class MetadataService:
         #: The servers' own streams this server creates when it leads and they are missing (cursors).
         self._internal_streams = internal_streams
         self._internal_waits: set[str] = set()
-        #: Members' reports of silent group coordinators (kept while this server leads).
-        self._group_witnesses = CoordinatorWitnesses(int(group_coordinator_timeout * 1e9))
         self.advertise = advertise
         #: clustering.namespace: internal subjects live under it, so stream subjects must not.
         self.namespace = namespace
@@ -320,6 +307,8 @@ class MetadataService:
         self._unclean = unclean_leader_election
         self._rebalance_delay = rebalance_delay
         self._limits = limits or StreamLimits()
+        #: Plans requested changes; it keeps members' reports of silent group coordinators.
+        self._planner = ChangePlanner(namespace, self._limits, int(group_coordinator_timeout * 1e9))
         self._failover: Failover | None = None
         self.metadata = Metadata()
         streams.metadata = self.metadata
@@ -600,53 +589,7 @@ class MetadataService:
 
     def _plan(self, change: ControlRequest) -> list[Operation]:
         """The operations that carry out ``change``, in order; raises a MetadataError it refuses with."""
-        now = self._clock()
-        match change:
-            case CreateStreamChange(req):
-                return [plan_create_stream(self.metadata, req, now, namespace=self.namespace, limits=self._limits)]
-            case DeleteStreamChange(name):
-                self.metadata.stream(name)  # fail fast, without a log entry
-                if is_internal_stream(name):
-                    raise InvalidStreamError(f"stream {name!r} is the servers' own and cannot be deleted")
-                return [DeleteStream(name)]
-            case PauseChange(name, partitions, pause, resume_all):
-                for p in partitions:
-                    self.metadata.partition(name, p)
-                if not partitions:
-                    self.metadata.stream(name)
-                return [SetPaused(name, partitions, pause, now, resume_all)]
-            case ReadonlyChange(name, partitions, readonly):
-                return [SetReadonly(name, partitions, readonly, now)]
-            case IsrChange(name, partition, isr, epoch):
-                return [ChangeIsr(name, partition, isr, epoch)]
-            case ServerRegistration(server):
-                return [RegisterServer(server, now)]
-            case ReassignChange(moves, spread):
-                return plan_moves(self.metadata, [(m.name, m.partition, m.replicas) for m in moves], spread)
-            case DecommissionChange(server):
-                return plan_decommission(self.metadata, server, self.voters)
-            case PreferredLeadersChange():
-                return list(preferred_leader_changes(self.metadata))
-            case PolicyChange(subject, resource, action, add):
-                return [plan_policy_change(subject, resource, action, add=add)]
-            case GroupJoinChange(group, consumer, streams):
-                return [plan_join(self.metadata, group, consumer, streams)]
-            case GroupLeaveChange(group, consumer, expired):
-                self.metadata.group(group)  # fail fast, without a log entry
-                return [LeaveGroup(group, consumer, expired)]
-            case GroupCoordinatorReport(group, consumer, coordinator, epoch):
-                meta = self.metadata.group(group)
-                if not self._group_witnesses.report(meta, consumer, coordinator, epoch, now):
-                    return []
-                chosen = choose_coordinator(self.metadata, exclude=coordinator)
-                log.warning(
-                    "consumer group %s: most members find coordinator %s silent, %s takes over",
-                    group,
-                    coordinator,
-                    chosen,
-                )
-                return [ChangeGroupCoordinator(group, chosen, epoch)]
-        raise MetadataError(f"{type(change).__name__} is not a metadata change of its own")
+        return self._planner.plan(self.metadata, change, self._clock(), self.voters)
 
     async def _lead(self, change: ControlRequest, timeout: float = CHANGE_TIMEOUT_S) -> int:
         """Plan, replicate and apply one change as the leader; wait (within ``timeout``) for the affected servers.
