@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liftlog.metadata import (
-    ChangeIsr,
     ChangeLeader,
     DeleteStream,
     Metadata,
@@ -68,10 +67,18 @@ from liftlog.metadata import (
     StreamSettings,
 )
 from liftlog.metadata.codec import decode_operation, encode_operation, encode_snapshot
-from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker, plan_create_stream
+from liftlog.metadata.controller import CreateStreamRequest, LivenessTracker
 from liftlog.metadata.failover import AskLogEnds, FailoverAction, FailoverCore, Propose
-from liftlog.metadata.protocol import LeaderConfirmation, LeaderReport
-from liftlog.metadata.reassignment import plan_move, reassignment_steps
+from liftlog.metadata.planning import ChangePlanner
+from liftlog.metadata.protocol import (
+    CreateStreamChange,
+    IsrChange,
+    LeaderConfirmation,
+    LeaderReport,
+    PartitionMove,
+    ReassignChange,
+)
+from liftlog.metadata.reassignment import reassignment_steps
 from liftlog.raft import EntryKind, MemoryStorage, Message, NotLeader, ProposalDropped, RaftConfig, RaftNode, Role
 from liftlog.replication.follower import (
     Append,
@@ -104,6 +111,16 @@ from liftlog.replication.protocol import (
     encode_fetch_request,
     encode_fetch_response,
 )
+from liftlog.replication.roles import (
+    ConfirmCandidacy,
+    Follow,
+    Lead,
+    ReplicaRole,
+    StandBy,
+    SyncMembership,
+    decide_role,
+    isr_change,
+)
 from liftlog.storage import CommitLog, LogConfig, NewRecord
 
 from .seeds import soak
@@ -135,7 +152,7 @@ class Heartbeat:
 class ToController:
     """A report, a confirmation or an ISR change, for whoever leads the metadata group."""
 
-    body: LeaderReport | LeaderConfirmation | ChangeIsr
+    body: LeaderReport | LeaderConfirmation | IsrChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,11 +233,14 @@ class Server:
     incarnation: dict[Key, int] = field(default_factory=dict)
     leading: dict[Key, LeaderReplica] = field(default_factory=dict)
     following: dict[Key, Following] = field(default_factory=dict)
+    #: What each replica was last set up as, and the partition epoch of its last candidacy confirmation.
+    roles: dict[Key, ReplicaRole] = field(default_factory=dict)
     confirmed_at: dict[Key, int] = field(default_factory=dict)
     #: Ack ALL publishes waiting for the HW: (offset, value) per partition.
     waiters: dict[Key, list[tuple[int, bytes]]] = field(default_factory=dict)
     # controller state, while this server leads the metadata group
     failover: FailoverCore | None = None
+    planner: ChangePlanner | None = None
     liveness: LivenessTracker | None = None
     proposals: dict[int, tuple[Propose | None, bytes]] = field(default_factory=dict)
     asking: dict[Key, Asking] = field(default_factory=dict)
@@ -364,6 +384,8 @@ class Simulation:
         if key in server.leading:
             self.step_down(server, key)
         server.following.pop(key, None)
+        server.roles.pop(key, None)
+        server.confirmed_at.pop(key, None)
         server.logs.pop(key).close()
         created = server.incarnation.pop(key)
         shutil.rmtree(server.directory / f"{key[0]}-{key[1]}-{created}", ignore_errors=True)
@@ -429,11 +451,12 @@ class Simulation:
                 unclean_default=False,
                 rebalance_after_ns=self.rebalance_ticks * TICK_NS,
             )
+            server.planner = ChangePlanner("sim")
             server.liveness = LivenessTracker(self.liveness_ticks * TICK_NS)
             server.liveness.reset(self.ns())
             self.stats["controllers"] += 1
         elif node.role is not Role.LEADER and server.failover is not None:
-            core, server.failover, server.liveness = server.failover, None, None
+            core, server.failover, server.liveness, server.planner = server.failover, None, None, None
             server.led_term = -1
             pending, server.proposals = server.proposals, {}
             server.asking = {}
@@ -488,8 +511,7 @@ class Simulation:
                     req = CreateStreamRequest(
                         name, name, partitions=partitions, replication_factor=rf, settings=settings
                     )
-                with contextlib.suppress(MetadataError):
-                    self.propose(server, plan_create_stream(md, req, now, namespace="sim"))
+                self.plan(server, CreateStreamChange(req))
         for key, ask in list(server.asking.items()):
             if self.now >= ask.deadline and server.failover is not None:
                 del server.asking[key]
@@ -529,15 +551,23 @@ class Simulation:
         meta = md.partition(*key)
         size = self.rng.randint(1, len(self.ids)) if self.rng.random() < 0.3 else len(meta.replicas)
         target = self.rng.sample(self.ids, size)
-        try:
-            op = plan_move(md, key[0], key[1], target)
-        except MetadataError:
-            return
-        self.note(f"{server.id} moves {key} from {meta.replicas} to {target}")
-        self.stats["reassignments_started"] += 1
-        self.propose(server, op)
+        if self.plan(server, ReassignChange((PartitionMove(key[0], key[1], tuple(target)),))):
+            self.note(f"{server.id} moves {key} from {meta.replicas} to {target}")
+            self.stats["reassignments_started"] += 1
 
-    def to_controller(self, server: Server, body: LeaderReport | LeaderConfirmation | ChangeIsr) -> None:
+    def plan(self, server: Server, change: CreateStreamChange | ReassignChange | IsrChange) -> bool:
+        """Plan a change as the controller does and propose its operations; False if it was refused."""
+        if server.planner is None:
+            return False
+        try:
+            ops = server.planner.plan(server.metadata, change, self.ns(), self.ids)
+        except MetadataError:
+            return False
+        for op in ops:
+            self.propose(server, op)
+        return True
+
+    def to_controller(self, server: Server, body: LeaderReport | LeaderConfirmation | IsrChange) -> None:
         leader = server.raft.leader_id
         if leader is not None:
             self.send(server.id, leader, ToController(body))
@@ -563,38 +593,38 @@ class Simulation:
                     if key in server.leading:
                         self.step_down(server, key)
                     server.following.pop(key, None)
+                    server.roles.pop(key, None)
                     continue
-                if (
-                    meta.state is PartitionState.CANDIDATE_FOUND
-                    and meta.candidate == server.id
-                    and server.confirmed_at.get(key) != meta.epoch
-                ):
-                    server.confirmed_at[key] = meta.epoch
-                    server.following.pop(key, None)
-                    self.to_controller(server, LeaderConfirmation(meta.stream, meta.id, server.id))
-                if meta.leader == server.id and meta.state is PartitionState.ONLINE:
-                    if not server.may_lead:
-                        continue
-                    core = server.leading.get(key)
-                    if core is None or core.leader_epoch != meta.leader_epoch:
+                core = server.leading.get(key)
+                decision = decide_role(
+                    server.id,
+                    meta,
+                    server.roles.get(key),
+                    server.confirmed_at.get(key, -1),
+                    may_lead=server.may_lead,
+                    membership=(core.replicas, core.isr) if core is not None else None,
+                )
+                server.confirmed_at[key] = decision.confirmed_at
+                for action in decision.actions:
+                    if isinstance(action, ConfirmCandidacy):
+                        server.following.pop(key, None)
+                        self.to_controller(server, LeaderConfirmation(meta.stream, meta.id, server.id))
+                    elif isinstance(action, Lead):
                         server.following.pop(key, None)
                         self.become_leader(server, key, meta.replicas, meta.isr, meta.leader_epoch, log)
-                    else:
+                    elif isinstance(action, Follow | StandBy):
+                        if key in server.leading:
+                            self.step_down(server, key)
+                        server.following.pop(key, None)
+                        if isinstance(action, Follow):
+                            self.follow(server, key, action.leader, action.leader_epoch, log)
+                    elif isinstance(action, SyncMembership) and core is not None:
+                        # What the server's Partition.isr_committed does.
                         if tuple(meta.replicas) != core.replicas:
                             self.leader_did(server, key, core.replicas_changed(tuple(meta.replicas), now))
-                        if tuple(meta.isr) != core.isr:
-                            self.leader_did(server, key, core.isr_committed(tuple(meta.isr), now))
-                    continue
-                if key in server.leading:
-                    self.step_down(server, key)
-                if meta.leader == server.id or (
-                    meta.state is PartitionState.CANDIDATE_FOUND and meta.candidate == server.id
-                ):
-                    server.following.pop(key, None)  # named leader mid-election, or the confirmed candidate
-                    continue
-                f = server.following.get(key)
-                if f is None or (f.core.leader, f.core.leader_epoch) != (meta.leader, meta.leader_epoch):
-                    self.follow(server, key, meta.leader, meta.leader_epoch, log)
+                        self.leader_did(server, key, core.isr_committed(tuple(meta.isr), now))
+                if not decision.held and decision.role is not None:
+                    server.roles[key] = decision.role
 
     def become_leader(
         self, server: Server, key: Key, replicas: list[str], isr: list[str], epoch: int, log: CommitLog
@@ -652,9 +682,11 @@ class Simulation:
                         self.acked.setdefault((key, server.incarnation[key]), {})[offset] = value
                         self.stats["acked_all"] += 1
             elif isinstance(action, ProposeIsr):
-                meta = server.metadata.partition(*key)
-                if meta.leader == server.id:
-                    self.to_controller(server, ChangeIsr(key[0], key[1], action.isr, meta.epoch))
+                change = isr_change(
+                    server.id, server.metadata.partition(*key), server.leading[key].leader_epoch, action.isr
+                )
+                if change is not None:
+                    self.to_controller(server, change)
                     self.stats["isr_proposals"] += 1
             elif isinstance(action, NotifyFollowers):
                 for follower in action.replicas:
@@ -837,7 +869,7 @@ class Simulation:
         elif isinstance(body, ToController):
             self.controller_receive(server, body.body)
 
-    def controller_receive(self, server: Server, body: LeaderReport | LeaderConfirmation | ChangeIsr) -> None:
+    def controller_receive(self, server: Server, body: LeaderReport | LeaderConfirmation | IsrChange) -> None:
         core = server.failover
         if core is None:
             return
@@ -850,8 +882,7 @@ class Simulation:
             elif isinstance(body, LeaderConfirmation):
                 self.carry_out(server, core.confirm(body))
             else:
-                server.metadata.partition(body.name, body.partition)
-                self.propose(server, body)
+                self.plan(server, body)
         except MetadataError:
             pass
 
