@@ -25,6 +25,11 @@ def leader(isr: tuple[str, ...] = ("a", "b", "c"), leo: int = 0, hw: int = -1, *
     return LeaderReplica("a", ("a", "b", "c"), isr, 3, leo, hw, T0, 10 * S, **kw)
 
 
+def proposal(isr: tuple[str, ...], reason: str, decided_against: tuple[str, ...]) -> ProposeIsr:
+    """What leader() proposes in its leader epoch 3 while its ISR is ``decided_against``."""
+    return ProposeIsr(isr, reason, 3, (("a", "b", "c"), decided_against))
+
+
 # -- leader --------------------------------------------------------------------
 
 
@@ -56,7 +61,7 @@ def test_a_follower_that_stops_catching_up_is_proposed_out_once_per_retry() -> N
     ld.fetch("b", 10, 3, T0 + 11 * S)  # b keeps up
     assert ld.tick(T0 + 11 * S + 1) == []  # not again before the retry interval
     ld.fetch("b", 10, 3, T0 + 13 * S)
-    assert ld.tick(T0 + 13 * S) == [ProposeIsr(("a", "b"), "c not caught up for 13000 ms")]
+    assert ld.tick(T0 + 13 * S) == [proposal(("a", "b"), "c not caught up for 13000 ms", ("a", "b", "c"))]
     # The controller commits it: c no longer holds the HW back.
     assert ld.isr_committed(("a", "b"), T0 + 13 * S) == [HighWatermark(9)]
     assert ld.tick(T0 + 14 * S) == []
@@ -68,14 +73,14 @@ def test_lagging_by_messages_when_configured() -> None:
     ld.appended(500, T0)
     ld.fetch("b", 500, 3, T0)
     ld.fetch("c", 350, 3, T0)
-    assert ld.tick(T0 + S) == [ProposeIsr(("a", "b"), "c is 150 messages behind")]
+    assert ld.tick(T0 + S) == [proposal(("a", "b"), "c is 150 messages behind", ("a", "b", "c"))]
 
 
 def test_a_follower_back_at_the_leo_is_proposed_in_again_in_replica_order() -> None:
     ld = leader(isr=("a", "b"), leo=7, hw=6)
     assert ld.fetch("c", 5, 3, T0).actions == ()
     answer = ld.fetch("c", 7, 3, T0)
-    assert answer.empty and answer.actions == (ProposeIsr(("a", "b", "c"), "c caught up at offset 7"),)
+    assert answer.empty and answer.actions == (proposal(("a", "b", "c"), "c caught up at offset 7", ("a", "b")),)
     assert ld.fetch("c", 7, 2, T0).actions == ()  # a fetch from a stale epoch does not count
 
 
@@ -85,7 +90,7 @@ def test_a_follower_proposed_into_the_isr_holds_the_hw_until_the_change_is_commi
     elected when the leader died, and the committed messages were gone."""
     ld = leader(isr=("a",), leo=4, hw=3)
     answer = ld.fetch("b", 4, 3, T0)  # b caught up: its admission is proposed
-    assert ProposeIsr(("a", "b"), "b caught up at offset 4") in answer.actions
+    assert proposal(("a", "b"), "b caught up at offset 4", ("a",)) in answer.actions
     assert ld.appended(8, T0) == [NotifyFollowers(("b",))], (
         "committing 4..7 would leave b, in sync by then, without them"
     )
@@ -103,7 +108,7 @@ def test_a_proposed_follower_holds_the_hw_until_a_later_proposal_that_leaves_it_
     ld.fetch("c", 4, 3, T0)  # c's admission is proposed ...
     ld.appended(8, T0)
     ld.fetch("b", 8, 3, T0)
-    assert ld.tick(T0 + 11 * S) == [ProposeIsr(("a",), "b not caught up for 11000 ms")]
+    assert ld.tick(T0 + 11 * S) == [proposal(("a",), "b not caught up for 11000 ms", ("a", "b"))]
     assert ld.hw == 3, "... and c, silent since, may be in the ISR already: it holds the HW"
     assert ld.isr_committed(("a", "b"), T0 + 11 * S) == [], "an ISR proposed before c's admission settles nothing"
     assert ld.isr_committed(("a",), T0 + 11 * S) == [HighWatermark(7)], "proposed after: c's admission is dead"
@@ -115,30 +120,32 @@ def test_a_stale_shrink_is_not_retried_as_the_readmission_of_a_lagging_follower(
     ld = leader(leo=4, hw=3)
     ld.fetch("b", 4, 3, T0)
     ld.fetch("c", 4, 3, T0)
-    assert ld.tick(T0 + 11 * S) == [ProposeIsr(("a",), "b not caught up for 11000 ms; c not caught up for 11000 ms")]
+    assert ld.tick(T0 + 11 * S) == [
+        proposal(("a",), "b not caught up for 11000 ms; c not caught up for 11000 ms", ("a", "b", "c"))
+    ]
     ld.fetch("b", 4, 3, T0 + 11 * S)  # b is back ...
-    assert ld.tick(T0 + 12 * S) == [ProposeIsr(("a", "b"), "c not caught up for 12000 ms")]
+    assert ld.tick(T0 + 12 * S) == [proposal(("a", "b"), "c not caught up for 12000 ms", ("a", "b", "c"))]
     ld.appended(8, T0 + 12 * S)  # ... and behind again
     assert ld.isr_committed(("a",), T0 + 12 * S) == [HighWatermark(7)]  # the first shrink is what committed
     later = ld.tick(T0 + 14 * S)
     assert not any(isinstance(a, ProposeIsr) and "b" in a.isr for a in later), later
     answer = ld.fetch("b", 8, 3, T0 + 14 * S)  # caught up for real: admitted the proper way
-    assert ProposeIsr(("a", "b"), "b caught up at offset 8") in answer.actions
+    assert proposal(("a", "b"), "b caught up at offset 8", ("a",)) in answer.actions
 
 
 def test_a_joiner_that_dies_is_admitted_and_then_dropped_rather_than_holding_the_hw_for_ever() -> None:
     ld = leader(isr=("a", "b"), leo=4, hw=3)
     ld.fetch("b", 4, 3, T0)
-    assert ProposeIsr(("a", "b", "c"), "c caught up at offset 4") in ld.fetch("c", 4, 3, T0).actions
+    assert proposal(("a", "b", "c"), "c caught up at offset 4", ("a", "b")) in ld.fetch("c", 4, 3, T0).actions
     ld.appended(6, T0)  # c goes silent; its admission is lost on the way
     ld.fetch("b", 6, 3, T0 + S)
     retry = ld.tick(T0 + 2 * S)
-    assert retry == [ProposeIsr(("a", "b", "c"), "retrying an ISR change the metadata does not show yet")]
+    assert retry == [proposal(("a", "b", "c"), "retrying an ISR change the metadata does not show yet", ("a", "b"))]
     # An ISR change this leader did not propose (a reassignment completing, say) overtakes it: proposed again.
     again = ld.isr_committed(("a",), T0 + 2 * S)
-    assert ProposeIsr(("a", "c"), "c waiting to be admitted") in again
+    assert proposal(("a", "c"), "c waiting to be admitted", ("a",)) in again
     ld.isr_committed(("a", "c"), T0 + 3 * S)  # admitted: now the lag check can take it out
-    assert ld.tick(T0 + 14 * S) == [ProposeIsr(("a",), "c not caught up for 11000 ms")]
+    assert ld.tick(T0 + 14 * S) == [proposal(("a",), "c not caught up for 11000 ms", ("a", "c"))]
 
 
 def test_waiting_followers_are_notified_at_the_next_append() -> None:

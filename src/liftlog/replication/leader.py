@@ -69,6 +69,11 @@ class ProposeIsr:
 
     isr: tuple[str, ...]
     reason: str
+    #: The leader epoch it was decided in: a proposal that outlives its leadership must not be sent.
+    leader_epoch: int
+    #: The (replicas, ISR) it was decided against. Metadata is applied before the core hears of
+    #: it, so the epoch to send is only right while the metadata still shows this membership.
+    membership: tuple[tuple[str, ...], tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +319,7 @@ class LeaderReplica:
         for r in isr:
             if r not in self.isr:
                 self._joining[r] = self._proposals
-        return ProposeIsr(isr, reason)
+        return ProposeIsr(isr, reason, self.leader_epoch, (self.replicas, self.isr))
 
     def _retry(self) -> list[LeaderAction]:
         p = self._proposal

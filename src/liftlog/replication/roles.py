@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from liftlog.metadata.model import PartitionMeta, PartitionState
 from liftlog.metadata.protocol import IsrChange
 
+from .leader import ProposeIsr
+
 __all__ = [
     "ConfirmCandidacy",
     "Follow",
@@ -151,14 +153,18 @@ def decide_role(
     return RoleDecision(wanted, confirmed_at, tuple(actions), listen=leads and not meta.readonly)
 
 
-def isr_change(server_id: str, meta: PartitionMeta, leader_epoch: int, isr: tuple[str, ...]) -> IsrChange | None:
-    """The controller request for a leader's ISR proposal, or None when it must not be sent.
+def isr_change(server_id: str, meta: PartitionMeta, proposal: ProposeIsr) -> IsrChange | None:
+    """The controller request for a leader core's ISR proposal, or None when it must not be sent.
 
-    Metadata is applied before a replica steps down: once it names another leader or a newer
-    leader epoch, the partition epoch in it would make a deposed leader's proposal look current
-    to the controller, which checks only that epoch. So the proposal goes only while the metadata
-    names this replica in the leader epoch it leads.
+    The controller checks only the partition epoch, and the metadata (changed in place) is applied
+    before the replica's core hears of it. So the proposal goes only while the metadata names this
+    replica leader in the proposal's leader epoch and still shows the membership it was decided
+    against. Otherwise it would carry an epoch newer than its decision: a deposed leader's
+    proposal, or an admission of a replica that a shrink since dropped and the HW then passed.
+    The core proposes again once it is in step.
     """
-    if meta.leader != server_id or meta.leader_epoch != leader_epoch:
+    if meta.leader != server_id or meta.leader_epoch != proposal.leader_epoch:
         return None
-    return IsrChange(meta.stream, meta.id, isr, meta.epoch)
+    if proposal.membership != (tuple(meta.replicas), tuple(meta.isr)):
+        return None
+    return IsrChange(meta.stream, meta.id, proposal.isr, meta.epoch)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from liftlog.api.envelope import Buffer
+from liftlog.metadata.protocol import IsrChange
 from liftlog.replication.follower import (
     Append,
     Fetch,
@@ -72,6 +73,7 @@ from liftlog.replication.protocol import (
     notify_subject,
     offset_subject,
 )
+from liftlog.replication.roles import isr_change
 from liftlog.storage import StorageError
 
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
@@ -85,7 +87,7 @@ log = logging.getLogger(__name__)
 #: Per-message warnings: whoever can publish on our subjects must not be able to flood the log.
 _warn = LogLimiter(log)
 
-ProposeIsrCallback = Callable[[Partition, tuple[str, ...], str], Awaitable[None]]
+ProposeIsrCallback = Callable[[Partition, IsrChange], Awaitable[None]]
 ReportLeaderCallback = Callable[[Partition, ReportLeader], Awaitable[None]]
 
 PartitionKey = tuple[str, int]
@@ -494,8 +496,15 @@ class Replicator:
                     self._flush_scheduled = True
                     asyncio.get_running_loop().call_soon(self._flush_notifications)
             elif isinstance(action, ProposeIsr):
+                # Decided now, not when the sending task runs: by then the metadata may show a newer
+                # partition epoch (a shrink that let the HW pass a joiner), and a request built
+                # from it would admit a replica that lacks committed messages.
+                change = isr_change(self.server_id, part.meta, action)
+                if change is None:
+                    log.debug("%s: ISR proposal %s is stale", part, ",".join(action.isr))
+                    continue
                 log.info("%s: proposing ISR %s (%s)", part, ",".join(action.isr), action.reason)
-                self._spawn(self._propose_isr(part, action.isr, action.reason))
+                self._spawn(self._propose_isr(part, change))
 
     def _flush_notifications(self) -> None:
         self._flush_scheduled = False

@@ -44,13 +44,12 @@ from liftlog.metadata.codec import encode_operation
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.metadata.model import CreateStream, ServerMeta, StreamSettings
 from liftlog.metadata.names import ACTIVITY_STREAM, CURSORS_STREAM, internal_stream_subject
-from liftlog.metadata.protocol import ControlRequest, LeaderConfirmation, LeaderReport
+from liftlog.metadata.protocol import ControlRequest, IsrChange, LeaderConfirmation, LeaderReport
 from liftlog.natswire import LeanNats, NatsConnectError
 from liftlog.natswire.client import LeanNatsClient
 from liftlog.raft import NotLeader, ProposalDropped
 from liftlog.raft.disk import RaftStorageError
 from liftlog.replication.follower import ReportLeader
-from liftlog.replication.roles import isr_change
 from liftlog.rpc import ConnectionLimits, RpcServer, ServerOptions, service_methods
 from liftlog.security.ack_routes import RouteIds
 from liftlog.security.authz import Authorizer
@@ -579,14 +578,9 @@ class Server:
         if self.cluster is not None:
             await self.cluster.pause(name, partitions)
 
-    async def _propose_isr(self, part: Partition, isr: tuple[str, ...], reason: str) -> None:
-        core = part.leader
-        # Decided and read with no await in between, so a later ChangeLeader leaves the proposal stale.
-        change = isr_change(self.server_id, part.meta, core.leader_epoch, isr) if core is not None else None
-        if change is None:
-            return
+    async def _propose_isr(self, part: Partition, change: IsrChange) -> None:
         # On failure (a newer epoch, no controller) the leader proposes again later.
-        await self._tell_controller(part, change, f"ISR change to {','.join(isr)} not applied")
+        await self._tell_controller(part, change, f"ISR change to {','.join(change.isr)} not applied")
 
     async def _confirm_candidate(self, part: Partition) -> None:
         confirmation = LeaderConfirmation(part.stream, part.id, self.server_id)
