@@ -8,11 +8,20 @@ asyncio shells drive them:
 - on the Raft leader, the controller's cores: ``LivenessTracker``,
   ``plan_create_stream``, ``FailoverCore`` (elections from liveness and from
   followers' reports, candidate confirmation, unclean election, preferred-leader
-  rebalance) and the reassignment planner and steps (partitions moved to random
-  servers while everything else goes on);
+  rebalance), ``ChangePlanner`` for the changes it proposes, and the reassignment
+  planner and steps (partitions moved to random servers while everything else
+  goes on);
 - for every partition replica, a real ``CommitLog`` on disk and the
   ``LeaderReplica`` / ``FollowerReplica`` core of its role, talking the real
-  replication wire format (fetch, epoch offset, notifications).
+  replication wire format (fetch, epoch offset, notifications); ``decide_role``
+  picks the role from the metadata (the stream manager's reconcile) and
+  ``isr_change`` whether a leader's ISR proposal may go to the controller.
+
+The shells' own timing is modelled where a decision depends on it: the reconcile
+loop acts on applied metadata a few ticks late (the metadata is changed in place,
+so meanwhile the old cores run against the new PartitionMeta), and the ISR
+proposals the replicator spawns as tasks are sent a few ticks after they were
+decided.
 
 The network drops, delays, duplicates and reorders messages, partitions the servers
 and cuts single directions; servers crash (memory lost, Raft disk and log files
@@ -27,6 +36,8 @@ Checked after every step:
   at the end the leader holds every acknowledged message at its offset;
 - a consumer never sees an offset served and later replaced (reads go through
   the same committed-history check);
+- every live member of a committed ISR (after each ChangeIsr and ChangeLeader)
+  holds the whole committed history: any of them may be elected next;
 - at most one leader per partition and leader epoch;
 - the metadata is identical on all servers at the same applied index.
 
@@ -55,6 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liftlog.metadata import (
+    ChangeIsr,
     ChangeLeader,
     DeleteStream,
     Metadata,
@@ -238,6 +250,10 @@ class Server:
     confirmed_at: dict[Key, int] = field(default_factory=dict)
     #: Ack ALL publishes waiting for the HW: (offset, value) per partition.
     waiters: dict[Key, list[tuple[int, bytes]]] = field(default_factory=dict)
+    #: ISR changes waiting for their task to run, as the replicator spawns them: (due tick, change).
+    proposal_tasks: list[tuple[int, IsrChange]] = field(default_factory=list)
+    #: When the stream manager's reconcile loop runs next, if metadata changed since it last ran.
+    reconcile_at: int | None = None
     # controller state, while this server leads the metadata group
     failover: FailoverCore | None = None
     planner: ChangePlanner | None = None
@@ -286,6 +302,11 @@ class Simulation:
         self.fetch_timeout_ticks = 15
         self.idle_ticks = 20
         self.confirm_ticks = 20
+        #: How late a spawned task (an ISR proposal) may run; a reconcile can come first.
+        self.task_lag_ticks = rng.choice((0, 2, 5))
+        #: How late the reconcile loop acts on applied metadata. Metadata is changed in place, so
+        #: meanwhile the old cores run against the new PartitionMeta, as in the server.
+        self.reconcile_lag_ticks = rng.choice((0, 0, 3))
         self.now = 0
         self.seq = 0
         self.ids_seq = 0
@@ -417,7 +438,10 @@ class Simulation:
         if not server.may_lead and server.barrier is not None and node.applied_index >= server.barrier:
             server.may_lead = changed = True
             self.note(f"{server.id} may lead (metadata current at {server.barrier})")
-        if changed:
+        if changed and server.reconcile_at is None:
+            server.reconcile_at = self.now + self.rng.randint(0, self.reconcile_lag_ticks)
+        if server.reconcile_at is not None and server.reconcile_at <= self.now:
+            server.reconcile_at = None
             self.reconcile(server)
 
     def apply_entry(self, server: Server, index: int, data: bytes) -> None:
@@ -430,9 +454,12 @@ class Simulation:
         except MetadataError as exc:
             result = exc
         digest = zlib.crc32(encode_snapshot(server.metadata))
+        first = index not in self.metadata_digest
         known = self.metadata_digest.setdefault(index, digest)
         if known != digest:
             raise self.fail(f"metadata differs on {server.id} at applied index {index}")
+        if first and isinstance(op, ChangeIsr | ChangeLeader) and not isinstance(result, MetadataError):
+            self.check_isr(server.metadata, (op.name, op.partition))
         pending = server.proposals.pop(index, None)
         if pending is not None and server.failover is not None:
             action, sent = pending
@@ -634,6 +661,10 @@ class Simulation:
             raise self.fail(f"{other} and {server.id} both lead {key} in leader epoch {epoch}")
         self.note(f"{server.id} leads {key} epoch {epoch} leo {log.log_end_offset}")
         self.stats["leaderships"] += 1
+        # As Partition.become_leader does: before its first append, the new epoch must already
+        # answer followers' epoch questions (else a follower one epoch ahead of this log's last
+        # record hears "unknown epoch" and truncates everything; seed 1783).
+        log.epoch_cache.assign(epoch, log.log_end_offset)
         server.leading[key] = LeaderReplica(
             server.id,
             tuple(replicas),
@@ -682,15 +713,30 @@ class Simulation:
                         self.acked.setdefault((key, server.incarnation[key]), {})[offset] = value
                         self.stats["acked_all"] += 1
             elif isinstance(action, ProposeIsr):
-                change = isr_change(
-                    server.id, server.metadata.partition(*key), server.leading[key].leader_epoch, action.isr
-                )
-                if change is not None:
-                    self.to_controller(server, change)
-                    self.stats["isr_proposals"] += 1
+                # Decided now, as the replicator does; only the send waits for its task to run.
+                try:
+                    meta = server.metadata.partition(*key)
+                except MetadataError:
+                    meta = None  # deleted, not yet reconciled: the controller refuses it anyway
+                change = isr_change(server.id, meta, action) if meta is not None else None
+                if change is None:
+                    self.stats["isr_proposals_stale"] += 1
+                    continue
+                due = self.now + self.rng.randint(0, self.task_lag_ticks)
+                server.proposal_tasks.append((due, change))
+                if due == self.now:
+                    self.run_proposal_tasks(server)
             elif isinstance(action, NotifyFollowers):
                 for follower in action.replicas:
                     self.send(server.id, follower, Notify((key,)))
+
+    def run_proposal_tasks(self, server: Server) -> None:
+        """The server's ``_propose_isr`` tasks that are due: each sends the change it was given."""
+        due = [change for at, change in server.proposal_tasks if at <= self.now]
+        server.proposal_tasks = [t for t in server.proposal_tasks if t[0] > self.now]
+        for change in due:
+            self.to_controller(server, change)
+            self.stats["isr_proposals"] += 1
 
     def publish(self, server: Server, key: Key, ack_all: bool) -> None:
         core = server.leading.get(key)
@@ -770,7 +816,10 @@ class Simulation:
                 f.due = self.now if f.notified else self.now + self.idle_ticks
                 f.notified = False
             elif isinstance(action, ReportLeader):
-                meta = server.metadata.partition(*key)
+                try:
+                    meta = server.metadata.partition(*key)
+                except MetadataError:
+                    continue  # deleted, not yet reconciled
                 self.stats["reports"] += 1
                 self.to_controller(
                     server, LeaderReport(key[0], key[1], server.id, action.leader, meta.epoch, action.leader_epoch)
@@ -905,6 +954,29 @@ class Simulation:
                     f"the committed history has {seen!r}"
                 )
 
+    def check_isr(self, metadata: Metadata, key: Key) -> None:
+        """Every live member of a committed ISR holds the whole committed history (it could be elected next)."""
+        if not self.clean(key):
+            return
+        created = metadata.stream(key[0]).creation_timestamp
+        history = self.committed.get((key, created))
+        if not history:
+            return
+        end = max(history) + 1
+        meta = metadata.partition(*key)
+        for member in meta.isr:
+            server = self.servers.get(member)
+            log = server.logs.get(key) if server is not None else None
+            if server is None or log is None or server.incarnation[key] != created:
+                continue  # down, or not opened yet: checked when it next holds the log in an ISR
+            if log.log_end_offset < end:
+                raise self.fail(
+                    f"{member} is in the ISR of {key} (epoch {meta.epoch}, leader {meta.leader} in leader epoch "
+                    f"{meta.leader_epoch}) holding offsets below {log.log_end_offset} only; "
+                    f"messages up to {end - 1} are committed"
+                )
+            self.check_committed(server, key, log, end - 1)
+
     def client(self) -> None:
         rng = self.rng
         if not self.servers:
@@ -971,6 +1043,8 @@ class Simulation:
             now = self.ns()
             for key, core in list(server.leading.items()):
                 self.leader_did(server, key, core.tick(now))
+            if server.proposal_tasks:
+                self.run_proposal_tasks(server)
         self.deliver_due()
         self.now += 1
 
@@ -1002,7 +1076,7 @@ class Simulation:
 
     def require_progress(self) -> None:
         """Healed, every partition gets a leader, takes an ack ALL publish, and keeps what was acked."""
-        marks: dict[Key, tuple[str, int]] = {}
+        marks: dict[Key, tuple[str, int, int]] = {}  # (leader, incarnation, offset)
         keys = self.partition_keys()
         for _ in range(PHASE2_TICKS):
             self.step_time()
@@ -1017,19 +1091,21 @@ class Simulation:
                 if meta.state is not PartitionState.ONLINE or meta.leader != server.id:
                     continue
                 self.publish(server, key, ack_all=True)
-                marks[key] = (server.id, server.logs[key].log_end_offset - 1)
+                marks[key] = (server.id, server.incarnation[key], server.logs[key].log_end_offset - 1)
             if (
                 len(marks) == len(keys)
-                and all(mark[1] in self.acked.get(self.current(key), {}) for key, mark in marks.items())
+                and all(offset in self.acked.get((key, created), {}) for key, (_, created, offset) in marks.items())
                 and all(any(key in s.leading for s in self.servers.values()) for key in keys)
             ):
                 self.final_check()
                 self.stats["liveness_ticks"] += self.now - PHASE1_TICKS
                 return
-            for key, (sid, _offset) in list(marks.items()):
+            for key, (sid, created, _) in list(marks.items()):
                 server = self.servers.get(sid)
-                if server is None or key not in server.leading:
-                    del marks[key]  # that leader is gone: publish again to the next one
+                if server is None or key not in server.leading or server.incarnation[key] != created:
+                    # That leader is gone, or leads a stream created again since (it applied the
+                    # deletion late, after the mark went into the old one): publish again.
+                    del marks[key]
         state = {k: [(s.id, k in s.leading) for s in self.servers.values()] for k in keys}
         raise self.fail(f"liveness: not every partition took an ack ALL publish within {PHASE2_TICKS} ticks: {state}")
 

@@ -45,6 +45,7 @@ def test_simulation_exercises_every_feature(results: Results) -> None:
         "elections_from_reports",
         "unclean_hand_overs",
         "isr_proposals",
+        "isr_proposals_stale",  # decided against metadata the core had not caught up with
         "step_enter_election",
         "step_candidate",
         "step_hand_over",
@@ -81,3 +82,24 @@ def test_the_checker_catches_seed_003s_truncation_to_the_high_watermark(monkeypa
             assert "committed" in str(exc) or "lost" in str(exc), exc
             return
     pytest.fail("no seed of 1,000 noticed followers truncating to their high watermark")
+
+
+def test_the_checker_catches_an_isr_proposal_sent_against_changed_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the membership check in ``isr_change`` a leader core that has not yet heard of a shrink
+    admits a replica at the shrink's epoch; once the HW passes it, an ISR member lacks committed
+    messages (seed 148: the ISR invariant fails at tick 202)."""
+    from liftlog.metadata.model import PartitionMeta
+    from liftlog.metadata.protocol import IsrChange
+    from liftlog.replication.leader import ProposeIsr
+
+    from . import cluster
+
+    def without_membership_check(server_id: str, meta: PartitionMeta, proposal: ProposeIsr) -> IsrChange | None:
+        if meta.leader != server_id or meta.leader_epoch != proposal.leader_epoch:
+            return None
+        return IsrChange(meta.stream, meta.id, proposal.isr, meta.epoch)
+
+    assert run_seed(148)["isr_proposals"] > 0
+    monkeypatch.setattr(cluster, "isr_change", without_membership_check)
+    with pytest.raises(SimFailure, match=r"is in the ISR of .* messages up to \d+ are committed"):
+        run_seed(148)
