@@ -15,7 +15,6 @@ import zlib
 from typing import Final
 
 from liftlog.api import cluster_pb2
-from liftlog.metadata.names import CURSORS_STREAM
 
 __all__ = [
     "CURSORS_STREAM",
@@ -27,6 +26,9 @@ __all__ = [
     "encode_cursor",
     "group_cursor_id",
 ]
+
+#: The internal stream that holds every cursor (Liftbridge's name for it).
+CURSORS_STREAM: Final = "__cursors"
 
 #: The longest cursor id taken: every one is a key in the servers' memory and in __cursors.
 MAX_CURSOR_ID: Final = 1024

@@ -19,6 +19,8 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
+from liftlog.api.cursors import CURSORS_STREAM
+
 from .model import InvalidStreamError, partition_subject
 
 __all__ = [
@@ -41,7 +43,6 @@ __all__ = [
 
 STREAM_NAME_MAX_LEN = 249
 #: The servers' own streams, as Liftbridge names them: consumers' cursors, and the cluster's activity.
-CURSORS_STREAM = "__cursors"
 ACTIVITY_STREAM = "__activity"
 #: Each internal stream's subject under the cluster's namespace (Liftbridge's: ``<namespace>.cursors``).
 _INTERNAL_SUFFIXES = {CURSORS_STREAM: "cursors", ACTIVITY_STREAM: "activity"}
