@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -35,10 +35,19 @@ from .acks import DROP_REASONS
 from .rlimits import open_files_limit
 
 if TYPE_CHECKING:
-    from .partition import Partition
-    from .server import Server
+    import nats.aio.client
 
-__all__ = ["LoopLagMonitor", "ServerCollector", "new_registry"]
+    from liftlog.natswire import LeanNats
+    from liftlog.rpc import RpcServer
+
+    from .acks import AckRouter
+    from .cluster import MetadataService
+    from .ops_http import Check
+    from .partition import Partition
+    from .replicator import Replicator
+    from .streams import StreamManager
+
+__all__ = ["LoopLagMonitor", "MetricsView", "ServerCollector", "new_registry"]
 
 OTHER = "_other"
 _ACK_POLICY_NAMES: dict[int, str] = {api_pb2.LEADER: "leader", api_pb2.ALL: "all"}
@@ -154,11 +163,41 @@ def _histogram(name: str, doc: str, histograms: Iterable[tuple[list[str], Histog
     return family
 
 
+class MetricsView(Protocol):
+    """What the collector reads of a server (``Server`` is one): its parts, each None until started."""
+
+    @property
+    def server_id(self) -> str: ...
+    @property
+    def streams(self) -> StreamManager | None: ...
+    @property
+    def cluster(self) -> MetadataService | None: ...
+    @property
+    def replicator(self) -> Replicator | None: ...
+    @property
+    def ack_router(self) -> AckRouter | None: ...
+    @property
+    def rpc_server(self) -> RpcServer | None: ...
+    @property
+    def nats_connection(self) -> nats.aio.client.Client | None: ...
+    @property
+    def lean_nats_connection(self) -> LeanNats | None: ...
+    @property
+    def nats_slow_consumer_drops(self) -> int: ...
+    @property
+    def signs_internal_messages(self) -> bool: ...
+    def readiness(self) -> Check: ...
+
+
 class ServerCollector(Collector):
     """Everything ``/metrics`` reports about one server (see the module docstring)."""
 
     def __init__(
-        self, server: Server, loop_lag: LoopLagMonitor, partitions_max: int, clock: Callable[[], int] = time.time_ns
+        self,
+        server: MetricsView,
+        loop_lag: LoopLagMonitor,
+        partitions_max: int,
+        clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._server = server
         self._clock = clock
@@ -178,7 +217,7 @@ class ServerCollector(Collector):
 
     # -- families ----------------------------------------------------------
 
-    def _server_info(self, server: Server) -> Iterator[Metric]:
+    def _server_info(self, server: MetricsView) -> Iterator[Metric]:
         info = GaugeMetricFamily(
             "liftlog_build_info", "Always 1: this server's id and version", labels=["server_id", "version"]
         )
@@ -193,7 +232,7 @@ class ServerCollector(Collector):
             0 if server.signs_internal_messages else 1,
         )
 
-    def _partitions(self, server: Server) -> Iterator[Metric]:
+    def _partitions(self, server: MetricsView) -> Iterator[Metric]:
         streams = server.streams
         assert streams is not None
         fam = _Families()
@@ -312,7 +351,7 @@ class ServerCollector(Collector):
                 lag_labels,
             ).add_metric([*labels, follower], 0 if progress.leo >= leo else max(0, now - progress.caught_up_at) / 1e9)
 
-    def _metadata(self, server: Server) -> Iterator[Metric]:
+    def _metadata(self, server: MetricsView) -> Iterator[Metric]:
         cluster = server.cluster
         assert cluster is not None
         raft = cluster.raft
@@ -372,7 +411,7 @@ class ServerCollector(Collector):
         servers.add_metric(["false"], len(metadata.servers) - alive)
         yield servers
 
-    def _nats(self, server: Server) -> Iterator[Metric]:
+    def _nats(self, server: MetricsView) -> Iterator[Metric]:
         nc = server.nats_connection
         lean = server.lean_nats_connection
         stats: dict[str, int] = dict(nc.stats) if nc is not None else {}
@@ -410,7 +449,7 @@ class ServerCollector(Collector):
             server.nats_slow_consumer_drops,
         )
 
-    def _latencies(self, server: Server) -> Iterator[Metric]:
+    def _latencies(self, server: MetricsView) -> Iterator[Metric]:
         if server.streams is not None:
             yield _histogram(
                 "liftlog_publish_ack_latency_seconds",
@@ -441,7 +480,7 @@ class ServerCollector(Collector):
                 replicator.fetched_bytes,
             )
 
-    def _resources(self, server: Server) -> Iterator[Metric]:
+    def _resources(self, server: MetricsView) -> Iterator[Metric]:
         limit = open_files_limit()
         yield _gauge("liftlog_open_files_limit", "The process's open-file limit (RLIMIT_NOFILE; 0: unlimited)", limit)
         if server.streams is not None:
