@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from liftlog.cli.bench import spawned_server
+from liftlog.cli.bench_processes import spawned_server
 from liftlog.client import AckPolicy, Client
 
 

@@ -50,7 +50,7 @@ from typing import Any
 
 from rich.console import Console
 
-from liftlog.cli.bench import spawned_server
+from liftlog.cli.bench_processes import spawned_server
 from liftlog.client import AckPolicy, Client, LiftlogError, StartPosition, StopPosition
 
 GOAL = 0.8  # Spark should read at >= 80% of the raw client's best rate

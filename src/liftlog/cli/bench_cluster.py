@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from liftlog.cli.bench import (
+from liftlog.cli.bench_plot import Series
+from liftlog.cli.bench_processes import (
     error_result,
     free_port,
     log_tail,
@@ -47,7 +48,6 @@ from liftlog.cli.bench import (
     spawned_server,
     stop_processes,
 )
-from liftlog.cli.bench_plot import Series
 from liftlog.cli.bench_scenarios import RUNNERS, Result, Settings
 from liftlog.cli.common import CommandError
 
