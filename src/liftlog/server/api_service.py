@@ -42,6 +42,7 @@ from liftlog.metadata import (
 )
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.natswire import MaxPayloadError as LeanMaxPayloadError
+from liftlog.replication.admission import AckPolicy, AdmissionRules, Refusal, admit
 from liftlog.rpc import ServerContext, StatusCode
 from liftlog.storage.encryption import EncryptionError
 
@@ -145,6 +146,7 @@ class ApiService:
         self._send_publishes = send_publishes
         self._ack_timeout = ack_timeout
         self._max_message_bytes = max_message_bytes
+        self._size_rules = AdmissionRules(max_payload=max_message_bytes)
         self.limits = limits
         #: The largest NATS message the connected nats-server takes now (its INFO's max_payload).
         self.nats_max_payload = nats_max_payload
@@ -483,15 +485,12 @@ class ApiService:
                 await self.until_listening(local)
             # Any server may publish: the message goes to the partition's subject, the leader acks.
             occ = self._streams.occ_enabled(stream)
-            if occ and ack_policy == api_pb2.NONE:
-                # Liftbridge's rule and words: without an ack, a refused expected offset would go unnoticed.
-                raise RpcFailure(
-                    Code.INVALID_ARGUMENT,
-                    Reason.INVALID_ARGUMENT,
-                    "stream with concurrency control must have AckPolicy set",
-                )
             min_isr = self._streams.min_isr(stream)
-            if ack_policy == api_pb2.ALL and len(meta.isr) < min_isr:
+            refusal = admit(AdmissionRules(min_isr, occ=occ), ack_policy, len(meta.isr), 0, -1, None)
+            if refusal is Refusal.UNACKED_OCC:
+                # Liftbridge's words.
+                raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, refusal.value)
+            if refusal is Refusal.TOO_FEW_IN_SYNC:
                 raise RpcFailure(
                     Code.FAILED_PRECONDITION,
                     Reason.INTERNAL,
@@ -560,7 +559,7 @@ class ApiService:
 
     def check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:
         size = len(req.value) + len(req.key)
-        if size > self._max_message_bytes:
+        if admit(self._size_rules, AckPolicy.LEADER, 1, size, -1, None) is Refusal.TOO_LARGE:
             raise RpcFailure(
                 Code.INVALID_ARGUMENT,
                 Reason.TOO_LARGE,

@@ -40,6 +40,7 @@ from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.natswire import Event as NatsEvent
 from liftlog.natswire import LeanNats
+from liftlog.replication.admission import AdmissionRules, Intake, Refusal, admit, intake
 from liftlog.replication.duplicates import (
     BATCH_ID_HEADER,
     HIDDEN_MSG_ID_HEADER,
@@ -111,6 +112,7 @@ class PartitionOptions:
     """Settings one partition needs, resolved from server defaults and stream overrides."""
 
     __slots__ = (
+        "admission",
         "auto_pause_disable_if_subscribers",
         "auto_pause_ns",
         "batch_max",
@@ -169,6 +171,7 @@ class PartitionOptions:
         self.batch_max = batch_max
         self.auto_pause_ns = auto_pause_ns
         self.auto_pause_disable_if_subscribers = auto_pause_disable_if_subscribers
+        self.admission = AdmissionRules(min_isr, log_config.max_record_bytes, occ)
 
 
 class Partition:
@@ -384,18 +387,17 @@ class Partition:
         log_ = self.log
         if log_ is None:
             raise PartitionClosed(self._closed_reason or "closed")
-        if self.leader is not None:
-            mono = self._monotonic()
-            if not self.leader.may_ack(mono):
-                self._park(items, mono)
-                return
-            if self._parked:
-                self._release_parked(mono)  # first: they arrived before these
+        leader = self.leader
+        mono = self._monotonic() if leader is not None else 0
+        verdict = intake(leader is not None, self._deposed, leader is None or leader.may_ack(mono))
+        if verdict is Intake.PARK:
+            self._park(items, mono)
+            return
+        if leader is not None and self._parked:
+            self._release_parked(mono)  # first: they arrived before these
         now = self._clock()
-        if self._deposed:
-            # A follower's log takes only its leader's batches. Written here, a message would sit at an
-            # offset the new leader holds something else at, and with no leader to count replicas, it
-            # would be acknowledged as committed.
+        if verdict is Intake.REFUSE:
+            # A follower's log takes only its leader's batches (see replication.admission).
             for item in items:
                 self._refused(item, api_pb2.Ack.UNKNOWN, now)
             _limited.warning(
@@ -414,28 +416,19 @@ class Partition:
                     items = [s.write for s in screened if s.write is not None]
                     break
         next_offset = log_.log_end_offset
-        max_bytes = self.options.log_config.max_record_bytes
-        occ = self.options.occ
-        under_min_isr = self.under_min_isr
+        rules = self.options.admission
+        in_sync = len(leader.isr) if leader is not None else rules.min_isr  # no role yet: nothing to count
         too_few_copies = 0
         accepted: list[Incoming] = []
         rejected: list[tuple[Incoming, int]] = []
         for item in items:
-            if occ and item.expected_offset != -1 and item.expected_offset != next_offset:
-                rejected.append((item, api_pb2.Ack.INCORRECT_OFFSET))
-            elif (
-                (len(item.record.value) > max_bytes and record_size(item.record) > max_bytes)
-                or (item.more and any(len(r.value) > max_bytes and record_size(r) > max_bytes for r in item.more))
-                or (item.encoded is not None and item.encoded.info.largest_payload > max_bytes)
-            ):
-                rejected.append((item, api_pb2.Ack.TOO_LARGE))
-            elif under_min_isr and item.ack_policy == api_pb2.ALL:
-                # Acknowledging it as committed with too few copies would promise what we cannot keep.
-                rejected.append((item, api_pb2.Ack.UNKNOWN))
-                too_few_copies += 1
-            else:
+            refusal = admit(rules, item.ack_policy, in_sync, _payload(item), item.expected_offset, next_offset)
+            if refusal is None:
                 accepted.append(item)
                 next_offset += _count(item)
+            else:
+                rejected.append((item, _ACK_ERROR[refusal]))
+                too_few_copies += refusal is Refusal.TOO_FEW_IN_SYNC
         base = log_.log_end_offset
         written: list[tuple[Incoming, int]] = []
         if accepted:
@@ -1056,6 +1049,25 @@ def _size(item: Incoming) -> int:
     if item.encoded is not None:
         return len(item.encoded.data)
     return record_size(item.record) + sum(record_size(r) for r in item.more)
+
+
+#: The ack error of each admission refusal (UNKNOWN: the client may retry; the publish was not written).
+_ACK_ERROR = {
+    Refusal.WRONG_OFFSET: api_pb2.Ack.INCORRECT_OFFSET,
+    Refusal.TOO_LARGE: api_pb2.Ack.TOO_LARGE,
+    Refusal.TOO_FEW_IN_SYNC: api_pb2.Ack.UNKNOWN,
+    Refusal.UNACKED_OCC: api_pb2.Ack.UNKNOWN,  # checked by the RPC, before a message gets here
+}
+
+
+def _payload(item: Incoming) -> int:
+    """The largest value among an item's records (a longer key or headers fail the encoding instead)."""
+    if item.encoded is not None:
+        return item.encoded.info.largest_payload
+    size = len(item.record.value)
+    if item.more:
+        return max(size, *(len(r.value) for r in item.more))
+    return size
 
 
 def _count(item: Incoming) -> int:
