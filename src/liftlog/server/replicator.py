@@ -74,6 +74,7 @@ from liftlog.replication.protocol import (
     offset_subject,
 )
 from liftlog.replication.roles import isr_change
+from liftlog.replication.serving import epoch_question_refusal, fetch_refusal
 from liftlog.storage import StorageError
 
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
@@ -412,29 +413,15 @@ class Replicator:
     def _answer_partition(self, replica: str, p: PartitionFetch, max_bytes: int) -> _DataAnswer | PartitionRefusal:
         part = self._served.get((p.stream, p.partition))
         leader = part.leader if part is not None else None
-        if part is None or leader is None or part.log is None:
-            return self._refusal(p, FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead it", -1, -1)
-        if p.created != part.options.created:
-            # The stream was deleted and created again under its name: one side has not heard yet.
-            why = f"{self.server_id} has the stream created at {part.options.created}, not at {p.created}"
-            return self._refusal(p, FetchErrorCode.UNKNOWN_PARTITION, why, -1, -1)
-        start, end = part.log.log_start_offset, part.log.log_end_offset
-        if p.leader_epoch != leader.leader_epoch:
-            return self._refusal(
-                p,
-                FetchErrorCode.STALE_EPOCH,
-                f"leader epoch is {leader.leader_epoch}, not {p.leader_epoch}",
-                leader.leader_epoch,
-                start,
-            )
-        if p.offset < start or p.offset > end:
-            return self._refusal(
-                p,
-                FetchErrorCode.OFFSET_OUT_OF_RANGE,
-                f"offset {p.offset} is outside {start}..{end}",
-                leader.leader_epoch,
-                start,
-            )
+        log_ = part.log if part is not None else None
+        if part is None or leader is None or log_ is None:
+            error = fetch_refusal(self.server_id, None, 0, 0, 0, p)
+            assert error is not None
+            return PartitionRefusal(p.stream, p.partition, error)
+        start = log_.log_start_offset
+        error = fetch_refusal(self.server_id, leader.leader_epoch, part.options.created, start, log_.log_end_offset, p)
+        if error is not None:
+            return PartitionRefusal(p.stream, p.partition, error)
         moving = bool(part.meta.target) and replica not in leader.isr and self._throttle.limited
         if moving:
             # A replica a reassignment is adding, still catching up: it gets what the rate allows.
@@ -461,24 +448,19 @@ class Replicator:
             return
         part = self._served.get((req.stream, req.partition))
         leader = part.leader if part is not None else None
-        if part is None or leader is None or part.log is None or part.options.created != req.created:
-            # Never "no such epoch" from a server that does not lead (this incarnation of the stream):
-            # that would make the follower truncate its whole log. A refusal makes it ask again.
-            refusal = FetchError(FetchErrorCode.NOT_LEADER, f"{self.server_id} does not lead it", -1, -1)
-            reply = encode_fetch_error(refusal)
-        elif req.current_epoch != leader.leader_epoch:
-            # A deposed leader that has not heard of its successor, or one that is ahead of the follower.
-            reply = encode_fetch_error(
-                FetchError(
-                    FetchErrorCode.STALE_EPOCH,
-                    f"leader epoch is {leader.leader_epoch}, not {req.current_epoch}",
-                    leader.leader_epoch,
-                    part.log.log_start_offset,
-                )
-            )
+        log_ = part.log if part is not None else None
+        if part is None or leader is None or log_ is None:
+            error = epoch_question_refusal(self.server_id, None, 0, 0, req)
         else:
+            error = epoch_question_refusal(
+                self.server_id, leader.leader_epoch, part.options.created, log_.log_start_offset, req
+            )
+        if error is not None:
+            reply = encode_fetch_error(error)
+        else:
+            assert part is not None and log_ is not None
             epoch, end = part.epoch_end(req.leader_epoch)
-            reply = encode_epoch_offset_response(EpochOffsetResponse(epoch, end, part.log.log_start_offset))
+            reply = encode_epoch_offset_response(EpochOffsetResponse(epoch, end, log_.log_start_offset))
         await self._respond(msg, reply)
 
     def on_leader_actions(self, part: Partition, actions: Sequence[LeaderAction]) -> None:
