@@ -15,11 +15,15 @@ asyncio shells drive them:
   ``LeaderReplica`` / ``FollowerReplica`` core of its role, talking the real
   replication wire format (fetch, epoch offset, notifications); ``decide_role``
   picks the role from the metadata (the stream manager's reconcile) and
-  ``isr_change`` whether a leader's ISR proposal may go to the controller.
+  ``isr_change`` whether a leader's ISR proposal may go to the controller;
+  ``admit`` whether a publish is taken (at the server the client reached, against
+  its metadata, then at the leader's intake), and ``fetch_refusal`` /
+  ``epoch_question_refusal`` whether a leader serves a follower.
 
 The shells' own timing is modelled where a decision depends on it: the reconcile
 loop acts on applied metadata a few ticks late (the metadata is changed in place,
-so meanwhile the old cores run against the new PartitionMeta), and the ISR
+so meanwhile the old cores run against the new PartitionMeta; some seeds
+have a slow loop of up to 25 ticks), and the ISR
 proposals the replicator spawns as tasks are sent a few ticks after they were
 decided.
 
@@ -39,6 +43,11 @@ Checked after every step:
 - every live member of a committed ISR (after each ChangeIsr and ChangeLeader)
   holds the whole committed history: any of them may be elected next;
 - at most one leader per partition and leader epoch;
+- an ack ALL is given only for a message written while min.insync.replicas
+  replicas were in sync (some seeds set it to 2);
+- on the wire: a leader answers fetches and epoch questions only in the leader
+  epoch it leads and for the incarnation it holds, and an ISR proposal goes out
+  only while the metadata names its core's leader in its leader epoch;
 - the metadata is identical on all servers at the same applied index.
 
 Streams with unclean leader election may lose acknowledged messages by design:
@@ -92,6 +101,7 @@ from liftlog.metadata.protocol import (
 )
 from liftlog.metadata.reassignment import reassignment_steps
 from liftlog.raft import EntryKind, MemoryStorage, Message, NotLeader, ProposalDropped, RaftConfig, RaftNode, Role
+from liftlog.replication.admission import AckPolicy, AdmissionRules, admit
 from liftlog.replication.follower import (
     Append,
     Fetch,
@@ -133,6 +143,7 @@ from liftlog.replication.roles import (
     decide_role,
     isr_change,
 )
+from liftlog.replication.serving import epoch_question_refusal, fetch_refusal
 from liftlog.storage import CommitLog, LogConfig, NewRecord
 
 from .seeds import soak
@@ -248,8 +259,8 @@ class Server:
     #: What each replica was last set up as, and the partition epoch of its last candidacy confirmation.
     roles: dict[Key, ReplicaRole] = field(default_factory=dict)
     confirmed_at: dict[Key, int] = field(default_factory=dict)
-    #: Ack ALL publishes waiting for the HW: (offset, value) per partition.
-    waiters: dict[Key, list[tuple[int, bytes]]] = field(default_factory=dict)
+    #: Ack ALL publishes waiting for the HW: (offset, value, in-sync replicas when written) per partition.
+    waiters: dict[Key, list[tuple[int, bytes, int]]] = field(default_factory=dict)
     #: ISR changes waiting for their task to run, as the replicator spawns them: (due tick, change).
     proposal_tasks: list[tuple[int, IsrChange]] = field(default_factory=list)
     #: When the stream manager's reconcile loop runs next, if metadata changed since it last ran.
@@ -290,6 +301,11 @@ class Simulation:
         self.reassign_rate = rng.choice((0.0, 0.0, 0.01, 0.03))
         self.admin_rate = rng.choice((0.0, 0.0, 0.005, 0.02))
         self.healed = False
+        # Drawn apart from the rest, so that seeds without min.insync.replicas run as before it was added.
+        later = random.Random(seed ^ 0x5EED)
+        self.min_isr = later.choice((1, 1, 2))
+        #: Some seeds have a slow reconcile loop (a server under load): old cores run longer beside new metadata.
+        self.slow_reconcile = later.random() < 0.15
         rf = rng.choice((2, 3)) if n == 3 else rng.choice((3, 5))
         self.streams = [("orders", rng.choice((1, 2)), min(rf, n))]
         if rng.random() < 0.5:
@@ -307,6 +323,8 @@ class Simulation:
         #: How late the reconcile loop acts on applied metadata. Metadata is changed in place, so
         #: meanwhile the old cores run against the new PartitionMeta, as in the server.
         self.reconcile_lag_ticks = rng.choice((0, 0, 3))
+        if self.slow_reconcile:
+            self.reconcile_lag_ticks = 25
         self.now = 0
         self.seq = 0
         self.ids_seq = 0
@@ -532,12 +550,11 @@ class Simulation:
             self.propose(server, op)
         for name, partitions, rf in self.streams:
             if name not in md.streams and len(md.servers) == len(self.ids) and self.now % 10 == 0:
-                settings = StreamSettings(unclean_leader_election=True) if self.unclean and name == "orders" else None
-                req = CreateStreamRequest(name, name, partitions=partitions, replication_factor=rf)
-                if settings is not None:
-                    req = CreateStreamRequest(
-                        name, name, partitions=partitions, replication_factor=rf, settings=settings
-                    )
+                settings = StreamSettings(
+                    unclean_leader_election=True if self.unclean and name == "orders" else None,
+                    min_isr=min(self.min_isr, rf) if self.min_isr > 1 else None,
+                )
+                req = CreateStreamRequest(name, name, partitions=partitions, replication_factor=rf, settings=settings)
                 self.plan(server, CreateStreamChange(req))
         for key, ask in list(server.asking.items()):
             if self.now >= ask.deadline and server.failover is not None:
@@ -576,7 +593,9 @@ class Simulation:
             return
         key = self.rng.choice(keys)
         meta = md.partition(*key)
-        size = self.rng.randint(1, len(self.ids)) if self.rng.random() < 0.3 else len(meta.replicas)
+        # No fewer replicas than min.insync.replicas: else ack ALL could never be taken again.
+        fewest = self.min_isr_configured(key[0])
+        size = self.rng.randint(fewest, len(self.ids)) if self.rng.random() < 0.3 else len(meta.replicas)
         target = self.rng.sample(self.ids, size)
         if self.plan(server, ReassignChange((PartitionMove(key[0], key[1], tuple(target)),))):
             self.note(f"{server.id} moves {key} from {meta.replicas} to {target}")
@@ -709,7 +728,8 @@ class Simulation:
                 done = [w for w in waiting if w[0] <= action.hw]
                 if done:
                     server.waiters[key] = [w for w in waiting if w[0] > action.hw]
-                    for offset, value in done:
+                    for offset, value, in_sync in done:
+                        self.check_promise(key, offset, in_sync)
                         self.acked.setdefault((key, server.incarnation[key]), {})[offset] = value
                         self.stats["acked_all"] += 1
             elif isinstance(action, ProposeIsr):
@@ -722,6 +742,12 @@ class Simulation:
                 if change is None:
                     self.stats["isr_proposals_stale"] += 1
                     continue
+                assert meta is not None
+                if meta.leader != server.id or meta.leader_epoch != action.leader_epoch:
+                    raise self.fail(
+                        f"{server.id} sends an ISR change for {key} decided in leader epoch {action.leader_epoch}, "
+                        f"while the metadata names {meta.leader} in leader epoch {meta.leader_epoch}"
+                    )
                 due = self.now + self.rng.randint(0, self.task_lag_ticks)
                 server.proposal_tasks.append((due, change))
                 if due == self.now:
@@ -738,32 +764,57 @@ class Simulation:
             self.to_controller(server, change)
             self.stats["isr_proposals"] += 1
 
-    def publish(self, server: Server, key: Key, ack_all: bool) -> None:
+    def publish(self, server: Server, key: Key, ack_all: bool) -> int | None:
+        """A client's publish to ``server``: its front door's admission, then (if it leads) its intake's.
+
+        Returns the offset it was written at, None if it was not (refused, or not led there)."""
+        try:
+            meta = server.metadata.partition(*key)
+        except MetadataError:
+            return None
+        policy = AckPolicy.ALL if ack_all else AckPolicy.LEADER
+        rules = AdmissionRules(min_isr=self.min_isr_of(server.metadata, key))
+        value = f"m{self.msg + 1}".encode()
+        if admit(rules, policy, len(meta.isr), len(value), -1, None) is not None:
+            self.stats["refused_at_front_door"] += 1
+            return None
         core = server.leading.get(key)
         if core is None:
-            return
+            return None
         log = server.logs[key]
-        self.msg += 1
-        value = f"m{self.msg}".encode()
         offset = log.log_end_offset
+        if admit(rules, policy, len(core.isr), len(value), -1, offset) is not None:
+            self.stats["refused_by_leader"] += 1
+            return None
+        self.msg += 1
         log.append([NewRecord(value)], core.leader_epoch)
         self.note(f"{server.id} appends {value!r} at {key} {offset} (epoch {core.leader_epoch}, ack all {ack_all})")
         self.stats["published"] += 1
         if ack_all:
-            server.waiters.setdefault(key, []).append((offset, value))
+            server.waiters.setdefault(key, []).append((offset, value, len(core.isr)))
         self.leader_did(server, key, core.appended(log.log_end_offset, self.ns()))
+        return offset
+
+    def min_isr_of(self, metadata: Metadata, key: Key) -> int:
+        own = metadata.stream(key[0]).settings.min_isr
+        return own if own is not None else 1
 
     def serve_request(self, server: Server, src: str, req: Request) -> None:
         if req.epoch_question:
             q = decode_epoch_offset_request(req.data)
             key = (q.stream, q.partition)
             core = server.leading.get(key)
-            if core is None or server.incarnation.get(key) != q.created:
-                reply = encode_fetch_error(FetchError(FetchErrorCode.NOT_LEADER, "not leading", -1, -1))
-            elif core.leader_epoch != q.current_epoch:
-                reply = encode_fetch_error(FetchError(FetchErrorCode.STALE_EPOCH, "epoch", core.leader_epoch, 0))
+            log = server.logs.get(key)
+            if core is None or log is None:
+                error = epoch_question_refusal(server.id, None, 0, 0, q)
             else:
-                log = server.logs[key]
+                created = server.incarnation[key]
+                error = epoch_question_refusal(server.id, core.leader_epoch, created, log.log_start_offset, q)
+            if error is not None:
+                reply = encode_fetch_error(error)
+            else:
+                assert core is not None and log is not None
+                self.check_served(server, key, "an epoch question", q.current_epoch, core.leader_epoch, q.created)
                 epoch, end = log.epoch_cache.end_offset_for(q.leader_epoch, log.log_end_offset)
                 reply = encode_epoch_offset_response(EpochOffsetResponse(epoch, end, log.log_start_offset))
             self.send(server.id, src, Answer(reply, req.req_id, key))
@@ -772,30 +823,27 @@ class Simulation:
         (p,) = fetch.partitions
         key = (p.stream, p.partition)
         core = server.leading.get(key)
+        log = server.logs.get(key)
         answer: tuple[str, int, int, int, bytes] | PartitionRefusal
-        if core is None:
-            answer = PartitionRefusal(p.stream, p.partition, FetchError(FetchErrorCode.NOT_LEADER, "", -1, -1))
-        elif server.incarnation.get(key) != p.created:
-            error = FetchError(FetchErrorCode.UNKNOWN_PARTITION, "another incarnation", -1, -1)
-            answer = PartitionRefusal(p.stream, p.partition, error)
-        elif core.leader_epoch != p.leader_epoch:
-            error = FetchError(FetchErrorCode.STALE_EPOCH, "", core.leader_epoch, 0)
+        if core is None or log is None:
+            error = fetch_refusal(server.id, None, 0, 0, 0, p)
+        else:
+            start, end = log.log_start_offset, log.log_end_offset
+            error = fetch_refusal(server.id, core.leader_epoch, server.incarnation[key], start, end, p)
+        if error is not None:
             answer = PartitionRefusal(p.stream, p.partition, error)
         else:
-            log = server.logs[key]
-            if p.offset > log.log_end_offset:
-                error = FetchError(FetchErrorCode.OFFSET_OUT_OF_RANGE, "", core.leader_epoch, log.log_start_offset)
+            assert core is not None and log is not None
+            self.check_served(server, key, "a fetch", p.leader_epoch, core.leader_epoch, p.created)
+            try:
+                served = core.fetch(fetch.replica_id, p.offset, p.leader_epoch, self.ns())
+            except ValueError as exc:
+                error = FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), core.leader_epoch, 0)
                 answer = PartitionRefusal(p.stream, p.partition, error)
             else:
-                try:
-                    served = core.fetch(fetch.replica_id, p.offset, p.leader_epoch, self.ns())
-                except ValueError as exc:
-                    error = FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), core.leader_epoch, 0)
-                    answer = PartitionRefusal(p.stream, p.partition, error)
-                else:
-                    data = b"" if served.empty else log.read_raw(p.offset, 4096)
-                    self.leader_did(server, key, served.actions)
-                    answer = (p.stream, p.partition, served.leader_epoch, served.hw, data)
+                data = b"" if served.empty else log.read_raw(p.offset, 4096)
+                self.leader_did(server, key, served.actions)
+                answer = (p.stream, p.partition, served.leader_epoch, served.hw, data)
         self.send(server.id, src, Answer(encode_fetch_response([answer]), req.req_id, key))
 
     # --- partitions: a follower ---------------------------------------------------------------
@@ -936,6 +984,26 @@ class Simulation:
             pass
 
     # --- checks ------------------------------------------------------------------------------------
+
+    def check_served(self, server: Server, key: Key, what: str, asked: int, leads: int, created: int) -> None:
+        """A leader answers a follower only in the leader epoch it leads, for the incarnation it holds."""
+        if asked != leads or created != server.incarnation[key]:
+            raise self.fail(
+                f"{server.id} leading {key} in leader epoch {leads} answered {what} in leader epoch {asked} "
+                f"for the stream created at {created}"
+            )
+
+    def min_isr_configured(self, stream: str) -> int:
+        return next(min(self.min_isr, rf) for name, _, rf in self.streams if name == stream)
+
+    def check_promise(self, key: Key, offset: int, in_sync: int) -> None:
+        """Ack ALL promises min.insync.replicas copies: it was written while that many were in sync."""
+        min_isr = self.min_isr_configured(key[0])
+        if in_sync < min_isr:
+            raise self.fail(
+                f"ack ALL given for {key} offset {offset}, written with {in_sync} in-sync replicas: "
+                f"min.insync.replicas is {min_isr}"
+            )
 
     def clean(self, key: Key) -> bool:
         return not (self.unclean and key[0] == "orders")
@@ -1090,8 +1158,9 @@ class Simulation:
                 meta = server.metadata.partition(*key)
                 if meta.state is not PartitionState.ONLINE or meta.leader != server.id:
                     continue
-                self.publish(server, key, ack_all=True)
-                marks[key] = (server.id, server.incarnation[key], server.logs[key].log_end_offset - 1)
+                offset = self.publish(server, key, ack_all=True)
+                if offset is not None:  # else refused (too few in sync yet): again next tick
+                    marks[key] = (server.id, server.incarnation[key], offset)
             if (
                 len(marks) == len(keys)
                 and all(offset in self.acked.get((key, created), {}) for key, (_, created, offset) in marks.items())

@@ -6,9 +6,12 @@ replays one seed, with the events leading to a failure.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .cluster import REPLAY, SimFailure, run_seed
+from .mutations import MUTATIONS, first_catch
 from .seeds import Results, run_seeds, seeds_from_env
 
 DEFAULT_SEEDS = 1000
@@ -70,7 +73,7 @@ def test_same_seed_same_run() -> None:
 
 def test_the_checker_catches_seed_003s_truncation_to_the_high_watermark(monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulation would notice if followers truncated to their HW instead of by leader epoch (seed 003):
-    some seed loses or replaces committed messages. (With this build the first such seed is 97.)"""
+    some seed loses or replaces committed messages. (With this build the first such seed is 29.)"""
     from ..replication.test_epoch_scenarios import HwTruncatingFollower
     from . import cluster
 
@@ -84,22 +87,12 @@ def test_the_checker_catches_seed_003s_truncation_to_the_high_watermark(monkeypa
     pytest.fail("no seed of 1,000 noticed followers truncating to their high watermark")
 
 
-def test_the_checker_catches_an_isr_proposal_sent_against_changed_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the membership check in ``isr_change`` a leader core that has not yet heard of a shrink
-    admits a replica at the shrink's epoch; once the HW passes it, an ISR member lacks committed
-    messages (seed 148: the ISR invariant fails at tick 202)."""
-    from liftlog.metadata.model import PartitionMeta
-    from liftlog.metadata.protocol import IsrChange
-    from liftlog.replication.leader import ProposeIsr
-
-    from . import cluster
-
-    def without_membership_check(server_id: str, meta: PartitionMeta, proposal: ProposeIsr) -> IsrChange | None:
-        if meta.leader != server_id or meta.leader_epoch != proposal.leader_epoch:
-            return None
-        return IsrChange(meta.stream, meta.id, proposal.isr, meta.epoch)
-
-    assert run_seed(148)["isr_proposals"] > 0
-    monkeypatch.setattr(cluster, "isr_change", without_membership_check)
-    with pytest.raises(SimFailure, match=r"is in the ISR of .* messages up to \d+ are committed"):
-        run_seed(148)
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_the_simulation_catches_each_decision_dropped(name: str) -> None:
+    """Each decision of the cores, dropped (``mutations.MUTATIONS``), fails a seed within CI's seed count."""
+    m = MUTATIONS[name]
+    found = first_catch(name, range(DEFAULT_SEEDS))
+    assert found is not None, f"no seed of {DEFAULT_SEEDS} noticed: {m.why}"
+    seed, failure = found
+    assert re.search(m.failure, failure), failure
+    assert seed == m.seed, f"caught at seed {seed}, not at the pinned {m.seed}: update the pin in mutations.py"
