@@ -537,10 +537,7 @@ class ApiService:
         Right after an election or a resume the metadata names this server before its intake subscribes;
         a message published then reaches no one on NATS, and its publisher would wait out the ack timeout.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._ack_timeout
-        while not part.accepting and part.closed_reason is None and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        await part.intake_changes.until(lambda: part.accepting or part.closed_reason is not None, self._ack_timeout)
 
     def client_route(self, inbox: str, correlation_id: str) -> tuple[str, str]:
         """The caller's own (ack inbox, correlation id), for its ack; with an inbox, the ack goes there too.

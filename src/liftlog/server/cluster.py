@@ -848,13 +848,8 @@ class MetadataService:
         log.info("server %s is a member of the metadata group", self.server_id)
 
     async def _wait(self, condition: Callable[[], bool], timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not condition():
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
+        """Wait until ``condition`` on the Raft node's state holds; False after ``timeout`` s."""
+        return await self.raft.changes.until(condition, timeout)
 
     async def _heartbeats(self) -> None:
         payload = encode_heartbeat(Heartbeat(self.server_id))

@@ -160,14 +160,16 @@ class CursorService:
 
     async def _until_leading(self, pid: int) -> None:
         """Wait (up to CATCH_UP_S) until this server, named leader of a cursors partition, leads it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + CATCH_UP_S
         streams = self._api.streams
-        while not streams.is_leading(CURSORS_STREAM, pid) and loop.time() < deadline:
+
+        def leading_or_not_named() -> bool:
+            if streams.is_leading(CURSORS_STREAM, pid):
+                return True
             meta = streams.metadata.streams.get(CURSORS_STREAM)
-            if meta is None or pid not in meta.partitions or meta.partitions[pid].leader != self._api.server_id:
-                return  # not named any more: hosted() answers NOT_LEADER, the client goes elsewhere
-            await asyncio.sleep(0.02)
+            # Not named any more: hosted() answers NOT_LEADER, the client goes elsewhere.
+            return meta is None or pid not in meta.partitions or meta.partitions[pid].leader != self._api.server_id
+
+        await streams.changes.until(leading_or_not_named, CATCH_UP_S)
 
     # -- the table ---------------------------------------------------------------------------------
 

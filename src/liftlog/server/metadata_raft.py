@@ -44,6 +44,7 @@ from liftlog.raft import (
 from liftlog.raft.codec import CodecError, decode_message, encode_message
 from liftlog.raft.disk import DiskStorage
 
+from .changes import Changes
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
 from .ratelimit import LogLimiter
 
@@ -144,6 +145,8 @@ class MetadataRaft:
         self._storage: DiskStorage | None = None
         self.node: RaftNode | None = None
         self._inbox: asyncio.Queue[Callable[[RaftNode], None]] = asyncio.Queue()
+        #: Notified after each round of Raft work: applied index, leader and voters may have changed.
+        self.changes = Changes()
         self._pending: dict[int, _Pending] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._sub: NatsSubscription | None = None
@@ -262,11 +265,8 @@ class MetadataRaft:
             index = await asyncio.wait_for(future, timeout)
         finally:
             self._reads.pop(context, None)
-        deadline = loop.time() + timeout
-        while self.node is not None and self.node.applied_index < index:
-            if loop.time() > deadline:
-                raise TimeoutError(f"applying the metadata log up to index {index} took more than {timeout} s")
-            await asyncio.sleep(0.01)
+        if not await self.changes.until(lambda: self.node is None or self.node.applied_index >= index, timeout):
+            raise TimeoutError(f"applying the metadata log up to index {index} took more than {timeout} s")
         return index
 
     def transfer_leadership(self, to: str) -> None:
@@ -312,6 +312,7 @@ class MetadataRaft:
                 while node.has_ready():
                     await self._handle(node, node.ready())
                 self._report_role(node)
+                self.changes.notify()  # applied index, leader, voters
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

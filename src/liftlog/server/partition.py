@@ -65,6 +65,7 @@ from liftlog.storage.encryption import BatchCipher, EncryptionError, PartitionCi
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 from liftlog.storage.records import ATTR_MSG_IDS, decode_records
 
+from .changes import Changes
 from .duplicates import Screened, record_offsets, screen
 from .messages import Incoming, incoming_from_nats, msg_id_in_nats_headers, record_size
 from .nats_types import IntakeNats, NatsMessage, NatsSubscription
@@ -219,6 +220,8 @@ class Partition:
         self.last_cleaned = clock()
         self._sub: NatsSubscription | None = None
         self._local_intake = False
+        #: Notified when intake starts or stops and when the partition closes (``accepting``, ``closed_reason``).
+        self.intake_changes = Changes()
         self._pending: list[Incoming] = []
         #: Why this replica refuses writes (its log failed to open, or fenced itself after a write it could
         #: not undo); None when healthy.
@@ -305,6 +308,7 @@ class Partition:
                 self._sub = await nats.subscribe_batches(self.subject, self._queue_group, self._on_nats_batch)
             else:
                 self._sub = await nats.subscribe(self.subject, queue=self._queue_group, cb=self._on_nats_message)
+        self.intake_changes.notify()
 
     def take_local(self, data: bytes) -> None:
         """Write one Publish envelope this server made (a cursor), as if it had arrived on the subject."""
@@ -317,6 +321,7 @@ class Partition:
         """Unsubscribe, then write every message already received."""
         self._local_intake = False
         sub, self._sub = self._sub, None
+        self.intake_changes.notify()
         if sub is not None:
             try:
                 await sub.drain()
@@ -338,6 +343,7 @@ class Partition:
         self.follower = None
         self.fail_commit_waiters(reason)
         self._closed_reason = reason
+        self.intake_changes.notify()
         self.wake_readers()
         if self.log is not None:
             self._closed_hw = self.log.high_watermark

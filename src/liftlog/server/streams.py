@@ -56,6 +56,7 @@ from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.encryption import BatchCipher
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 
+from .changes import Changes
 from .group_commit import GroupCommitter
 from .nats_types import IntakeNats, NatsClient
 from .partition import AckSink, Partition, PartitionOptions, new_ack_latency
@@ -154,7 +155,8 @@ class StreamManager:
         self.min_isr_default = min_isr_default
         self._target_index = 0
         self._dirty = asyncio.Event()
-        self._reconciled = asyncio.Condition()
+        #: Notified when hosted roles change and after each reconcile (``reconciled_index``, ``is_leading``).
+        self.changes = Changes()
         self._task: asyncio.Task[None] | None = None
         #: Asks the controller to pause partitions (auto-pause); None: nothing pauses them.
         self._request_pause = request_pause
@@ -280,12 +282,7 @@ class StreamManager:
         def done() -> bool:
             return self.reconciled_index >= index and (self._leading_reconciled or not leading)
 
-        async with self._reconciled:
-            try:
-                await asyncio.wait_for(self._reconciled.wait_for(done), timeout)
-            except TimeoutError:
-                return False
-        return True
+        return await self.changes.until(done, timeout)
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -300,10 +297,9 @@ class StreamManager:
                 await asyncio.sleep(1.0)
                 self._dirty.set()
                 continue
-            async with self._reconciled:
-                self.reconciled_index = max(self.reconciled_index, target)
-                self._leading_reconciled = self._leading_reconciled or leading
-                self._reconciled.notify_all()
+            self.reconciled_index = max(self.reconciled_index, target)
+            self._leading_reconciled = self._leading_reconciled or leading
+            self.changes.notify()
 
     async def reconcile(self) -> None:
         """Open, close and reconfigure hosted partitions to match ``metadata``."""
@@ -327,6 +323,7 @@ class StreamManager:
                 await self._isolated(key, self._update(hosted, meta))
         if any(h.open_failed or h.apply_failed for h in self._hosted.values()):
             self._retry_soon()
+        self.changes.notify()
 
     async def _isolated(self, key: tuple[str, int], step: Awaitable[None]) -> None:
         """One partition's step; if it fails, that partition is fenced and the others carry on.
@@ -507,6 +504,7 @@ class StreamManager:
             return  # decided again once allowed
         if replicator is not None:
             hosted.role = decision.role
+            self.changes.notify()
         if decision.listen and not part.accepting:
             await part.start_intake(self._internal_nats if is_internal_stream(part.stream) else self._nats)
         elif not decision.listen and part.accepting:
