@@ -359,7 +359,7 @@ def test_arbitrary_bytes_only_raise_envelope_errors(data: bytes) -> None:
     )
 )
 def test_varint_is_protobuf_int64_encoding(n: int) -> None:
-    from google.protobuf.internal.encoder import _VarintBytes
+    from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]  # private, not in the stubs
 
     from liftlog.api.stored import varint
 

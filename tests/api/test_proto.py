@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -32,21 +33,23 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     # `label` is deprecated in newer protobuf releases in favour of `is_repeated`.
     if hasattr(field, "is_repeated"):
         return bool(field.is_repeated)
-    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
+    return bool(cast(Any, field).label == FieldDescriptor.LABEL_REPEATED)  # not in the newer stubs
 
 
 def _base_type(field: FieldDescriptor) -> str:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
+        assert field.message_type is not None
         return str(field.message_type.full_name)
     if field.type == FieldDescriptor.TYPE_ENUM:
+        assert field.enum_type is not None
         return str(field.enum_type.full_name)
     return _SCALARS[field.type]
 
 
 def type_of(field: FieldDescriptor) -> str:
     """A field's type spelled as in a .proto file, with full names."""
-    if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
-        entry = field.message_type
+    entry = field.message_type
+    if field.type == FieldDescriptor.TYPE_MESSAGE and entry is not None and entry.GetOptions().map_entry:
         return f"map<{_base_type(entry.fields_by_name['key'])},{_base_type(entry.fields_by_name['value'])}>"
     base = _base_type(field)
     return f"repeated {base}" if _is_repeated(field) else base
@@ -354,6 +357,7 @@ def test_message_fields(name: str) -> None:
 
 def test_spot_checks_from_the_issue() -> None:
     create = api_pb2.CreateStreamRequest.DESCRIPTOR.fields_by_name["minIsr"]
+    assert create.message_type is not None
     assert (create.number, create.message_type.full_name) == (16, "proto.NullableInt32")
     assert api_pb2.SubscribeRequest.DESCRIPTOR.fields_by_name["consumer"].number == 11
     assert api_pb2.Message.DESCRIPTOR.fields_by_name["ackPolicy"].number == 12
@@ -362,6 +366,7 @@ def test_spot_checks_from_the_issue() -> None:
     commit = api_pb2.Ack.DESCRIPTOR.fields_by_name["commitTimestamp"]
     assert (commit.number, commit.type) == (9, FieldDescriptor.TYPE_INT64)
     readonly = api_pb2.PartitionMetadata.DESCRIPTOR.fields_by_name["readonlyTimestamps"]
+    assert readonly.message_type is not None
     assert (readonly.number, readonly.message_type.name) == (11, "PartitionEventTimestamps")
 
 

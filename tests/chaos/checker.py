@@ -78,7 +78,7 @@ class Publication:
     attempts: list[Attempt] = field(default_factory=list)
     stream: str = ""
     #: api_pb2.ALL, LEADER or NONE: what an ack promises (NONE gets none: its attempts are UNKNOWN).
-    policy: int = api_pb2.ALL
+    policy: api_pb2.AckPolicy = api_pb2.ALL
     #: The ``Nats-Msg-Id`` every attempt carried (empty: none). With an id, a partition stores the message at
     #: most once within its duplicate window, however often it was resent: any second copy is a violation.
     msg_id: bytes = b""

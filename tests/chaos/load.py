@@ -137,13 +137,13 @@ class _Publisher:
 
     name: str
     key: Key
-    policy: int
+    policy: api_pb2.AckPolicy
     seq: int = 0
     resend: deque[tuple[float, Publication]] = field(default_factory=deque)
 
 
 def _frames(frame: Any, limit: int) -> list[Any]:
-    out = []
+    out: list[Any] = []
     while frame is not None and len(out) < limit:
         out.append(frame)
         frame = frame.f_back

@@ -106,7 +106,8 @@ def run_seed(
 
     def show(completed: float, status: str | None = None) -> None:
         if progress is not None and task is not None:
-            progress.update(task, completed=completed, **({"status": status} if status else {}))
+            fields: dict[str, Any] = {"status": status} if status else {}
+            progress.update(task, completed=completed, **fields)
 
     result: dict[str, Any] = {"seed": seed, "fsync": opts.fsync, "faults": [str(e) for e in schedule]}
     extra = ["--set", f"streams.fsync.policy={opts.fsync}"]
@@ -200,7 +201,7 @@ def probe(cluster: ChaosCluster, streams: tuple[str, ...]) -> dict[str, str]:
                     api_pb2.PublishRequest(stream=stream, value=b"probe", ackPolicy=api_pb2.ALL), timeout=5
                 )
             except grpc.RpcError as exc:
-                out[stream] = f"{sid}: {exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+                out[stream] = f"{sid}: {exc.code().name}: {exc.details()}"
                 continue
             out[stream] = f"{sid}: acked at {resp.ack.offset}"
             break

@@ -261,7 +261,9 @@ def test_the_checker_counts_each_kind_of_violation() -> None:
 def test_the_checker_holds_each_ack_policy_to_its_promise() -> None:
     """Ack ALL: never lost. Ack LEADER: lost only with its leader. Ack NONE: counted. Loss can be measured."""
 
-    def pub(value: bytes, policy: int, server: str = "a", started: float = 1.0, partition: int = 0) -> Publication:
+    def pub(
+        value: bytes, policy: api_pb2.AckPolicy, server: str = "a", started: float = 1.0, partition: int = 0
+    ) -> Publication:
         attempt = Attempt(server, Outcome.ACKED, started, started + 0.1, 0)
         attempts = [attempt] if policy != api_pb2.NONE else []
         return Publication(value, partition, attempts, stream="s", policy=policy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 import pytest
@@ -134,7 +135,7 @@ def test_cluster_report_shape() -> None:
 
 def test_fsync_policies_and_their_comparison() -> None:
     assert choose_fsync("never, always,never") == ["never", "always"]
-    by_policy = {
+    by_policy: dict[str, dict[str, Any]] = {
         "never": {"async": {"msgs_per_s": 4000.0}, "sync": {"msgs_per_s": 1000.0}, "bad": {"error": "x"}},
         "interval": {"async": {"msgs_per_s": 3900.0}, "sync": {"error": "timed out"}},
         "always": {"async": {"msgs_per_s": 1800.0}, "sync": {"msgs_per_s": 600.0}},

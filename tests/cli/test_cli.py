@@ -112,7 +112,8 @@ def _probe() -> None:
 )
 def test_addresses_from_group_subcommand_and_env(args: list[str], env: dict[str, str], expected: str) -> None:
     argv = args if "probe" in args else [*args, "probe"]
-    result = CliRunner(env={"LIFTLOG_ADDR": None} | env).invoke(_probe_group, argv)
+    unset: dict[str, str | None] = {"LIFTLOG_ADDR": None}
+    result = CliRunner(env=unset | env).invoke(_probe_group, argv)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == expected
 
@@ -259,7 +260,17 @@ def test_server_flags_map_to_config_keys(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr("liftlog.server.config.load_config", load_config)
     monkeypatch.setitem(sys.modules, "liftlog.server.runner", types.SimpleNamespace(run_server=lambda config: 0))
-    flags = ("--id", "a", "--data-dir", "./d", "--host", "0.0.0.0", "--port", "0", "--no-embedded-nats")
+    flags: tuple[str, ...] = (
+        "--id",
+        "a",
+        "--data-dir",
+        "./d",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--no-embedded-nats",
+    )
     flags += ("--embedded-nats-port", "4223", "--nats-servers", "nats://x:4222,nats://y:4222", "--namespace", "ns")
     result = invoke("server", *flags, "--log-level", "DEBUG", "--set", "port=1", "--set", "x.y=z=w")
     assert result.exit_code == 0, result.output

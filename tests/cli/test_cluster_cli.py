@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from liftlog.api import cluster_pb2, cluster_pb2_grpc
 from liftlog.cli.cluster import status_summary, status_table
@@ -161,7 +162,7 @@ def test_styles() -> None:
     ]
     table = status_table(status)
     live = next(column for column in table.columns if column.header == "LIVE")
-    cells = list(live.cells)
+    cells = cast(list[Text], list(live.cells))
     assert [(str(c), str(c.style)) for c in cells] == [("yes", "green"), ("yes", "green"), ("no", "red")]
     console = Console(width=120, record=True, force_terminal=True, color_system="standard")
     console.print(summary)

@@ -190,7 +190,12 @@ class Frames:
         self._current: list[str] = []
         assert proc.stdout is not None
         stdout = proc.stdout
-        threading.Thread(target=lambda: [self.lines.put(line.rstrip("\n")) for line in stdout], daemon=True).start()
+
+        def pump() -> None:
+            for line in stdout:
+                self.lines.put(line.rstrip("\n"))
+
+        threading.Thread(target=pump, daemon=True).start()
 
     def wait_for(self, check: Callable[[list[str]], bool], what: str, timeout: float = 30) -> list[str]:
         """The first frame completed from now on (the next header began) that passes `check`."""

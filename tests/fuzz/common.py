@@ -11,7 +11,7 @@ import copy
 import json
 import os
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -29,6 +29,13 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class Draw(Protocol):
+    """What draws an example: a composite strategy's ``draw`` or ``st.data()``'s ``data.draw``."""
+
+    def __call__(self, strategy: st.SearchStrategy[T], label: Any = None, /) -> T: ...
+
 
 #: Examples per property when LIFTLOG_FUZZ_EXAMPLES is set (a soak); None keeps each test's default.
 EXAMPLES: Final = int(os.environ["LIFTLOG_FUZZ_EXAMPLES"]) if os.environ.get("LIFTLOG_FUZZ_EXAMPLES") else None
@@ -63,7 +70,7 @@ def fuzz_settings(default: int) -> settings:
     )
 
 
-def mutate(draw: st.DrawFn, data: bytes) -> bytes:
+def mutate(draw: Draw, data: bytes) -> bytes:
     """One to three of: flip a byte, truncate, insert bytes, duplicate a slice, overwrite with a boundary value."""
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(("flip", "truncate", "insert", "duplicate", "overwrite")))
@@ -141,7 +148,7 @@ def json_values(max_leaves: int = 6) -> st.SearchStrategy[Any]:
 
 
 #: JSON values that break careless field handling: numbers no int or float holds, NaN, the wrong type.
-_AWKWARD: Final = (
+_AWKWARD: Final[tuple[Any, ...]] = (
     10**400,
     -(10**400),
     float("inf"),
@@ -186,7 +193,9 @@ def json_mutated(valid: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
             value = copy.deepcopy(draw(st.sampled_from(_AWKWARD) | json_values()))  # never shared, never itself
             if isinstance(target, dict):
                 keys = sorted(target)
-                key = draw(st.sampled_from(keys)) if keys and draw(st.integers(0, 3)) else draw(st.text(max_size=6))
+                key = (
+                    draw(st.sampled_from(keys)) if keys and draw(st.integers(0, 3)) != 0 else draw(st.text(max_size=6))
+                )
                 if key in target and not draw(st.integers(0, 3)):
                     del target[key]
                 else:

@@ -158,9 +158,9 @@ class LiveFuzz:
         if roll < 0.7:
             path = rng.choice(sorted(TEMPLATES))
             request = mutate(rng, TEMPLATES[path].SerializeToString())
-            call = channel.unary_unary(path, bytes, bytes)
+            unary = channel.unary_unary(path, bytes, bytes)
             try:
-                await call(request, timeout=2.0)
+                await unary(request, timeout=2.0)
                 self.codes["OK"] += 1
             except RpcError as exc:
                 self.codes[exc.code.name] += 1

@@ -127,7 +127,7 @@ def crafted_batches(draw: st.DrawFn) -> bytes:
         for key, value, headers in records
     ]
     count = draw(st.sampled_from(_COUNTS)) if draw(st.booleans()) else len(records)
-    if records and draw(st.integers(0, 3)):
+    if records and draw(st.integers(0, 3)) != 0:
         i = draw(st.integers(0, len(records) - 1))
         if draw(st.booleans()):
             fields[i][0] = draw(st.sampled_from(_LENGTHS))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
-import nats
+from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.security.cluster_auth import generate_key_file
@@ -57,7 +57,7 @@ def eventually(check: Callable[[], T | None], timeout: float = 20.0, what: str =
     raise AssertionError(f"{what} not reached within {timeout}s (last error: {last})")
 
 
-async def nats_settled(nc: nats.NATS, timeout: float = 10.0) -> None:
+async def nats_settled(nc: NatsClient, timeout: float = 10.0) -> None:
     """Return once nats-server has processed everything ``nc`` sent so far (its SUBs above all).
 
     ``nc.flush()`` is no such barrier in nats-py (2.15, 2.16): its PING goes straight to the socket

@@ -11,6 +11,7 @@ import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -37,7 +38,7 @@ class Pki:
 
     def issue(self, name: str, *hosts: str, expired: bool = False) -> tuple[str, str]:
         """A certificate and key for ``hosts`` (default 127.0.0.1 and localhost), written as <name>.pem/.key."""
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if expired:
             kwargs = {
                 "not_before": dt.datetime(2019, 1, 1, tzinfo=dt.UTC),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import nats
@@ -35,14 +36,14 @@ async def rpc_error(awaitable: object) -> grpc.aio.AioRpcError:
 
 
 def reason(err: grpc.aio.AioRpcError) -> str | None:
-    return dict(err.trailing_metadata() or ()).get("liftlog-error")  # type: ignore[arg-type]
+    return dict(err.trailing_metadata() or ()).get("liftlog-error")
 
 
-async def create(api: api_pb2_grpc.APIStub, name: str, **kw: object) -> None:
+async def create(api: api_pb2_grpc.APIStub, name: str, **kw: Any) -> None:
     await api.CreateStream(api_pb2.CreateStreamRequest(subject=kw.pop("subject", name), name=name, **kw))
 
 
-async def read_all(api: api_pb2_grpc.APIStub, name: str, partition: int = 0, **kw: object) -> list[api_pb2.Message]:
+async def read_all(api: api_pb2_grpc.APIStub, name: str, partition: int = 0, **kw: Any) -> list[api_pb2.Message]:
     req = api_pb2.SubscribeRequest(
         stream=name, partition=partition, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST
     )
@@ -266,7 +267,7 @@ async def test_subscribe_positions(api: api_pb2_grpc.APIStub, name: str) -> None
         ack = (await api.Publish(api_pb2.PublishRequest(stream=name, value=b"%d" % i))).ack
         stamps.append(ack.receptionTimestamp)
 
-    async def values(**kw: object) -> list[bytes]:
+    async def values(**kw: Any) -> list[bytes]:
         return [m.value for m in await read_all(api, name, **kw)]
 
     assert await values() == [b"%d" % i for i in range(10)]

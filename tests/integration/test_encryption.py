@@ -112,9 +112,11 @@ def test_an_encrypted_stream_is_ciphertext_on_every_replica_and_survives_failove
         asyncio.run(batched_publish())
         everything = first + [SECRET + b"-many-%d" % i for i in range(30)]
         for sid in ids:
-            assert eventually(
-                lambda sid=sid: subscribe_values(c.servers[sid].address, "vault") == everything or None, 15, sid
-            )
+
+            def replicated(sid: str = sid) -> bool | None:
+                return subscribe_values(c.servers[sid].address, "vault") == everything or None
+
+            assert eventually(replicated, 15, sid)
         assert asyncio.run(client_reads(c.servers[leader].address, "vault")) == (everything, everything)
         for sid in ids:
             stored = on_disk(c.servers[sid].data_dir, "vault")
@@ -142,8 +144,8 @@ def test_an_encrypted_stream_needs_a_master_key(tmp_path: Path, nats_server: Nat
         with pytest.raises(grpc.RpcError) as info:
             create_encrypted(proc.address, "nokey")
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "no encryption master key" in info.value.details()
-        assert "LIFTBRIDGE_ENCRYPTION_KEY" in info.value.details()
+        assert "no encryption master key" in (info.value.details() or "")
+        assert "LIFTBRIDGE_ENCRYPTION_KEY" in (info.value.details() or "")
     finally:
         proc.kill()
 

@@ -91,7 +91,7 @@ def test_membership_epochs_and_balanced_assignments(server: LiftlogProcess) -> N
     meta = group_meta(a, "g1")
     assert (meta.coordinator, meta.epoch, meta.error) == ("g", second.epoch, api_pb2.ConsumerGroupMetadata.OK)
     err = refused(lambda: assignments(a, "g1", "c1", first.epoch))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "epoch differs" in err.details()
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "epoch differs" in (err.details() or "")
     c1, c2 = assignments(a, "g1", "c1", second.epoch), assignments(a, "g1", "c2", second.epoch)
     held = sorted((s, p) for mine in (c1, c2) for s, ps in mine.items() for p in ps)
     assert held == [("audit", 0), ("audit", 1)] + [("orders", p) for p in range(4)]  # each once
@@ -127,7 +127,7 @@ def test_bad_group_requests_are_named(server: LiftlogProcess) -> None:
     ]
     for call, code, text in cases:
         err = refused(call)
-        assert err.code() == code and text in err.details(), (text, err.code(), err.details())
+        assert err.code() == code and text in (err.details() or ""), (text, err.code(), err.details())
     leave(a, "g2", "c1")
 
 
@@ -138,7 +138,7 @@ def test_subscriptions_are_fenced_by_assignment_and_epoch(server: LiftlogProcess
     assert subscribe(a, "audit", 0, c1) is None
     err = subscribe(a, "orders", 0, c1)  # not its stream
     assert err is not None and err.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "not currently assigned this partition" in err.details()
+    assert "not currently assigned this partition" in (err.details() or "")
     err = subscribe(a, "audit", 0, api_pb2.Consumer(groupId="g3", groupEpoch=e1))
     assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT
     err = subscribe(a, "audit", 0, c1, readISRReplica=True)
@@ -216,7 +216,7 @@ def test_members_reports_move_a_silent_coordinator(tmp_path: Path, nats_server: 
             groupId="gc", consumerId="m2", coordinator=old, epoch=joined.epoch
         )
         err = refused(lambda: rpc(c.servers[survivor].address, "ReportConsumerGroupCoordinator", stale))
-        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "generation mismatch" in err.details()
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "generation mismatch" in (err.details() or "")
         report.consumerId = "m2"
         rpc(c.servers[survivor].address, "ReportConsumerGroupCoordinator", report)
         meta = eventually(

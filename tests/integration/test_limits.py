@@ -67,8 +67,8 @@ def serves(address: str, name: str) -> list[bytes]:
 
 def test_100000_partitions_are_refused_at_once_and_the_server_keeps_serving(server: LiftlogProcess) -> None:
     err, took = refused(server.address, api_pb2.CreateStreamRequest(name="huge", subject="huge", partitions=100_000))
-    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-    details = err.details() or ""  # type: ignore[attr-defined]
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = err.details() or ""
     assert "partitions 100000" in details and "streams.max.partitions (1024)" in details
     assert took < 3
     meta = rpc(server.address, "FetchMetadata", api_pb2.FetchMetadataRequest(streams=["huge"]))
@@ -79,8 +79,8 @@ def test_100000_partitions_are_refused_at_once_and_the_server_keeps_serving(serv
 def test_one_byte_segments_are_refused(server: LiftlogProcess) -> None:
     request = api_pb2.CreateStreamRequest(name="tiny", subject="tiny", segmentMaxBytes=api_pb2.NullableInt64(value=1))
     err, _ = refused(server.address, request)
-    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-    details = err.details() or ""  # type: ignore[attr-defined]
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = err.details() or ""
     assert "segmentMaxBytes 1 is smaller than streams.segment.max.bytes.min (65536)" in details
     assert serves(server.address, "after-tiny") == [b"one", b"two"]
 

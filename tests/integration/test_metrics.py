@@ -39,7 +39,7 @@ class Ops:
         finally:
             conn.close()
 
-    def json(self, path: str) -> tuple[int, dict[str, object]]:
+    def json(self, path: str) -> tuple[int, dict[str, Any]]:
         status, _headers, body = self.get(path)
         return status, json.loads(body)
 
@@ -72,7 +72,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, nats_server: NatsProcess) -
     proc.kill()
 
 
-def publish(address: str, stream: str, count: int, policy: int, partition: int = 0) -> None:
+def publish(address: str, stream: str, count: int, policy: api_pb2.AckPolicy, partition: int = 0) -> None:
     with grpc.insecure_channel(address) as channel:
         api = api_pb2_grpc.APIStub(channel)
         for i in range(count):
@@ -87,7 +87,7 @@ def test_health_and_readiness_of_a_started_server(served: tuple[LiftlogProcess, 
     status, health = ops.json("/healthz")
     assert status == 200 and health["status"] == "ok" and health["server_id"] == "s1"
     assert isinstance(health["event_loop_lag_seconds"], float)
-    status, ready = eventually(lambda: (r := ops.json("/readyz"))[0] == 200 and r, what="readiness")
+    status, ready = eventually(lambda: ((r := ops.json("/readyz"))[0] == 200 and r) or None, what="readiness")
     assert ready["problems"] == []
     assert ops.value("liftlog_ready") == 1
     assert ops.value("liftlog_build_info", server_id="s1", version="0.1.0") == 1
@@ -240,15 +240,19 @@ def test_replication_lag_isr_and_a_controller_failover_in_metrics(tmp_path: Path
         publish(c.servers[leader].address, "lagged", 20, api_pb2.ALL)
         labels = {"stream": "lagged", "partition": "0"}
         for f in followers:
-            assert eventually(
-                lambda f=f: ops[f].value("liftlog_partition_messages_replicated_total", **labels) == 20, 10, f
-            )
+
+            def replicated(f: str = f) -> bool:
+                return ops[f].value("liftlog_partition_messages_replicated_total", **labels) == 20
+
+            assert eventually(replicated, 10, f)
             assert ops[f].value("liftlog_partition_leader", **labels) == 0
             assert ops[f].value("liftlog_replication_fetches_total") > 0
             lag = {"follower": f, **labels}
-            assert eventually(
-                lambda lag=lag: ops[leader].value("liftlog_partition_follower_lag_messages", **lag) == 0, 10
-            )
+
+            def caught_up(lag: dict[str, str] = lag) -> bool:
+                return ops[leader].value("liftlog_partition_follower_lag_messages", **lag) == 0
+
+            assert eventually(caught_up, 10)
             assert ops[leader].value("liftlog_partition_follower_lag_seconds", **lag) == 0
         assert ops[leader].value("liftlog_partition_isr_size", **labels) == 3
         assert ops[leader].value("liftlog_partition_fetches_served_total", **labels) > 0
@@ -300,9 +304,9 @@ def test_a_server_without_a_metadata_quorum_is_alive_but_not_ready(tmp_path: Pat
         formed(c, set(ids))
         c.servers["b"].kill()
         c.servers["c"].kill()
-        _status, body = eventually(lambda: (r := ops["a"].json("/readyz"))[0] == 503 and r, 30, "not ready")
+        _status, body = eventually(lambda: ((r := ops["a"].json("/readyz"))[0] == 503 and r) or None, 30, "not ready")
         assert body["status"] == "failing"
-        assert "no metadata leader known" in body["problems"]  # type: ignore[operator]
+        assert "no metadata leader known" in body["problems"]
         assert ops["a"].json("/healthz")[0] == 200  # alive: no orchestrator should restart it for this
         assert ops["a"].value("liftlog_ready") == 0
         assert ops["a"].value("liftlog_raft_leader_known") == 0

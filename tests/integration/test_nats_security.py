@@ -34,7 +34,7 @@ async def stores_what_apps_publish(address: str, nats_url: str, name: str, **app
     async with Client(address) as client:
         await client.create_stream(name, name)
         await asyncio.sleep(0.3)  # the partition subscribes to its subject
-        app_conn = await nats.connect(nats_url, **app)  # type: ignore[arg-type]
+        app_conn = await nats.connect(nats_url, **app)
         await app_conn.publish(name, b"from an app")
         await app_conn.flush()
         await app_conn.close()
@@ -81,7 +81,7 @@ async def test_users_keep_applications_off_internal_subjects(tmp_path: Path) -> 
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc))
 
-        conn = await nats.connect(nats_server.url, error_cb=on_error, **app)  # type: ignore[arg-type]
+        conn = await nats.connect(nats_server.url, error_cb=on_error, **app)
         await conn.subscribe(f"{NAMESPACE}.>")
         await conn.publish(f"{NAMESPACE}.raft.metadata.join", b'{"id": null}')
         await conn.publish("_INBOX.liftlog.x.y", b"forged ack")
@@ -137,6 +137,7 @@ async def test_acks_to_clients_go_out_with_the_acks_users_rights_only(tmp_path: 
             # A gRPC call naming its own inbox gets its copy on the acks connection too.
             answer = await client.publish("orders", b"rpc", ack_inbox=inbox, correlation_id="rpc")
             copy = decode_ack((await acks.next_msg(timeout=10)).data)
+            assert answer is not None
             assert (copy.correlationId, copy.offset) == ("rpc", answer.offset) == ("rpc", 2)
         log = server.log_path.read_text()
         assert "NATS refused an ack to a client's inbox" in log and elsewhere in log

@@ -12,8 +12,8 @@ import pytest
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.client import Client, StartPosition, StopPosition
 
-from .harness import NatsProcess
-from .test_cluster import Cluster, agreed, create, eventually, formed, rpc, status
+from .harness import LiftlogProcess, NatsProcess, eventually
+from .test_cluster import Cluster, agreed, create, formed, rpc, status
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -43,7 +43,7 @@ def cluster(tmp_path: Path, nats_server: NatsProcess) -> Iterator[Cluster]:
     c.stop_all()
 
 
-def publish(address: str, stream: str, values: list[bytes], policy: int = api_pb2.ALL) -> list[int]:
+def publish(address: str, stream: str, values: list[bytes], policy: api_pb2.AckPolicy = api_pb2.ALL) -> list[int]:
     with grpc.insecure_channel(address) as channel:
         api = api_pb2_grpc.APIStub(channel)
         return [
@@ -72,7 +72,11 @@ def test_every_replica_holds_what_was_acknowledged_with_ack_all(cluster: Cluster
     values = [b"m%d" % i for i in range(50)]
     assert publish(cluster.servers[leader].address, "orders", values) == list(range(50))
     for proc in cluster.servers.values():
-        assert eventually(lambda p=proc: read(p.address, "orders") == values, 10, f"{proc.server_id}'s replica")
+
+        def replicated(p: LiftlogProcess = proc) -> bool:
+            return read(p.address, "orders") == values
+
+        assert eventually(replicated, 10, f"{proc.server_id}'s replica")
 
 
 def test_a_dead_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster: Cluster) -> None:
@@ -92,7 +96,7 @@ def test_a_dead_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster: C
     eventually(lambda: follower in isr(cluster, "events"), 20, f"{follower} back in the ISR")
     expected = [b"before"] + [b"during-%d" % i for i in range(20)]
     assert eventually(lambda: read(cluster.servers[follower].address, "events") == expected, 10, "caught up")
-    assert status(address).attention == []  # type: ignore[comparison-overlap]
+    assert status(address).attention == []
 
 
 def test_ack_all_is_refused_below_min_isr(cluster: Cluster) -> None:

@@ -23,7 +23,7 @@ from .harness import LiftlogProcess, NatsProcess, free_port
 pytestmark = pytest.mark.slow
 
 
-async def publish_many(address: str, name: str, count: int, policy: int = api_pb2.LEADER) -> list[int]:
+async def publish_many(address: str, name: str, count: int, policy: api_pb2.AckPolicy = api_pb2.LEADER) -> list[int]:
     async with grpc.aio.insecure_channel(address) as channel:
         api = api_pb2_grpc.APIStub(channel)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from liftlog.metadata.controller import CreateStreamRequest, plan_create_stream
@@ -24,9 +26,10 @@ def cluster(*ids: str) -> Metadata:
     return meta
 
 
-def plan(meta: Metadata, name: str, limits: StreamLimits | None = None, **kw: object) -> None:
-    req = CreateStreamRequest(name, name, **kw)  # type: ignore[arg-type]
-    op = plan_create_stream(meta, req, NOW, namespace=NS, **({"limits": limits} if limits else {}))
+def plan(meta: Metadata, name: str, limits: StreamLimits | None = None, **kw: Any) -> None:
+    req = CreateStreamRequest(name, name, **kw)
+    extra: dict[str, Any] = {"limits": limits} if limits else {}
+    op = plan_create_stream(meta, req, NOW, namespace=NS, **extra)
     meta.apply(op)
 
 

@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -116,7 +117,7 @@ async def test_a_failing_callback_does_not_stop_the_subscription_and_drain_hands
 
 def signer(client: LeanNatsClient) -> AuthenticatedNats:
     auth = ClusterAuth(KEY, boot=os.urandom(8), started=time.time_ns() - 10**9, max_age=30 * 10**9)
-    return AuthenticatedNats(client, auth, internal_subjects("ns"))  # type: ignore[arg-type]
+    return AuthenticatedNats(client, auth, internal_subjects("ns"))
 
 
 async def test_signed_requests_and_replies_on_the_lean_connection(
@@ -176,7 +177,12 @@ async def test_the_ack_inbox_on_the_lean_connection_survives_hostile_acks(
     await router.start(server)
     await server.conn.flush()
     inbox, cid, waiting = router.expect("orders", api_pb2.ALL, "orders")
-    fields = {"stream": "orders", "partitionSubject": "orders", "msgSubject": "orders", "ackPolicy": api_pb2.ALL}
+    fields: dict[str, Any] = {
+        "stream": "orders",
+        "partitionSubject": "orders",
+        "msgSubject": "orders",
+        "ackPolicy": api_pb2.ALL,
+    }
     good = encode_ack(api_pb2.Ack(ackInbox=inbox, correlationId=cid, offset=42, **fields))
     hostile = await nats.connect(nats_server.url)
     try:

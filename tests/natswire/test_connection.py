@@ -14,6 +14,7 @@ from typing import Any
 import nats
 import nkeys
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from liftlog.natswire import Event, LeanNats, MaxPayloadError, NatsAuthError, NatsConnectError, NatsNotConnected
 from liftlog.natswire.connection import _read_credentials, parse_servers
@@ -43,7 +44,7 @@ async def fake_peer(
     return server, server.sockets[0].getsockname()[1]
 
 
-async def subscribed(url: str, subject: str) -> tuple[nats.aio.client.Client, Any]:
+async def subscribed(url: str, subject: str) -> tuple[NatsClient, Any]:
     """A nats-py connection subscribed to ``subject`` (the subscription is in place on return)."""
     app = await nats.connect(url)
     sub = await app.subscribe(subject)

@@ -170,7 +170,7 @@ def test_bad_fetches_are_refused() -> None:
 
 
 def follower(leo: int = 10, hw: int = 5, latest_epoch: int | None = 2, **kw: object) -> FollowerReplica:
-    return FollowerReplica("b", "a", 3, leo, hw, latest_epoch, T0, idle_wait_s=2.0, leader_timeout_ns=5 * S, **kw)  # type: ignore[arg-type]
+    return FollowerReplica("b", "a", 3, leo, hw, latest_epoch, T0, idle_wait_s=2.0, leader_timeout_ns=5 * S, **kw)
 
 
 def test_a_follower_truncates_by_epoch_before_fetching() -> None:

@@ -332,7 +332,7 @@ async def test_closed_channel_refuses_calls(api: Api) -> None:
 # -- against grpcio's server --------------------------------------------------------------
 
 
-class _GrpcioAPI(api_pb2_grpc.APIServicer):  # type: ignore[misc]
+class _GrpcioAPI(api_pb2_grpc.APIServicer):
     async def Publish(self, request: api_pb2.PublishRequest, context: grpc.aio.ServicerContext) -> Any:
         if request.stream == "abort":
             context.set_trailing_metadata((("liftlog-error", "x"),))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+from typing import cast
 
 import hpack
 import pytest
@@ -72,7 +73,8 @@ def test_request_headers_and_a_whole_call() -> None:
     sid = server.call()
     assert sid == 1
     (frame,) = server.frames(FrameType.HEADERS)
-    headers = dict(hpack.Decoder().decode(frame.payload))
+    # Decoded without raw=True the names and values are str, not the bytes hpack's annotation says.
+    headers = cast(dict[str, str], dict(hpack.Decoder().decode(frame.payload)))
     assert headers[":method"] == "POST" and headers[":path"] == "/proto.API/Publish"
     assert headers[":authority"] == "127.0.0.1:9292" and headers["te"] == "trailers"
     assert headers["content-type"] == "application/grpc" and headers["x-who"] == "me"

@@ -143,7 +143,7 @@ async def test_unknown_method_is_unimplemented(
     server: RpcServer, stub: api_pb2_grpc.APIStub, grpclib_channel: grpclib.client.Channel
 ) -> None:
     async with grpc.aio.insecure_channel(target(server)) as channel:
-        method = channel.unary_unary("/proto.API/NoSuchMethod")
+        method: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/proto.API/NoSuchMethod")
         err = await aio_error(method(b""))
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED and "/proto.API/NoSuchMethod" in (err.details() or "")
     missing = grpclib.client.UnaryUnaryMethod(

@@ -53,7 +53,7 @@ def test_liftbridge_model_and_policy_files(tmp_path: Path) -> None:
 
 
 def test_identity_from_a_certificate() -> None:
-    cert = {
+    cert: dict[str, object] = {
         "subject": ((("countryName", "XX"),), (("commonName", "client1"),)),
         "subjectAltName": (("DNS", "client1.example"),),
     }

@@ -85,7 +85,12 @@ def test_junk_outside_the_time_window_costs_no_mac(monkeypatch: pytest.MonkeyPat
     checker = auth()
     macs: list[str] = []
     real = checker._tag
-    monkeypatch.setattr(checker, "_tag", lambda *args: macs.append("mac") or real(*args))
+
+    def counted_tag(fields: bytes | memoryview, subject: str, payload: bytes | memoryview) -> bytes:
+        macs.append("mac")
+        return real(fields, subject, payload)
+
+    monkeypatch.setattr(checker, "_tag", counted_tag)
     old = auth().seal("ns.x", b"data", NOW - 3600 * 10**9)
     assert reason(checker, "ns.x", old) == "stale" and macs == []
     assert reason(checker, "ns.x", auth(key=b"z" * 32).seal("ns.x", b"data", NOW)) == "forged" and macs == ["mac"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.server.config import load_config
@@ -27,7 +28,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[nats.NATS]:
+async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
     conn = await nats.connect(nats_url)
     yield conn
     await conn.close()

@@ -13,6 +13,7 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import nats
@@ -41,12 +42,8 @@ def lean(request: pytest.FixtureRequest) -> bool:
 async def server(tmp_path: Path, nats_url: str, lean: bool) -> AsyncIterator[Server]:
     key = tmp_path / "cluster.key"
     generate_key_file(key)
-    server = in_process_server(
-        tmp_path / "data",
-        nats_url,
-        f"acks-{secrets.token_hex(4)}",
-        **{"nats.lean.connection": lean, "clustering.auth.key.file": str(key)},
-    )
+    settings: dict[str, Any] = {"nats.lean.connection": lean, "clustering.auth.key.file": str(key)}
+    server = in_process_server(tmp_path / "data", nats_url, f"acks-{secrets.token_hex(4)}", **settings)
     await server.start()
     try:
         assert server.cluster is not None
@@ -190,7 +187,7 @@ async def test_two_calls_with_the_same_inbox_and_id_each_get_their_own_ack(serve
     assert sorted(a.ack.offset for a in answers) == list(range(20))  # none completed with another's ack
 
 
-def _fields(request: api_pb2.PublishRequest) -> dict[str, object]:
+def _fields(request: api_pb2.PublishRequest) -> dict[str, Any]:
     return {f.name: v for f, v in request.ListFields()}
 
 
@@ -201,7 +198,7 @@ async def test_a_copied_route_completes_no_call(tmp_path: Path, nats_url: str, l
     victim's call, made on the leader or on a server that forwards it; the true ack does, later."""
     key = tmp_path / "cluster.key"
     generate_key_file(key)
-    settings = {
+    settings: dict[str, Any] = {
         "clustering.auth.key.file": str(key),
         "nats.lean.connection": lean,
         "clustering.replica.max.lag.time": "3s",
@@ -220,7 +217,7 @@ async def test_a_copied_route_completes_no_call(tmp_path: Path, nats_url: str, l
         follower = next(s for s in meta.replicas if s != meta.leader)
         caller = meta.leader if via == "leader" else next(sid for sid in servers if sid not in meta.replicas)
         await asyncio.sleep(0.5)  # every intake listens
-        copied: asyncio.Queue[api_pb2.Message] = asyncio.Queue()
+        copied: asyncio.Queue[api_pb2.Message | None] = asyncio.Queue()
 
         async def copy(msg: nats.aio.msg.Msg) -> None:
             copied.put_nowait(decode_publish_message(msg.data))
@@ -233,6 +230,7 @@ async def test_a_copied_route_completes_no_call(tmp_path: Path, nats_url: str, l
                 stub(ch).Publish(api_pb2.PublishRequest(stream="victim", value=b"victim's", ackPolicy=ALL))
             )
             original = await asyncio.wait_for(copied.get(), 5)
+            assert original is not None
             assert original.ackInbox.startswith("_INBOX.liftlog.")
             for subject, policy in (("attacker", LEADER), ("attacker", ALL), ("victim", LEADER)):
                 forged = api_pb2.Message(

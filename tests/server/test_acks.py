@@ -227,3 +227,6 @@ async def test_for_a_partition_led_here_only_this_servers_own_ack_counts() -> No
 class _Msg:
     def __init__(self, subject: str, data: bytes) -> None:
         self.subject, self.data, self.reply = subject, data, ""
+
+    async def respond(self, data: bytes) -> None:  # a NatsMessage; an ack is never answered
+        raise AssertionError("an ack was answered")

@@ -6,9 +6,11 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.security.cluster_auth import TRAILER_SIZE, ClusterAuth, ReplayGuard
@@ -19,19 +21,19 @@ from tests.integration.harness import nats_settled
 KEY = b"0123456789abcdef0123456789abcdef"
 
 
-def signer(nc: nats.NATS, key: bytes = KEY) -> AuthenticatedNats:
+def signer(nc: NatsClient, key: bytes = KEY) -> AuthenticatedNats:
     auth = ClusterAuth(key, boot=os.urandom(8), started=time.time_ns() - 10**9, max_age=30 * 10**9)
     return AuthenticatedNats(nc, auth, internal_subjects("ns"))
 
 
 @pytest.fixture
-async def second(nats_url: str) -> AsyncIterator[nats.NATS]:
+async def second(nats_url: str) -> AsyncIterator[NatsClient]:
     conn = await nats.connect(nats_url)
     yield conn
     await conn.close()
 
 
-async def received(nc: nats.NATS, subject: str) -> asyncio.Queue[bytes]:
+async def received(nc: NatsClient, subject: str) -> asyncio.Queue[bytes]:
     queue: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def put(msg: nats.aio.msg.Msg) -> None:
@@ -42,7 +44,7 @@ async def received(nc: nats.NATS, subject: str) -> asyncio.Queue[bytes]:
     return queue
 
 
-async def test_internal_subjects_are_sealed_and_others_pass_unchanged(nc: nats.NATS, second: nats.NATS) -> None:
+async def test_internal_subjects_are_sealed_and_others_pass_unchanged(nc: NatsClient, second: NatsClient) -> None:
     wrapped = signer(nc)
     internal = await received(second, "ns.raft.metadata.a")
     inbox = await received(second, "_INBOX.liftlog.a.123")
@@ -60,7 +62,7 @@ async def test_internal_subjects_are_sealed_and_others_pass_unchanged(nc: nats.N
     assert await asyncio.wait_for(client_inbox.get(), 5) == b"client ack"
 
 
-async def test_requests_and_replies_are_sealed_both_ways(nc: nats.NATS, second: nats.NATS) -> None:
+async def test_requests_and_replies_are_sealed_both_ways(nc: NatsClient, second: NatsClient) -> None:
     server, client = signer(nc), signer(second)
     seen: list[bytes] = []
 
@@ -75,7 +77,7 @@ async def test_requests_and_replies_are_sealed_both_ways(nc: nats.NATS, second: 
     assert seen == [b"ping"]
 
 
-async def test_concurrent_first_requests_share_one_reply_subscription(nc: nats.NATS, second: nats.NATS) -> None:
+async def test_concurrent_first_requests_share_one_reply_subscription(nc: NatsClient, second: NatsClient) -> None:
     server, client = signer(nc), signer(second)
 
     async def answer(msg: NatsMessage) -> None:
@@ -86,11 +88,11 @@ async def test_concurrent_first_requests_share_one_reply_subscription(nc: nats.N
     subscribed = 0
     inner_subscribe = second.subscribe
 
-    async def counting_subscribe(*args: object, **kwargs: object) -> object:
+    async def counting_subscribe(*args: Any, **kwargs: Any) -> Any:
         nonlocal subscribed
         subscribed += 1
         await asyncio.sleep(0.01)  # a client that waits for the server's word (our lean client may)
-        return await inner_subscribe(*args, **kwargs)  # type: ignore[arg-type]
+        return await inner_subscribe(*args, **kwargs)
 
     second.subscribe = counting_subscribe  # type: ignore[method-assign]
     replies = await asyncio.gather(*(client.request("ns.x.propose", b"%d" % i, timeout=5) for i in range(5)))
@@ -98,7 +100,7 @@ async def test_concurrent_first_requests_share_one_reply_subscription(nc: nats.N
     assert subscribed == 1, "each reply would otherwise arrive once per subscription, and all but one be dropped"
 
 
-async def test_an_unsigned_reply_counts_as_no_reply(nc: nats.NATS, second: nats.NATS) -> None:
+async def test_an_unsigned_reply_counts_as_no_reply(nc: NatsClient, second: NatsClient) -> None:
     async def plain(msg: nats.aio.msg.Msg) -> None:
         await msg.respond(b"forged answer")
 
@@ -111,7 +113,7 @@ async def test_an_unsigned_reply_counts_as_no_reply(nc: nats.NATS, second: nats.
 
 
 async def test_a_forger_answering_first_does_not_end_the_request(
-    nc: nats.NATS, second: nats.NATS, nats_url: str
+    nc: NatsClient, second: NatsClient, nats_url: str
 ) -> None:
     """Whoever reads the cluster's requests answers each at once, with garbage and with a copy of a valid reply
     from another request: the caller drops both and takes the server's reply, which comes later."""
@@ -147,7 +149,7 @@ async def test_a_forger_answering_first_does_not_end_the_request(
         await forger.close()
 
 
-async def test_a_request_sent_on_with_another_reply_subject_is_dropped(nc: nats.NATS, second: nats.NATS) -> None:
+async def test_a_request_sent_on_with_another_reply_subject_is_dropped(nc: NatsClient, second: NatsClient) -> None:
     server = signer(nc)
     got: list[bytes] = []
 
@@ -167,7 +169,7 @@ async def test_a_request_sent_on_with_another_reply_subject_is_dropped(nc: nats.
     assert got == [b"ping"] and server.dropped == {"forged": 1}
 
 
-async def test_a_request_nobody_listens_to_fails_at_once(second: nats.NATS) -> None:
+async def test_a_request_nobody_listens_to_fails_at_once(second: NatsClient) -> None:
     client = signer(second)
     began = time.monotonic()
     with pytest.raises(nats.errors.NoRespondersError):
@@ -175,7 +177,7 @@ async def test_a_request_nobody_listens_to_fails_at_once(second: nats.NATS) -> N
     assert time.monotonic() - began < 2
 
 
-async def test_unsigned_and_foreign_messages_never_reach_the_handler(nc: nats.NATS, second: nats.NATS) -> None:
+async def test_unsigned_and_foreign_messages_never_reach_the_handler(nc: NatsClient, second: NatsClient) -> None:
     wrapped = signer(nc)
     got: list[bytes] = []
 
@@ -197,11 +199,11 @@ async def test_unsigned_and_foreign_messages_never_reach_the_handler(nc: nats.NA
     assert wrapped.dropped == {"unsigned": 1, "forged": 1}
 
 
-async def test_the_payload_limit_leaves_room_for_the_trailer(nc: nats.NATS) -> None:
+async def test_the_payload_limit_leaves_room_for_the_trailer(nc: NatsClient) -> None:
     assert signer(nc).max_payload == nc.max_payload - TRAILER_SIZE
 
 
-async def test_a_reply_to_a_message_without_reply_subject_is_refused(nc: nats.NATS, second: nats.NATS) -> None:
+async def test_a_reply_to_a_message_without_reply_subject_is_refused(nc: NatsClient, second: NatsClient) -> None:
     wrapped = signer(nc)
     errors: list[BaseException] = []
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,9 +130,8 @@ async def test_without_a_leader_nothing_is_committed_and_the_message_keeps_liftb
     tmp_path: Path, nats_url: str, namespace: str
 ) -> None:
     # One of two founding voters: no majority, so no leader is ever elected.
-    server = in_process_server(
-        tmp_path / "a", nats_url, namespace, "a", seed=False, **{"clustering.raft.bootstrap.peers": "a,ghost"}
-    )
+    settings: dict[str, Any] = {"clustering.raft.bootstrap.peers": "a,ghost"}
+    server = in_process_server(tmp_path / "a", nats_url, namespace, "a", seed=False, **settings)
     await server.start()
     try:
         assert server.cluster is not None

@@ -11,9 +11,11 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.metadata.codec import encode_operation
@@ -77,7 +79,8 @@ async def cluster(tmp_path: Path, nats_url: str) -> AsyncIterator[Cluster]:
     key = tmp_path / "cluster.key"
     assert generate_key_file(key)
     disks = {sid: FaultyFileIO() for sid in ("a", "b", "c")}
-    servers = await start_cluster(tmp_path, nats_url, disks, **{"clustering.auth.key.file": str(key)})
+    settings: dict[str, Any] = {"clustering.auth.key.file": str(key)}
+    servers = await start_cluster(tmp_path, nats_url, disks, **settings)
     try:
         first = servers["a"].cluster
         assert first is not None
@@ -88,13 +91,13 @@ async def cluster(tmp_path: Path, nats_url: str) -> AsyncIterator[Cluster]:
 
 
 @pytest.fixture
-async def attacker(nats_url: str) -> AsyncIterator[nats.NATS]:
+async def attacker(nats_url: str) -> AsyncIterator[NatsClient]:
     conn = await nats.connect(nats_url)
     yield conn
     await conn.close()
 
 
-async def insider(nats_url: str, cluster: Cluster) -> tuple[nats.NATS, AuthenticatedNats]:
+async def insider(nats_url: str, cluster: Cluster) -> tuple[NatsClient, AuthenticatedNats]:
     """A NATS connection that holds the secret, as another server would."""
     import os
     import time
@@ -104,12 +107,12 @@ async def insider(nats_url: str, cluster: Cluster) -> tuple[nats.NATS, Authentic
     return conn, AuthenticatedNats(conn, auth, internal_subjects(cluster.namespace))
 
 
-async def no_answer(nc: nats.NATS, subject: str, payload: bytes) -> None:
+async def no_answer(nc: NatsClient, subject: str, payload: bytes) -> None:
     with pytest.raises(NatsTimeoutError):
         await nc.request(subject, payload, timeout=1.0)
 
 
-async def test_a_forged_join_adds_no_voter(cluster: Cluster, attacker: nats.NATS, nats_url: str) -> None:
+async def test_a_forged_join_adds_no_voter(cluster: Cluster, attacker: NatsClient, nats_url: str) -> None:
     controller = cluster.controller().cluster
     assert controller is not None
     voters = controller.voters
@@ -121,7 +124,7 @@ async def test_a_forged_join_adds_no_voter(cluster: Cluster, attacker: nats.NATS
     assert cluster.dropped()["unsigned"] >= 2
 
 
-async def test_forged_proposals_change_no_metadata(cluster: Cluster, attacker: nats.NATS, nats_url: str) -> None:
+async def test_forged_proposals_change_no_metadata(cluster: Cluster, attacker: NatsClient, nats_url: str) -> None:
     controller = cluster.controller()
     assert controller.cluster is not None
     metadata = controller.cluster.metadata
@@ -147,7 +150,7 @@ async def test_forged_proposals_change_no_metadata(cluster: Cluster, attacker: n
         await conn.close()
 
 
-async def test_forged_raft_messages_move_no_term_and_commit_nothing(cluster: Cluster, attacker: nats.NATS) -> None:
+async def test_forged_raft_messages_move_no_term_and_commit_nothing(cluster: Cluster, attacker: NatsClient) -> None:
     leader = cluster.controller().server_id
     follower = next(sid for sid in cluster.servers if sid != leader)
     node = cluster.servers[follower].cluster.raft.node  # type: ignore[union-attr]
@@ -177,7 +180,7 @@ async def test_forged_raft_messages_move_no_term_and_commit_nothing(cluster: Clu
     assert cluster.dropped()["unsigned"] >= 2
 
 
-async def test_a_forged_fetch_with_a_real_followers_id_gets_no_answer(cluster: Cluster, attacker: nats.NATS) -> None:
+async def test_a_forged_fetch_with_a_real_followers_id_gets_no_answer(cluster: Cluster, attacker: NatsClient) -> None:
     controller = cluster.controller().cluster
     assert controller is not None
     part = controller.metadata.partition("orders", 0)
@@ -188,7 +191,7 @@ async def test_a_forged_fetch_with_a_real_followers_id_gets_no_answer(cluster: C
     assert cluster.dropped()["unsigned"] >= 1
 
 
-async def test_replayed_and_altered_messages_are_dropped(cluster: Cluster, attacker: nats.NATS) -> None:
+async def test_replayed_and_altered_messages_are_dropped(cluster: Cluster, attacker: NatsClient) -> None:
     captured: list[tuple[str, bytes]] = []
     done = asyncio.Event()
 
@@ -224,9 +227,8 @@ async def test_replayed_and_altered_messages_are_dropped(cluster: Cluster, attac
 async def test_a_server_without_the_secret_cannot_join(cluster: Cluster, nats_url: str, tmp_path: Path) -> None:
     from tests.server.conftest import in_process_server
 
-    outsider = in_process_server(
-        tmp_path / "d", nats_url, cluster.namespace, "d", seed=False, **{"clustering.auth.insecure": True}
-    )
+    settings: dict[str, Any] = {"clustering.auth.insecure": True}
+    outsider = in_process_server(tmp_path / "d", nats_url, cluster.namespace, "d", seed=False, **settings)
     try:
         await asyncio.wait_for(outsider.start(), 30)  # a joining server serves while it asks to join
         await asyncio.sleep(3)
@@ -243,9 +245,8 @@ async def test_a_server_without_the_secret_cannot_join(cluster: Cluster, nats_ur
 async def test_a_server_with_the_secret_joins(cluster: Cluster, nats_url: str, tmp_path: Path) -> None:
     from tests.server.conftest import in_process_server
 
-    joiner = in_process_server(
-        tmp_path / "d", nats_url, cluster.namespace, "d", seed=False, **{"clustering.auth.key.file": str(cluster.key)}
-    )
+    settings: dict[str, Any] = {"clustering.auth.key.file": str(cluster.key)}
+    joiner = in_process_server(tmp_path / "d", nats_url, cluster.namespace, "d", seed=False, **settings)
     try:
         await asyncio.wait_for(joiner.start(), 30)
         controller = cluster.controller().cluster
@@ -261,9 +262,8 @@ async def test_a_server_with_the_secret_joins(cluster: Cluster, nats_url: str, t
 async def test_a_secret_from_the_environment_signs_too(tmp_path: Path, nats_url: str) -> None:
     from tests.server.conftest import in_process_server
 
-    server = in_process_server(
-        tmp_path / "e", nats_url, "env-secret", "e", **{"clustering.auth.key": secrets.token_hex(16)}
-    )
+    settings: dict[str, Any] = {"clustering.auth.key": secrets.token_hex(16)}
+    server = in_process_server(tmp_path / "e", nats_url, "env-secret", "e", **settings)
     try:
         await asyncio.wait_for(server.start(), 30)
         assert isinstance(server._internal_nats, AuthenticatedNats)
@@ -272,7 +272,7 @@ async def test_a_secret_from_the_environment_signs_too(tmp_path: Path, nats_url:
         await server.stop()
 
 
-async def test_cluster_status_shows_drops_and_servers_without_a_secret(cluster: Cluster, attacker: nats.NATS) -> None:
+async def test_cluster_status_shows_drops_and_servers_without_a_secret(cluster: Cluster, attacker: NatsClient) -> None:
     from liftlog.client import Client
 
     await attacker.publish(f"{cluster.prefix}heartbeat", b"{}")

@@ -37,7 +37,7 @@ async def test_a_log_that_cannot_open_answers_unavailable_and_other_streams_work
             assert sub.value.code() is grpc.StatusCode.UNAVAILABLE
             details = sub.value.details() or ""
             assert "partition broken/0 is unavailable on server a: its log in" in details
-            assert dict(sub.value.trailing_metadata() or ()).get("liftlog-error") == "unavailable"  # type: ignore[arg-type]
+            assert dict(sub.value.trailing_metadata() or ()).get("liftlog-error") == "unavailable"
 
             with pytest.raises(grpc.aio.AioRpcError) as pub:
                 await api.Publish(api_pb2.PublishRequest(stream="broken", value=b"x"), timeout=10)

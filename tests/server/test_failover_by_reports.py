@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,16 +27,12 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 async def test_followers_reports_replace_a_leader_that_is_alive_but_serves_no_fetch(
     tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    servers = await start_cluster(
-        tmp_path,
-        nats_url,
-        {sid: FaultyFileIO() for sid in "abc"},
-        **{
-            "clustering.replica.max.leader.timeout": "2s",
-            "clustering.replica.max.lag.time": "60s",  # the ISR keeps the followers whose reports count
-            "clustering.replica.max.idle.wait": "500ms",
-        },
-    )
+    settings: dict[str, Any] = {
+        "clustering.replica.max.leader.timeout": "2s",
+        "clustering.replica.max.lag.time": "60s",  # the ISR keeps the followers whose reports count
+        "clustering.replica.max.idle.wait": "500ms",
+    }
+    servers = await start_cluster(tmp_path, nats_url, {sid: FaultyFileIO() for sid in "abc"}, **settings)
     try:
         old_leader, _ = await replicated_stream(servers, "orders")
         controller = next(iter(servers.values())).cluster

@@ -27,7 +27,8 @@ async def test_a_fenced_leader_hands_over_to_an_in_sync_replica(tmp_path: Path, 
         assert controller is not None
         old, _ = await replicated_stream(servers, "orders")
         async with Client([s.address for s in servers.values()]) as client:
-            assert (await client.publish("orders", b"m0", ack_policy=AckPolicy.ALL)).offset == 0
+            first = await client.publish("orders", b"m0", ack_policy=AckPolicy.ALL)
+            assert first is not None and first.offset == 0
             # The leader's disk fails mid-write and the torn bytes cannot be cut off.
             disks[old].fail("write", errno.ENOSPC, path="*.log", partial=True)
             disks[old].fail("ftruncate", errno.EIO, times=-1)
@@ -41,7 +42,7 @@ async def test_a_fenced_leader_hands_over_to_an_in_sync_replica(tmp_path: Path, 
             assert meta.leader != old, "leadership stayed with the fenced replica"
             # The client finds the new leader; nothing acknowledged was lost.
             ack = await client.publish("orders", b"m1", ack_policy=AckPolicy.ALL)
-            assert ack.offset == 1
+            assert ack is not None and ack.offset == 1
             status = await client.cluster_status()
             assert [(p.stream, p.server) for p in status.fenced] == [("orders", old)]
             disks[old].clear()  # the old leader's disk recovers: it repairs and follows again

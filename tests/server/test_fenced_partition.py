@@ -105,7 +105,8 @@ async def test_a_partition_the_server_cannot_set_up_is_fenced_and_holds_back_no_
         buggy = server.streams.partitions[("buggy", 0)]
         assert buggy.fenced is not None and "intake cannot start" in buggy.fenced
         async with Client(server.address) as client:
-            assert (await client.publish("fine", b"ok")).offset == 0
+            ack = await client.publish("fine", b"ok")
+            assert ack is not None and ack.offset == 0
             broken["yes"] = False  # fixed: the retry sets it up
             for _ in range(50):
                 if buggy.fenced is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,7 +66,8 @@ async def test_a_follower_fenced_by_a_failed_fsync_rejoins_without_a_hole(tmp_pa
     """Found by the chaos suite (seed 16): the repair of a fenced follower log moved its end under a core
     that then fetched from the old end, leaving the follower unable to catch up."""
     disks = {sid: FaultyFileIO() for sid in "ab"}
-    servers = await start_cluster(tmp_path, nats_url, disks, **{"streams.fsync.policy": "always"})
+    settings: dict[str, Any] = {"streams.fsync.policy": "always"}
+    servers = await start_cluster(tmp_path, nats_url, disks, **settings)
     try:
         _, follower_id = await replicated_stream(servers, "orders")
         follower = servers[follower_id].streams.partitions[("orders", 0)]  # type: ignore[union-attr]

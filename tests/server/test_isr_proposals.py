@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from liftlog.api import api_pb2
 from liftlog.metadata import PartitionMeta
 from liftlog.metadata.protocol import ControlRequest, IsrChange
 from liftlog.replication.leader import ProposeIsr
@@ -40,7 +41,11 @@ def leading_server(tmp_path: Path) -> tuple[Server, Controller, Replicator, Part
     )
     meta = PartitionMeta("orders", 0, "orders", "a", ["a", "b", "c"], ["a", "b", "c"], leader_epoch=3, epoch=7)
     part = Partition(
-        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+        meta,
+        directory=tmp_path / "p0",
+        options=PartitionOptions(LogConfig()),
+        queue_group="",
+        ack_sink=list[api_pb2.Ack]().append,
     )
     part.open_log()
     part.become_leader("a", 0, max_lag_ns=10**9)

@@ -15,8 +15,8 @@ import asyncio
 import secrets
 from pathlib import Path
 
-import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from liftlog.metadata.controller import CreateStreamRequest
 
@@ -34,7 +34,7 @@ async def until(condition: object, timeout: float = 10.0) -> None:
 
 
 async def test_a_leader_takes_writes_after_a_nats_reconnect_only_once_its_metadata_is_current(
-    tmp_path: Path, nats_url: str, nc: nats.NATS
+    tmp_path: Path, nats_url: str, nc: NatsClient
 ) -> None:
     server = in_process_server(tmp_path / "data", nats_url, f"reconnect-{secrets.token_hex(4)}")
     await server.start()

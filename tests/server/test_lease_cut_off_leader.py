@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
@@ -60,18 +60,14 @@ async def cut_from_metadata(server: Server) -> None:
 
 
 async def test_a_leader_cut_off_from_the_controller_stops_acking_within_its_lease_before_a_successor_leads(
-    tmp_path: Path, nats_url: str, nc: nats.NATS
+    tmp_path: Path, nats_url: str, nc: NatsClient
 ) -> None:
-    servers = await start_cluster(
-        tmp_path,
-        nats_url,
-        {sid: FaultyFileIO() for sid in "abc"},
-        **{
-            "clustering.server.liveness.timeout": f"{LIVENESS_S:g}s",
-            "clustering.leader.lease.time": f"{LEASE_S:g}s",
-            "clustering.replica.max.idle.wait": "500ms",
-        },
-    )
+    settings: dict[str, Any] = {
+        "clustering.server.liveness.timeout": f"{LIVENESS_S:g}s",
+        "clustering.leader.lease.time": f"{LEASE_S:g}s",
+        "clustering.replica.max.idle.wait": "500ms",
+    }
+    servers = await start_cluster(tmp_path, nats_url, {sid: FaultyFileIO() for sid in "abc"}, **settings)
     try:
         controller = servers["a"].cluster
         assert controller is not None

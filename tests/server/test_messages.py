@@ -78,7 +78,7 @@ def _records(draw: st.DrawFn) -> NewRecord:
             replySubject=draw(text),
             ackInbox=draw(text),
             correlationId=draw(text),
-            ackPolicy=draw(st.sampled_from([0, 1, 2])),
+            ackPolicy=draw(st.sampled_from([api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE])),
         ).SerializeToString()
     key = draw(st.one_of(st.none(), st.binary(max_size=200)))
     return NewRecord(draw(st.binary(max_size=70_000)), key, headers)

@@ -8,8 +8,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from liftlog.raft import NotLeader, Role
 from liftlog.server.metadata_raft import MetadataRaft, RaftSettings
@@ -73,7 +73,7 @@ def group(tmp_path: Path, ids: list[str], namespace: str) -> dict[str, tuple[Met
     return out
 
 
-async def test_three_drivers_elect_replicate_snapshot_and_restart(tmp_path: Path, nc: nats.NATS) -> None:
+async def test_three_drivers_elect_replicate_snapshot_and_restart(tmp_path: Path, nc: NatsClient) -> None:
     ns = f"drv{next(_namespaces)}"
     nodes = group(tmp_path, ["a", "b", "c"], ns)
     for raft, _ in nodes.values():
@@ -108,7 +108,7 @@ async def test_three_drivers_elect_replicate_snapshot_and_restart(tmp_path: Path
             await raft.stop()
 
 
-async def test_a_lone_founder_leads_at_once_and_a_storage_failure_is_reported(tmp_path: Path, nc: nats.NATS) -> None:
+async def test_a_lone_founder_leads_at_once_and_a_storage_failure_is_reported(tmp_path: Path, nc: NatsClient) -> None:
     failures: list[BaseException] = []
     sm = Log()
     raft = MetadataRaft(
@@ -127,7 +127,7 @@ async def test_a_lone_founder_leads_at_once_and_a_storage_failure_is_reported(tm
         storage = raft._storage
         assert storage is not None
 
-        def broken(*_: object) -> None:
+        def broken(ready: object) -> None:
             raise OSError(28, "No space left on device")
 
         storage.save = broken  # type: ignore[method-assign]

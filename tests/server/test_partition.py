@@ -72,7 +72,11 @@ def test_a_full_disk_fails_the_batch_with_a_reason(
 def test_a_replicated_partition_keeps_its_checkpointed_hw_across_a_crash(tmp_path: Path) -> None:
     meta = PartitionMeta("orders", 0, "orders", "s1", ["s1", "s2"], ["s1", "s2"])
     part = Partition(
-        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+        meta,
+        directory=tmp_path / "p0",
+        options=PartitionOptions(LogConfig()),
+        queue_group="",
+        ack_sink=list[api_pb2.Ack]().append,
     )
     part.open_log()
     assert part.log is not None
@@ -82,7 +86,11 @@ def test_a_replicated_partition_keeps_its_checkpointed_hw_across_a_crash(tmp_pat
     part.set_high_watermark(3)  # not checkpointed: a crash now forgets it
     # A crash (no close) and a restart: the HW comes from the checkpoint, not from the log end.
     again = Partition(
-        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+        meta,
+        directory=tmp_path / "p0",
+        options=PartitionOptions(LogConfig()),
+        queue_group="",
+        ack_sink=list[api_pb2.Ack]().append,
     )
     again.open_log()
     assert again.high_watermark == 2 and again.newest_offset == 4
@@ -115,7 +123,11 @@ def test_intake_is_written_in_the_epoch_this_replica_leads_not_the_metadatas(tmp
     # would pass the follower's epoch check and never be truncated (seen as divergent replicas in chaos runs).
     meta = PartitionMeta("orders", 0, "orders", "s1", ["s1", "s2"], ["s1", "s2"])
     part = Partition(
-        meta, directory=tmp_path / "p0", options=PartitionOptions(LogConfig()), queue_group="", ack_sink=list().append
+        meta,
+        directory=tmp_path / "p0",
+        options=PartitionOptions(LogConfig()),
+        queue_group="",
+        ack_sink=list[api_pb2.Ack]().append,
     )
     part.open_log()
     part.become_leader("s1", 0, max_lag_ns=10**9)

@@ -162,7 +162,7 @@ async def test_the_hold_is_brief_when_no_ack_comes(monkeypatch: pytest.MonkeyPat
 
 async def test_without_coalescing_nothing_is_held() -> None:
     api, requests, context = Api(), Requests(), Context()
-    api.limits = ApiLimits(coalesce_publishes=False)  # type: ignore[misc]
+    api.limits = ApiLimits(coalesce_publishes=False)
     call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
     try:
         for i in range(4):

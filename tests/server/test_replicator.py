@@ -58,7 +58,7 @@ def leading(
         directory=tmp_path / stream,
         options=PartitionOptions(LogConfig()),
         queue_group="",
-        ack_sink=list().append,
+        ack_sink=list[api_pb2.Ack]().append,
         leader_actions=rep.on_leader_actions if rep is not None else None,
     )
     part.open_log()

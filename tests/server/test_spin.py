@@ -113,9 +113,8 @@ async def test_a_failed_publish_does_not_spin() -> None:
 
 async def test_a_server_spins_after_a_clients_publish_unless_told_not_to(tmp_path: Path, nats_url: str) -> None:
     for spin_us, spins in ((300, True), (0, False)):
-        server = in_process_server(
-            tmp_path / f"data-{spin_us}", nats_url, f"spin-{secrets.token_hex(4)}", **{"publish.spin.us": spin_us}
-        )
+        settings: dict[str, Any] = {"publish.spin.us": spin_us}
+        server = in_process_server(tmp_path / f"data-{spin_us}", nats_url, f"spin-{secrets.token_hex(4)}", **settings)
         await server.start()
         try:
             assert (server.spinner is not None) == spins

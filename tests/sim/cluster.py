@@ -546,8 +546,8 @@ class Simulation:
         for sid in self.ids:
             if sid not in md.servers and self.now % 10 == 0:
                 self.propose(server, RegisterServer(ServerMeta(sid, "127.0.0.1", 1), now))
-        for op in server.liveness.changes(md, now):
-            self.propose(server, op)
+        for change in server.liveness.changes(md, now):
+            self.propose(server, change)
         for name, partitions, rf in self.streams:
             if name not in md.streams and len(md.servers) == len(self.ids) and self.now % 10 == 0:
                 settings = StreamSettings(
@@ -1170,8 +1170,8 @@ class Simulation:
                 self.stats["liveness_ticks"] += self.now - PHASE1_TICKS
                 return
             for key, (sid, created, _) in list(marks.items()):
-                server = self.servers.get(sid)
-                if server is None or key not in server.leading or server.incarnation[key] != created:
+                holder = self.servers.get(sid)
+                if holder is None or key not in holder.leading or holder.incarnation[key] != created:
                     # That leader is gone, or leads a stream created again since (it applied the
                     # deletion late, after the mark went into the old one): publish again.
                     del marks[key]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from liftlog.client import Client
+from liftlog.client.types import PublishValue
 from tests.integration.harness import LiftlogProcess, NatsProcess
 
 T = TypeVar("T")
@@ -69,7 +70,7 @@ def make_stream(address: str, name: str, partitions: int = 1, **kwargs: Any) -> 
     run(address, lambda c: c.create_stream(name, name, partitions=partitions, **kwargs))
 
 
-def fill(address: str, name: str, per_partition: dict[int, list[bytes]], **kwargs: Any) -> None:
+def fill(address: str, name: str, per_partition: Mapping[int, Sequence[PublishValue]], **kwargs: Any) -> None:
     """Publish the given values to each partition (ack ALL, so they are committed).
 
     In chunks of 10 by default: each chunk is one stored batch, and the tests that need retention or

@@ -138,7 +138,7 @@ def test_a_worker_freezes_its_heap_once_after_its_first_whole_task(monkeypatch: 
     from liftlog.spark import source
 
     frozen: list[int] = []
-    monkeypatch.setattr(source.gc, "freeze", lambda: frozen.append(1))
+    monkeypatch.setattr("liftlog.spark.source.gc.freeze", lambda: frozen.append(1))
     monkeypatch.setattr(source, "_worker_heap_frozen", False)
 
     def failing() -> Any:

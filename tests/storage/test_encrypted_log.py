@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ KEY = MasterKey(b"k" * 32)
 SECRET = b"secret-payload"
 
 
-def open_encrypted(path: Path, clock: FakeClock, cipher: BatchCipher | None = None, **config: int) -> CommitLog:
+def open_encrypted(path: Path, clock: FakeClock, cipher: BatchCipher | None = None, **config: Any) -> CommitLog:
     return CommitLog.open(path, LogConfig(**config), clock=clock, cipher=cipher or BatchCipher(KEY), encrypt=True)
 
 

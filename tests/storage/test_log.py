@@ -55,17 +55,17 @@ def test_append_assigns_offsets_and_returns_leo(open_log: OpenLog) -> None:
 
 
 def test_one_batch_is_one_write(open_log: OpenLog, monkeypatch: pytest.MonkeyPatch) -> None:
-    import liftlog.storage.segment as segment
+    import os  # the module liftlog.storage.segment writes with
 
     log = open_log()
     calls: list[int] = []
-    real_write = segment.os.write
+    real_write = os.write
 
     def counting_write(fd: int, data: bytes) -> int:
         calls.append(len(data))
         return real_write(fd, data)
 
-    monkeypatch.setattr(segment.os, "write", counting_write)
+    monkeypatch.setattr(os, "write", counting_write)
     log.append([NewRecord(b"x" * 100) for _ in range(100)])
     # one write for the batch, two for the first index entries of the segment
     assert len([c for c in calls if c > 1000]) == 1
@@ -335,11 +335,16 @@ def test_compaction_in_a_thread_while_appending(open_log: OpenLog) -> None:
 
 
 def test_fsync_policies(open_log: OpenLog, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
-    import liftlog.storage.segment as segment
+    import os  # the module liftlog.storage.segment syncs with
 
     synced: list[int] = []
-    real = segment.os.fsync
-    monkeypatch.setattr(segment.os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    real = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
     log = open_log(LogConfig(fsync=FsyncPolicy.ALWAYS))
     before = len(synced)
     fill(log, 30)

@@ -144,7 +144,7 @@ def _read_credentials(path: str) -> tuple[str, bytes]:
 
 
 def _sign(seed: bytes, nonce: str) -> str:
-    import nkeys  # type: ignore[import-untyped]  # only with nkey or credentials authentication
+    import nkeys  # only with nkey or credentials authentication
 
     kp = nkeys.from_seed(bytearray(seed))
     try:

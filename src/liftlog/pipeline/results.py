@@ -57,8 +57,8 @@ async def read_latest(client: Client, stream: str, start: dict[int, int] | None 
 
 def read_parquet(directory: str, run_id: str | None = None) -> list[dict[str, Any]]:
     """The rows of the Parquet output (all runs, or one), with their ``run`` and ``batch``; [] if there are none."""
-    import pyarrow as pa  # type: ignore[import-untyped]
-    import pyarrow.dataset as ds  # type: ignore[import-untyped]
+    import pyarrow as pa
+    import pyarrow.dataset as ds
 
     if not os.path.isdir(directory):
         return []

@@ -23,7 +23,7 @@ from array import array
 from typing import Any
 
 import numpy as np
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa
 
 from liftlog.api.stored import PUBLISHER_RESERVED
 from liftlog.client import CorruptDataError

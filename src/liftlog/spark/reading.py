@@ -43,7 +43,7 @@ from .offsets import EARLIEST, LATEST, OffsetRange, PartitionOffsets
 from .options import Assign, OffsetSpec, StreamList, StreamPattern, Subscription
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
 __all__ = [
     "BATCH_ROWS",

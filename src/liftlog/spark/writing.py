@@ -67,7 +67,7 @@ from liftlog.storage.records import PreparedRecord, decode_new_records, encode_h
 from .blocking import BlockingClient, LiftlogSparkError
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
 log = logging.getLogger("liftlog.spark")
 
@@ -235,7 +235,7 @@ def _plain_values(batch: Any, default_stream: str | None) -> tuple[str, int | No
     other batch (or a bad one: the per-row path names the row) returns None.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
+    import pyarrow.compute as pc
 
     names = batch.schema.names
     n = batch.num_rows
