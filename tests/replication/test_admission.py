@@ -11,7 +11,7 @@ LEADER, ALL, NONE = AckPolicy.LEADER, AckPolicy.ALL, AckPolicy.NONE
 
 
 def test_ack_policy_values_are_the_liftbridge_apis() -> None:
-    assert (LEADER, ALL, NONE) == (api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE)
+    assert (int(LEADER), int(ALL), int(NONE)) == (int(api_pb2.LEADER), int(api_pb2.ALL), int(api_pb2.NONE))
 
 
 def test_a_plain_publish_is_taken() -> None:
