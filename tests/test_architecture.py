@@ -64,7 +64,7 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "client/batches.py:_decode_records": (100, "per-record hot loop, inlined on purpose (docs/performance.md)"),
     "server/messages.py:encode_messages": (88, "per-record hot loop, inlined on purpose (docs/performance.md)"),
     "spark/arrow_batches.py:arrow_batch": (90, "vectorised decode; to share one walker (issue 37, item 5)"),
-    "server/partition.py:Partition.append": (93, "admission and append; admission to become a core (issue 37)"),
+    "server/partition.py:Partition.append": (83, "intake, duplicate screening, admission (replication.admission), writing, acks"),
     "server/partition.py:Partition.__init__": (89, "wiring of a partition's collaborators"),
     "cli/encryption.py:rewrap": (89, "one command's steps with their progress display"),
     "rpc/connection.py:Connection._receive": (88, "the HTTP/2 frame loop, one branch per frame type"),

@@ -193,8 +193,7 @@ class Partition:
         monotonic: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.meta = meta
-        #: The leader lease's clock (a wall clock may jump; the lease is a duration).
-        self._monotonic = monotonic
+        self._monotonic = monotonic  # the leader lease's clock (a wall clock may jump; a lease is a duration)
         #: Messages not written, and LEADER acks not sent, because the leader lease had run out (metrics).
         self.lease_refused = 0
         #: What arrived while the lease had run out, with its arrival (monotonic ns) and size: written in
@@ -220,8 +219,7 @@ class Partition:
         self.last_cleaned = clock()
         self._sub: NatsSubscription | None = None
         self._local_intake = False
-        #: Notified when intake starts or stops and when the partition closes (``accepting``, ``closed_reason``).
-        self.intake_changes = Changes()
+        self.intake_changes = Changes()  # notified as intake starts or stops and on close (``accepting``)
         self._pending: list[Incoming] = []
         #: Why this replica refuses writes (its log failed to open, or fenced itself after a write it could
         #: not undo); None when healthy.
