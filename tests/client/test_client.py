@@ -46,6 +46,7 @@ from liftlog.client import (
     NoSuchPartitionError,
     NoSuchStreamError,
     NotLeaderError,
+    OutgoingMessage,
     PartitionPausedError,
     PublishAsyncFailed,
     ReadonlyError,
@@ -513,6 +514,15 @@ async def test_publish_many_async_iterable_and_shared_fields(client: Client, one
     assert [a.offset for a in acks] == [0, 1, 2, 3, 4]
     reqs = one.api.requests["PublishAsync"]
     assert {(r.partition, r.key, r.headers["h"]) for r in reqs} == {(2, b"k", b"v")}
+
+
+async def test_publish_many_sends_a_messages_str_header_values_as_utf8(client: Client, one: Server) -> None:
+    # Over PublishAsync protobuf refused str values with a TypeError, though publish_many took them over Batches.
+    message = OutgoingMessage("m0", key="k", headers={"h": "é", "raw": b"\xff"})
+    acks = await client.publish_many("s", [message], ack_policy=AckPolicy.ALL)
+    assert [a.offset for a in acks] == [0]
+    (req,) = one.api.requests["PublishAsync"]
+    assert (req.key, dict(req.headers)) == (b"k", {"h": "é".encode(), "raw": b"\xff"})
 
 
 async def test_publish_many_none_waits_for_no_ack(client: Client, one: Server) -> None:

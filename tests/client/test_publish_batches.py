@@ -32,8 +32,8 @@ async def test_a_big_message_starts_a_chunk_of_its_own() -> None:
 
 
 async def test_each_message_keeps_its_key_and_headers() -> None:
-    # A str header value: publish_many takes it, though OutgoingMessage.headers says bytes (publish_async does not).
-    message = OutgoingMessage("v", key="k", headers={"h": "x"})  # type: ignore[dict-item]
+    # A str header value is sent UTF-8 encoded (as over PublishAsync: test_client.py).
+    message = OutgoingMessage("v", key="k", headers={"h": "x"})
     values: list[PublishValue] = [message, b"plain", "text"]
     ((raw, data, count),) = [c async for c in _chunks(values, 10, b"default", {"d": b"1"})]
     assert raw == values

@@ -232,7 +232,7 @@ async def test_publish_many_sends_batches_and_raises_a_refusal_as_before(server:
     async with Client(server.address) as client:
         await client.create_stream(name, name)
         # A str header value: publish_many takes it, though OutgoingMessage.headers says bytes (publish_async does not).
-        outgoing = OutgoingMessage(b"last", key=b"k", headers={"h": "x"})  # type: ignore[dict-item]
+        outgoing = OutgoingMessage(b"last", key=b"k", headers={"h": "x"})
         values: list[bytes | OutgoingMessage] = [b"v%d" % i for i in range(2500)] + [outgoing]
         acks = await client.publish_many(name, values, window=1000, ack_policy=AckPolicy.ALL)
         assert [a.offset for a in acks] == list(range(2501))

@@ -266,7 +266,8 @@ class _Attempt:
                 req.key = to_bytes(value.key)
             if value.headers:
                 req.headers.clear()
-                req.headers.update(value.headers)
+                # A record's header values are bytes already; a message's may be str.
+                req.headers.update(value.headers if isinstance(value, NewRecord) else to_headers(value.headers))
         else:
             if isinstance(value, str):
                 value = value.encode()

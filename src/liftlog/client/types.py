@@ -9,6 +9,7 @@ expects an int.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Final, Literal
 
@@ -85,7 +86,8 @@ class OutgoingMessage:
 
     value: bytes | str
     key: bytes | str | None = None
-    headers: dict[str, bytes] | None = None
+    #: str values are sent UTF-8 encoded.
+    headers: Mapping[str, bytes | str] | None = None
 
 
 #: What ``publish_many`` takes: values (bytes or str), :class:`OutgoingMessage` s, or records in the storage's
