@@ -57,7 +57,7 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "metadata/model.py:Metadata.apply": (177, "one match over the replicated operations, case by case"),
     "spark/writing.py:write_batches": (122, "to split: grouping, encoding and publishing in one loop"),
     "spark/writing.py:_plain_groups": (86, "to split with write_batches"),
-    "server/config.py:load_config": (114, "reads keys one by one; to become typed sections (issue 37, item 6)"),
+    "server/config.py:load_config": (103, "the sources in order (file, env, flags), then the checks across keys, one by one"),
     "pipeline/runner.py:Pipeline.run": (112, "to split into the job's phases"),
     "pipeline/generator.py:publish_events": (111, "to split: pacing, publishing and progress in one loop"),
     "cli/bench_cluster.py:_failover": (111, "one scenario's script, step by step"),

@@ -200,3 +200,54 @@ def test_metrics_and_log_format_keys() -> None:
         load_config(overrides={"logging.format": "xml"}, env={})
     with pytest.raises(ConfigError, match=r"'metrics\.partitions\.max'"):
         load_config(overrides={"metrics.partitions.max": -1}, env={})
+
+
+#: The section each key prefix lands in (``ServerConfig`` attribute); keys without one are top-level fields.
+_SECTIONS = {
+    "nats.": "nats",
+    "streams.": "streams",
+    "clustering.": "clustering",
+    "tls.": "tls",
+    "logging.": "logging",
+    "metrics.": "metrics",
+    "batch.": "batch",
+    "subscribe.": "subscribe",
+    "publish.": "publish",
+    "rpc.": "rpc",
+    "security.": "security",
+    "encryption.": "encryption",
+    "activity.stream.": "activity",
+    "cursors.stream.": "cursors",
+    "groups.": "groups",
+}
+_TOP_LEVEL = {"listen": "listen", "host": "host", "port": "port", "data.dir": "data_dir"}
+
+
+def test_every_key_is_a_typed_field_of_its_section() -> None:
+    from liftlog.server.config import NO_EFFECT, SETTINGS
+
+    config = load_config(env={})
+    missing = []
+    for setting in SETTINGS:
+        if setting.key in _TOP_LEVEL:
+            assert hasattr(config, _TOP_LEVEL[setting.key]), setting.key
+            continue
+        prefix = max((p for p in _SECTIONS if setting.key.startswith(p)), key=len, default=None)
+        if prefix is None:
+            if setting.key not in NO_EFFECT:  # accepted from Liftbridge's configs, read by nobody
+                missing.append(setting.key)
+            continue
+        section = getattr(config, _SECTIONS[prefix])
+        name = setting.key[len(prefix) :].replace(".", "_").replace("-", "_")
+        if not hasattr(section, name):
+            missing.append(setting.key)
+        elif setting.key not in ("listen", "port") and getattr(section, name) != config.values[setting.key]:
+            missing.append(f"{setting.key} (section says {getattr(section, name)!r})")
+    assert missing == []
+
+
+def test_sections_carry_the_values_read_from_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "liftlog.yaml"
+    path.write_text("tls:\n  reload:\n    interval: 3s\ncursors.stream.partitions: 4\nactivity.stream.enabled: true\n")
+    config = load_config(path, env={})
+    assert (config.tls.reload_interval, config.cursors.partitions, config.activity.enabled) == (3000, 4, True)

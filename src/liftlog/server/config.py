@@ -612,6 +612,7 @@ class StreamsConfig:
     fsync_interval: int
     segment_max_bytes_min: int
     max_partitions: int
+    segment_files_max: int
 
     def log_config(self) -> LogConfig:
         """Storage settings for a new partition log (durations are in ms)."""
@@ -665,6 +666,99 @@ class ClusteringConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    key: str
+    cert: str
+    client_auth_enabled: bool
+    client_auth_ca: str
+    client_authz_enabled: bool
+    client_authz_model: str
+    client_authz_policy: str
+    reload_interval: int
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str
+    format: str
+    recovery: bool
+    raft: bool
+    nats: bool
+    warnings_interval: int
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str
+    partitions_max: int
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_messages: int
+    max_time: int
+
+
+@dataclass(frozen=True)
+class SubscribeConfig:
+    fetch_max_messages: int
+    buffer_max_bytes: int
+    max_concurrent: int
+    max_concurrent_per_connection: int
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    async_max_inflight: int
+    async_coalesce: bool
+    spin_us: int
+
+
+@dataclass(frozen=True)
+class RpcConfig:
+    max_connections: int
+    idle_timeout: int
+    max_message_bytes: int
+    abuse_cooldown: int
+    max_buffered_bytes: int
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    key_permissions_check: bool
+
+
+@dataclass(frozen=True)
+class EncryptionConfig:
+    key_file: str
+    previous_key_files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ActivityConfig:
+    """``activity.stream.*``."""
+
+    enabled: bool
+    publish_timeout: int
+    publish_ack_policy: str
+
+
+@dataclass(frozen=True)
+class CursorsConfig:
+    """``cursors.stream.*``."""
+
+    partitions: int
+    replication_factor: int
+    auto_pause_time: int
+
+
+@dataclass(frozen=True)
+class GroupsConfig:
+    consumer_timeout: int
+    coordinator_timeout: int
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """The whole configuration; pass each component only its section."""
 
@@ -676,7 +770,19 @@ class ServerConfig:
     nats: NatsConfig
     streams: StreamsConfig
     clustering: ClusteringConfig
-    #: Every key's final value, for keys no section models yet (tls, groups, ...).
+    tls: TlsConfig
+    logging: LoggingConfig
+    metrics: MetricsConfig
+    batch: BatchConfig
+    subscribe: SubscribeConfig
+    publish: PublishConfig
+    rpc: RpcConfig
+    security: SecurityConfig
+    encryption: EncryptionConfig
+    activity: ActivityConfig
+    cursors: CursorsConfig
+    groups: GroupsConfig
+    #: Every key's final value, by key (``liftlog config`` and tests read them so).
     values: Mapping[str, Any] = field(repr=False)
     #: Where the API binds (``listen``; by default host and port).
     bind_host: str = ""
@@ -858,6 +964,11 @@ def load_config(
     if values["clustering.auth.max.age"] <= 0:
         raise ConfigError("clustering.auth.max.age", "must be positive")
 
+    return _server_config(values, bind_host, bind_port)
+
+
+def _server_config(values: dict[str, Any], bind_host: str, bind_port: int) -> ServerConfig:
+    """The configuration's typed sections, from every key's checked final value."""
     return ServerConfig(
         host=values["host"],
         port=values["port"],
@@ -868,5 +979,17 @@ def load_config(
         nats=_section(NatsConfig, "nats.", values),
         streams=_section(StreamsConfig, "streams.", values),
         clustering=_section(ClusteringConfig, "clustering.", values),
+        tls=_section(TlsConfig, "tls.", values),
+        logging=_section(LoggingConfig, "logging.", values),
+        metrics=_section(MetricsConfig, "metrics.", values),
+        batch=_section(BatchConfig, "batch.", values),
+        subscribe=_section(SubscribeConfig, "subscribe.", values),
+        publish=_section(PublishConfig, "publish.", values),
+        rpc=_section(RpcConfig, "rpc.", values),
+        security=_section(SecurityConfig, "security.", values),
+        encryption=_section(EncryptionConfig, "encryption.", values),
+        activity=_section(ActivityConfig, "activity.stream.", values),
+        cursors=_section(CursorsConfig, "cursors.stream.", values),
+        groups=_section(GroupsConfig, "groups.", values),
         values=values,
     )

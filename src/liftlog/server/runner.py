@@ -50,7 +50,7 @@ async def serve(config: ServerConfig, server: Server | None = None) -> int:
     await server.start()
     loop.add_signal_handler(signal.SIGHUP, server.reload)
     metrics = f"http://{server.metrics_address}/metrics" if server.metrics_address else "off (metrics.listen)"
-    if config.values["logging.format"] == "json":  # keep stderr one JSON object per line
+    if config.logging.format == "json":  # keep stderr one JSON object per line
         log.info(
             "liftlog server %s is ready: gRPC API %s, NATS %s, data %s, metrics %s",
             server.server_id,
@@ -81,7 +81,7 @@ async def serve(config: ServerConfig, server: Server | None = None) -> int:
         await server.stop()
         log.info("stopped")
     if server.failure:
-        if config.values["logging.format"] == "json":
+        if config.logging.format == "json":
             log.error("stopped after a failure: %s", server.failure)
         else:
             print(f"error: {server.failure}", file=sys.stderr, flush=True)
@@ -94,13 +94,12 @@ def run_server(config: ServerConfig) -> int:
 
     Raises ServerStartError (one readable line) when it cannot start.
     """
-    values = config.values
-    setup_logging(config.log_level, values["logging.format"], raft=values["logging.raft"], nats=values["logging.nats"])
+    setup_logging(config.log_level, config.logging.format, raft=config.logging.raft, nats=config.logging.nats)
     try:
         with asyncio.Runner(loop_factory=_new_event_loop) as runner:
             return runner.run(serve(config))
     except ServerStartError as exc:
-        if config.values["logging.format"] != "json":
+        if config.logging.format != "json":
             raise
         log.error("cannot start: %s", exc)  # stderr stays JSON lines
         return 1

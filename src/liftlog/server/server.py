@@ -183,7 +183,7 @@ class Server:
     # -- start -----------------------------------------------------------
 
     async def start(self) -> None:
-        ratelimit.configure(self.config.values["logging.warnings.interval"] / 1000)
+        ratelimit.configure(self.config.logging.warnings_interval / 1000)
         for key in ignored_settings(self.config.values):
             log.warning("%s is set but has no effect in liftlog: %s", key, SETTING_HELP[key])
         try:
@@ -211,7 +211,7 @@ class Server:
             clients = self._acks_nats if self._acks_nats is not None else self._hot_nats
             await self._acks.start(self._replication_nats, clients.publish)
             self.replicator = self._make_replicator()
-            spin_window = self.config.values["publish.spin.us"] / 1e6
+            spin_window = self.config.publish.spin_us / 1e6
             if spin_window > 0:
                 self.spinner = LoopSpinner(asyncio.get_running_loop(), spin_window)
             self.streams = StreamManager(
@@ -219,11 +219,11 @@ class Server:
                 data_dir=self.config.data_dir,
                 namespace=self.config.clustering.namespace,
                 defaults=self.config.streams,
-                batch_max=int(self.config.values["batch.max.messages"]),
+                batch_max=int(self.config.batch.max_messages),
                 ack_sink=self._acks.deliver,
                 clock=self._clock,
                 file_io=self._file_io,
-                segment_files=int(self.config.values["streams.segment.files.max"]),
+                segment_files=int(self.config.streams.segment_files_max),
                 replicator=self.replicator,
                 min_isr_default=self.config.clustering.min_insync_replicas,
                 request_pause=self._request_pause,
@@ -333,7 +333,7 @@ class Server:
                     log.warning(
                         "wrote a new cluster secret to %s; servers that join this cluster need a copy of it", path
                     )
-                key = load_key(path, check_permissions=self.config.values["security.key.permissions.check"])
+                key = load_key(path, check_permissions=self.config.security.key_permissions_check)
             except (KeyFileError, OSError) as exc:
                 raise ServerStartError(f"clustering.auth.key.file: {exc}") from exc
         elif c.auth_insecure:
@@ -372,7 +372,7 @@ class Server:
                 path,
             )
         try:
-            return load_key(path, check_permissions=self.config.values["security.key.permissions.check"])
+            return load_key(path, check_permissions=self.config.security.key_permissions_check)
         except KeyFileError as exc:
             raise ServerStartError(f"the cluster secret in data.dir: {exc}") from exc
 
@@ -393,12 +393,11 @@ class Server:
         return BatchCipher(current, previous)
 
     def _master_keys(self) -> tuple[MasterKey | None, list[MasterKey]]:
-        values = self.config.values
         try:
             return load_master_keys(
-                values["encryption.key.file"],
-                values["encryption.previous.key.files"],
-                check_permissions=values["security.key.permissions.check"],
+                self.config.encryption.key_file,
+                self.config.encryption.previous_key_files,
+                check_permissions=self.config.security.key_permissions_check,
             )
         except MasterKeyError as exc:
             raise ServerStartError(str(exc)) from exc
@@ -639,16 +638,15 @@ class Server:
             rebalance_delay=c.leader_rebalance_delay / 1000,
             limits=self.config.stream_limits(),
             internal_streams=self._internal_streams(),
-            group_coordinator_timeout=self.config.values["groups.coordinator.timeout"] / 1000,
+            group_coordinator_timeout=self.config.groups.coordinator_timeout / 1000,
         )
-        values = self.config.values
         assert self._acks is not None
         cluster = self.cluster
         self.cluster.activity = ActivityPublisher(
             ActivitySettings(
-                enabled=bool(values["activity.stream.enabled"]),
-                timeout=values["activity.stream.publish.timeout"] / 1000,
-                ack_policy=_ACK_POLICIES[values["activity.stream.publish.ack.policy"]],
+                enabled=bool(self.config.activity.enabled),
+                timeout=self.config.activity.publish_timeout / 1000,
+                ack_policy=_ACK_POLICIES[self.config.activity.publish_ack_policy],
             ),
             metadata=lambda: cluster.metadata,
             propose=cluster.propose_result,
@@ -659,10 +657,9 @@ class Server:
 
     def _internal_streams(self) -> tuple[CreateStreamRequest, ...]:
         """The servers' own streams this configuration asks for: ``__activity`` and ``__cursors`` when on."""
-        values = self.config.values
         namespace = self.config.clustering.namespace
         wanted: list[CreateStreamRequest] = []
-        if values["activity.stream.enabled"]:
+        if self.config.activity.enabled:
             wanted.append(
                 CreateStreamRequest(
                     ACTIVITY_STREAM,
@@ -671,14 +668,14 @@ class Server:
                     settings=StreamSettings(auto_pause_time_ms=0),  # never idle-paused: events must flow
                 )
             )
-        partitions = int(values["cursors.stream.partitions"])
+        partitions = int(self.config.cursors.partitions)
         if partitions <= 0:
             return tuple(wanted)
         # Compacted (a cursor's newest value is all that matters) and never cut by retention: a cursor
         # nobody moved for a week is still a checkpoint someone resumes from.
         settings = StreamSettings(
             compact_enabled=True,
-            auto_pause_time_ms=int(values["cursors.stream.auto.pause.time"]),
+            auto_pause_time_ms=int(self.config.cursors.auto_pause_time),
             auto_pause_disable_if_subscribers=True,
             retention_max_bytes=0,
             retention_max_messages=0,
@@ -690,7 +687,7 @@ class Server:
                 CURSORS_STREAM,
                 internal_stream_subject(CURSORS_STREAM, namespace),
                 partitions=partitions,
-                replication_factor=int(values["cursors.stream.replication.factor"]),
+                replication_factor=int(self.config.cursors.replication_factor),
                 settings=settings,
             )
         )
@@ -776,12 +773,10 @@ class Server:
 
     async def _start_ops_endpoint(self) -> None:
         self._loop_lag.start()
-        listen = self.config.values["metrics.listen"]
+        listen = self.config.metrics.listen
         if not listen:
             return
-        collector = ServerCollector(
-            self, self._loop_lag, int(self.config.values["metrics.partitions.max"]), clock=self._clock
-        )
+        collector = ServerCollector(self, self._loop_lag, int(self.config.metrics.partitions_max), clock=self._clock)
         self._ops = OpsEndpoint(listen, new_registry(collector), self.health, self.readiness)
         try:
             await self._ops.start()
@@ -925,7 +920,7 @@ class Server:
     def _max_request_bytes(self) -> int:
         """The largest gRPC request worth reading: a message (streams.max.message.bytes) or a batch (one NATS
         message), with room for keys, headers and framing; never more than a gRPC message can be here."""
-        configured = int(self.config.values["rpc.max.message.bytes"])
+        configured = int(self.config.rpc.max_message_bytes)
         if configured:
             return min(configured, GRPC_MAX_MESSAGE_BYTES)
         largest = max(self.config.streams.max_message_bytes, int(self._hot_nats.max_payload))
@@ -936,7 +931,6 @@ class Server:
         bind_host = self.config.bind_host or self.config.host
         bind_port = self.config.bind_port if self.config.bind_host else self.config.port
         address = f"{bind_host}:{bind_port}"
-        values = self.config.values
         options = ServerOptions(
             limits=ConnectionLimits(
                 max_message_bytes=self._max_request_bytes(),
@@ -945,10 +939,10 @@ class Server:
                     " bytes) and batches up to the NATS max payload; rpc.max.message.bytes sets this limit"
                 ),
             ),
-            idle_timeout=values["rpc.idle.timeout"] / 1000,
-            max_connections=values["rpc.max.connections"],
-            max_buffered_bytes=values["rpc.max.buffered.bytes"],
-            abuse_cooldown=values["rpc.abuse.cooldown"] / 1000,
+            idle_timeout=self.config.rpc.idle_timeout / 1000,
+            max_connections=self.config.rpc.max_connections,
+            max_buffered_bytes=self.config.rpc.max_buffered_bytes,
+            abuse_cooldown=self.config.rpc.abuse_cooldown / 1000,
         )
         server = RpcServer((), options)
         try:
@@ -971,17 +965,17 @@ class Server:
             ack_timeout=DEFAULT_ACK_TIMEOUT_S,
             max_message_bytes=self.config.streams.max_message_bytes,
             limits=ApiLimits(
-                fetch_max_messages=values["subscribe.fetch.max.messages"],
-                buffer_max_bytes=values["subscribe.buffer.max.bytes"],
-                max_subscriptions=values["subscribe.max.concurrent"],
-                max_subscriptions_per_connection=values["subscribe.max.concurrent.per.connection"],
-                max_publish_inflight=values["publish.async.max.inflight"],
-                coalesce_publishes=values["publish.async.coalesce"],
+                fetch_max_messages=self.config.subscribe.fetch_max_messages,
+                buffer_max_bytes=self.config.subscribe.buffer_max_bytes,
+                max_subscriptions=self.config.subscribe.max_concurrent,
+                max_subscriptions_per_connection=self.config.subscribe.max_concurrent_per_connection,
+                max_publish_inflight=self.config.publish.async_max_inflight,
+                coalesce_publishes=self.config.publish.async_coalesce,
             ),
             nats_max_payload=lambda: int(self._hot_nats.max_payload),
             access=self.access,
-            cursors_enabled=int(values["cursors.stream.partitions"]) > 0,
-            group_timeouts=(values["groups.consumer.timeout"] / 1000, values["groups.coordinator.timeout"] / 1000),
+            cursors_enabled=int(self.config.cursors.partitions) > 0,
+            group_timeouts=(self.config.groups.consumer_timeout / 1000, self.config.groups.coordinator_timeout / 1000),
         )
         self._tasks.append(asyncio.get_running_loop().create_task(service.groups.run(), name="group-expiry"))
         guard = self.access.guard
@@ -1000,10 +994,9 @@ class Server:
 
     def _authorizer(self) -> Authorizer | None:
         """The policy decisions of ``tls.client.authz.*``: from its files, else from the metadata."""
-        values = self.config.values
-        if not values["tls.client.authz.enabled"]:
+        if not self.config.tls.client_authz_enabled:
             return None
-        model, policy = values["tls.client.authz.model"], values["tls.client.authz.policy"]
+        model, policy = self.config.tls.client_authz_model, self.config.tls.client_authz_policy
         if model:
             try:
                 return Authorizer.from_files(model, policy)
@@ -1021,10 +1014,10 @@ class Server:
     def reload(self) -> None:
         """SIGHUP: read the authorization policy file, the TLS files and the encryption key files again."""
         authorizer = self.access.authorizer if self.access is not None else None
-        if authorizer is not None and self.config.values["tls.client.authz.policy"]:
+        if authorizer is not None and self.config.tls.client_authz_policy:
             try:
                 authorizer.reload_files()
-                log.info("reloaded the authorization policies from %s", self.config.values["tls.client.authz.policy"])
+                log.info("reloaded the authorization policies from %s", self.config.tls.client_authz_policy)
             except Exception as exc:
                 log.warning("cannot reload the authorization policies (keeping the previous ones): %s", exc)
         if self._grpc_tls is not None:
@@ -1047,15 +1040,17 @@ class Server:
 
     def _tls_context(self) -> ReloadingTls | None:
         """The API's TLS settings (``tls.*``): server certificate, and client certificates if asked for."""
-        values = self.config.values
-        if not (values["tls.cert"] and values["tls.key"]):
+        if not (self.config.tls.cert and self.config.tls.key):
             return None
         files = TlsFiles(
-            values["tls.cert"], values["tls.key"], values["tls.client.auth.ca"], values["tls.client.auth.enabled"]
+            self.config.tls.cert,
+            self.config.tls.key,
+            self.config.tls.client_auth_ca,
+            self.config.tls.client_auth_enabled,
         )
-        named = [("tls.cert", values["tls.cert"]), ("tls.key", values["tls.key"])]
-        if values["tls.client.auth.enabled"]:
-            named.append(("tls.client.auth.ca", values["tls.client.auth.ca"]))
+        named = [("tls.cert", self.config.tls.cert), ("tls.key", self.config.tls.key)]
+        if self.config.tls.client_auth_enabled:
+            named.append(("tls.client.auth.ca", self.config.tls.client_auth_ca))
         for key, path in named:  # the ssl module's own error would not say which file
             if not Path(path).is_file():
                 raise ServerStartError(f"cannot load the API's TLS certificate or key: {key}: {path} does not exist")
@@ -1086,7 +1081,7 @@ class Server:
             streams.repair_fenced()
 
         tls = self._grpc_tls
-        reload_every = self.config.values["tls.reload.interval"] / 1000
+        reload_every = self.config.tls.reload_interval / 1000
         if tls is not None and reload_every > 0:
 
             async def reload_tls() -> None:
