@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -109,7 +110,8 @@ from liftlog.metadata.reassignment import (
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
 
-from .activity import ActivityPublisher
+from .acks import AckRouter
+from .activity import ActivityPublisher, ActivitySettings
 from .failover import Failover
 from .metadata_raft import MetadataRaft, RaftSettings
 from .nats_types import NatsClient, NatsMessage, NatsSubscription
@@ -268,6 +270,15 @@ def _decoded(msg: NatsMessage, what: str, decode: Callable[[bytes], T]) -> T | N
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class ActivityWiring:
+    """What the activity publisher needs besides the metadata service: its settings and connections."""
+
+    settings: ActivitySettings
+    nats: NatsClient
+    acks: AckRouter
+
+
 class MetadataService:
     def __init__(
         self,
@@ -289,6 +300,7 @@ class MetadataService:
         limits: StreamLimits | None = None,
         internal_streams: tuple[CreateStreamRequest, ...] = (),
         group_coordinator_timeout: float = 15.0,
+        activity: ActivityWiring | None = None,
     ) -> None:
         self.server_id = server_id
         #: The servers' own streams this server creates when it leads and they are missing (cursors).
@@ -331,8 +343,19 @@ class MetadataService:
         self.registered = asyncio.Event()
         #: Called with every policy whenever the metadata's authorization policies change (access control).
         self.policies_changed: Callable[[tuple[Policy, ...]], None] | None = None
-        #: Publishes the activity stream while this server leads (set by the server; None: no stream).
-        self.activity: ActivityPublisher | None = None
+        #: Publishes the activity stream while this server leads (None: no stream).
+        self.activity = (
+            ActivityPublisher(
+                activity.settings,
+                metadata=lambda: self.metadata,
+                propose=self.propose_result,
+                nats=activity.nats,
+                acks=activity.acks,
+                resume=self.resume,
+            )
+            if activity is not None
+            else None
+        )
         self._activity_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------

@@ -62,11 +62,11 @@ from liftlog.storage.fileio import DEFAULT_FILE_IO
 from . import ratelimit
 from .access import AccessControl
 from .acks import AckRouter
-from .activity import ActivityPublisher, ActivitySettings
+from .activity import ActivitySettings
 from .api_service import ApiLimits, ApiService
 from .authenticated_nats import AuthenticatedNats, internal_subjects
 from .batches_service import BatchesService
-from .cluster import MetadataService
+from .cluster import ActivityWiring, MetadataService
 from .cluster_service import ClusterService
 from .config import SETTING_HELP, ServerConfig, ignored_settings
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
@@ -613,7 +613,7 @@ class Server:
         self.failed.set()
 
     def _create_metadata(self) -> None:
-        assert self.streams is not None
+        assert self.streams is not None and self._acks is not None
         c = self.config.clustering
         tick = max(c.raft_heartbeat_interval, 1) / 1000
         self.cluster = MetadataService(
@@ -639,20 +639,15 @@ class Server:
             limits=self.config.stream_limits(),
             internal_streams=self._internal_streams(),
             group_coordinator_timeout=self.config.groups.coordinator_timeout / 1000,
-        )
-        assert self._acks is not None
-        cluster = self.cluster
-        self.cluster.activity = ActivityPublisher(
-            ActivitySettings(
-                enabled=bool(self.config.activity.enabled),
-                timeout=self.config.activity.publish_timeout / 1000,
-                ack_policy=_ACK_POLICIES[self.config.activity.publish_ack_policy],
+            activity=ActivityWiring(
+                ActivitySettings(
+                    enabled=bool(self.config.activity.enabled),
+                    timeout=self.config.activity.publish_timeout / 1000,
+                    ack_policy=_ACK_POLICIES[self.config.activity.publish_ack_policy],
+                ),
+                self._internal_nats,
+                self._acks,
             ),
-            metadata=lambda: cluster.metadata,
-            propose=cluster.propose_result,
-            nats=self._internal_nats,
-            acks=self._acks,
-            resume=cluster.resume,
         )
 
     def _internal_streams(self) -> tuple[CreateStreamRequest, ...]:
