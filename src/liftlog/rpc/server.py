@@ -31,9 +31,9 @@ import logging
 import socket
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
@@ -57,7 +57,7 @@ from .shell import CoreProtocol
 from .status import Metadata, RpcError, StatusCode
 from .wire import ErrorCode
 
-__all__ = ["Method", "RpcServer", "ServerContext", "ServerOptions", "service_methods"]
+__all__ = ["Method", "RequestStream", "RpcServer", "ServerContext", "ServerOptions", "service_methods"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,26 @@ class _CallGone(Exception):
     """The call ended (reset, deadline, connection lost) while its handler was still writing."""
 
 
+T = TypeVar("T")
+
+
+class RequestStream(Protocol[T]):
+    """What a client-streaming handler gets: the call's request messages, an async iterator of them.
+
+    ``next_batch`` takes every request already received at once (see :class:`_Requests`); ``items``
+    holds those received and not yet taken (only its size and truthiness are of use to handlers).
+    """
+
+    def __aiter__(self) -> RequestStream[T]: ...
+
+    async def __anext__(self) -> T: ...
+
+    async def next_batch(self, limit: int) -> list[T]: ...
+
+    @property
+    def items(self) -> Sized: ...
+
+
 class _Requests:
     """A call's request messages as an async iterator; taking one gives its bytes back to the client's window."""
 
@@ -212,6 +232,12 @@ class _Requests:
             call = self._call
             call.conn.consumed(call.stream_id, taken)
         return out
+
+
+if TYPE_CHECKING:
+
+    def _conforms(requests: _Requests) -> RequestStream[ProtoMessage]:
+        return requests  # _Requests is what client-streaming handlers get as their RequestStream
 
 
 class ServerContext:
