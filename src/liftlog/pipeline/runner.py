@@ -140,10 +140,10 @@ class _LoopThread:
         self._thread.start()
         self.client = Client(servers.split(","), timeout=10.0, tls=tls)
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def submit(self, coro: Coroutine[object, object, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    def call(self, coro: Coroutine[object, object, T], timeout: float = 60.0) -> T:
         return self.submit(coro).result(timeout)
 
     def close(self) -> None:
