@@ -169,7 +169,7 @@ class Pipeline:
         self._queries: Queries | None = None
         self._input_start: dict[int, int] = {}
         self._rows: dict[str, dict[int, int]] = {}  # query name -> batch id -> input rows
-        self._last_progress: dict[str, tuple[Any, Any]] = {}  # query name -> (batch id, timestamp) scanned
+        self._last_progress: dict[str, tuple[object, object]] = {}  # query name -> (batch id, timestamp) scanned
 
     # -- progress ----------------------------------------------------------------------
 
