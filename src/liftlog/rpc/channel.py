@@ -419,7 +419,7 @@ class Channel:
     def unary_unary(
         self, path: str, request_serializer: Serializer, response_deserializer: Deserializer
     ) -> Callable[..., Any]:
-        async def call(request: Any, *, timeout: float | None = None, metadata: Metadata | None = None) -> Any:
+        async def call(request: object, *, timeout: float | None = None, metadata: Metadata | None = None) -> Any:
             stream = StreamCall(request_serializer, response_deserializer)
             try:
                 await self._start(stream, path, metadata or (), timeout)
