@@ -19,7 +19,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "liftlog"
 
-#: What each package may import, besides itself. ``(root)`` is ``units`` and ``histogram``.
+#: What each package may import, besides itself. ``(root)`` is ``units``, ``histogram`` and ``jsontypes``.
 BASE = {"(root)"}
 WIRE = BASE | {"storage", "api"}
 LAYERS: dict[str, set[str]] = {
@@ -51,7 +51,7 @@ KNOWN_CIRCLES: dict[frozenset[str], str] = {
 
 #: Functions over 80 lines, with their length today (they may shrink, not grow) and why.
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "server/publish_async.py:serve_publish_async": (211, "a function of closures; to become a call object (issue 37)"),
+    "server/publish_async.py:serve_publish_async": (203, "a function of closures; to become a call object (issue 37)"),
     "server/publish_async.py:serve_publish_async.read": (98, "part of serve_publish_async, above"),
     "cli/bench.py:bench": (202, "one click command whose options fan out to every scenario"),
     "metadata/model.py:Metadata.apply": (177, "one match over the replicated operations, case by case"),
@@ -127,7 +127,7 @@ def graph() -> dict[str, set[str]]:
 
 def package_of(module: str) -> str:
     first = module.split(".")[0]
-    return "(root)" if first in ("units", "histogram", "(root)") else first
+    return "(root)" if first in ("units", "histogram", "jsontypes", "(root)") else first
 
 
 def test_packages_import_only_the_layers_below_them() -> None:

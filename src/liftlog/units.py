@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 __all__ = ["parse_duration_ms", "parse_size"]
 
@@ -14,7 +13,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 10**6,
 _SIZE_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12, "tb": 10**12, "tib": 1 << 40}
 
 
-def parse_duration_ms(value: Any) -> int:
+def parse_duration_ms(value: object) -> int:
     """Milliseconds from ``"1m30s"``-style strings or a plain number of milliseconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 5m or 168h")
@@ -39,7 +38,7 @@ def parse_duration_ms(value: Any) -> int:
     return int(total)
 
 
-def parse_size(value: Any) -> int:
+def parse_size(value: object) -> int:
     """Bytes from an integer or a string with a unit (``512MiB``, ``1GB``)."""
     if isinstance(value, bool):
         raise ValueError("expected a size such as 1048576 or 512MiB")

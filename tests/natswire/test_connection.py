@@ -282,7 +282,9 @@ def test_credentials_files_give_the_jwt_and_a_signature_the_public_key_verifies(
     options = conn._connect_options(parse_servers(["127.0.0.1:1"])[0])
     assert options["jwt"] == "eyJ0eXAi.payload.sig"
     kp = nkeys.from_seed(bytearray(seed))
-    assert kp.verify(b"n0nce", base64.b64decode(options["sig"]))
+    sig = options["sig"]
+    assert isinstance(sig, str)
+    assert kp.verify(b"n0nce", base64.b64decode(sig))
     bad = tmp_path / "bad.creds"
     bad.write_text("not a creds file")
     with pytest.raises(NatsAuthError, match="not a NATS credentials file"):

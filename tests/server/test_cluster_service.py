@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from liftlog.api import cluster_pb2
 from liftlog.metadata import (
     ChangeIsr,
     CreateStream,
@@ -48,7 +49,8 @@ async def test_status_counts_replicas_and_lists_partitions_needing_attention() -
         descriptors=DescriptorBudget(300),
         cipher=BatchCipher(MasterKey(b"m" * 16)),
     )
-    resp = await ClusterService(cluster, streams).Status(None, None)
+    context: Any = None  # Status does not look at its call
+    resp = await ClusterService(cluster, streams).Status(cluster_pb2.ClusterStatusRequest(), context)
     assert (resp.serverId, resp.controller, resp.streamCount, resp.partitionCount) == ("b", "a", 1, 3)
     assert (resp.segmentFilesOpen, resp.segmentFilesBudget) == (0, 300)
     assert list(resp.encryptionKeys) == [MasterKey(b"m" * 16).id.hex()]

@@ -52,7 +52,7 @@ from liftlog.cli.bench_scenarios import RUNNERS, Result, Settings
 from liftlog.cli.common import CommandError
 
 if TYPE_CHECKING:
-    from liftlog.client import Client
+    from liftlog.client import Client, Consumer
 
 __all__ = [
     "CLUSTER_DEFAULT_COUNTS",
@@ -469,7 +469,7 @@ async def _group_failover(
 
         newest: dict[str, int] = {}  # member -> publish time (ns) of the newest message it processed
 
-        async def consume(member: Any) -> None:
+        async def consume(member: Consumer) -> None:
             async for msg in member:
                 newest[member.consumer_id] = max(
                     newest.get(member.consumer_id, 0), struct.unpack_from(">q", msg.value)[0]

@@ -20,7 +20,10 @@ from liftlog.cli.common import CommandError
 from liftlog.cli.messages import to_ack_policy
 
 if TYPE_CHECKING:
-    from liftlog.client import Client, Subscription
+    from nats.aio.client import Client as NatsClient
+    from nats.aio.msg import Msg
+
+    from liftlog.client import Client, Consumer, Subscription
 
 __all__ = ["DEFAULT_COUNTS", "RUNNERS", "SCENARIOS", "Result", "Settings", "percentiles"]
 
@@ -230,7 +233,7 @@ async def _nats(client: Client, s: Settings, stream: str, subject: str, count: i
         failed = 0
         done = asyncio.Event()
 
-        async def on_ack(msg: Any) -> None:
+        async def on_ack(msg: Msg) -> None:
             nonlocal failed
             received = time.perf_counter_ns()
             try:
@@ -273,7 +276,7 @@ async def _nats(client: Client, s: Settings, stream: str, subject: str, count: i
     return Result(count, elapsed, latencies or None, notes, {}, done_at or None, begun_ns)
 
 
-async def _nats_warm_up(nc: Any, subjects: list[str], inbox: str) -> None:
+async def _nats_warm_up(nc: NatsClient, subjects: list[str], inbox: str) -> None:
     """Publish until an ack comes back on every partition subject: the server is subscribed."""
     from liftlog.api import api_pb2
     from liftlog.api.envelope import encode_publish_message
@@ -282,7 +285,7 @@ async def _nats_warm_up(nc: Any, subjects: list[str], inbox: str) -> None:
         cid = f"warm-up-{subject}"
         acked = asyncio.Event()
 
-        async def on_ack(_msg: Any, acked: asyncio.Event = acked) -> None:
+        async def on_ack(_msg: Msg, acked: asyncio.Event = acked) -> None:
             acked.set()
 
         warm_inbox = f"{inbox}.warm"
@@ -421,7 +424,7 @@ async def _rebalance(client: Client, s: Settings, stream: str, subject: str, cou
             i += 1
             await asyncio.sleep(0.001)
 
-    async def drain(consumer: Any) -> None:
+    async def drain(consumer: Consumer) -> None:
         async for _ in consumer:
             pass
 

@@ -20,6 +20,8 @@ from liftlog.cli.params import DURATION
 from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watch_options
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from liftlog.client import Client, ClusterStatus, PartitionInfo, Reassignment, Reassignments, ServerStatus
 
 __all__ = [
@@ -411,7 +413,7 @@ async def _follow(client: Client, leaving: str | None, interval: float = 0.5) ->
         console=console,
         transient=False,
     ) as progress:
-        tasks: dict[tuple[str, int, str], Any] = {}
+        tasks: dict[tuple[str, int, str], TaskID] = {}
         departure = progress.add_task(f"server {leaving} leaving", total=None) if leaving else None
         while True:
             state = await client.reassignments()

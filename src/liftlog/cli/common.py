@@ -152,7 +152,7 @@ def connect(**kwargs: Any) -> Client:
     return Client(list(addresses()), tls=client_tls(), **kwargs)
 
 
-def output_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def output_option(f: F) -> F:
     """``-o/--output text|json``; the command gets ``output`` (``--json``, where a command has it, is the same)."""
     return click.option(
         "-o",
@@ -171,7 +171,7 @@ def connect_to(addresses: list[str], **kwargs: Any) -> Client:
     return Client(addresses, tls=client_tls(), **kwargs)
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
+def run(coro: Coroutine[object, object, T]) -> T:
     """Run ``coro`` on uvloop when it is installed, else on asyncio's loop.
 
     Ctrl-C cancels the coroutine (its ``finally`` blocks and ``async with`` exits

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 import click
 
@@ -46,14 +45,14 @@ def main() -> None:
     """
 
 
-def _server_overrides(settings: tuple[str, ...], flags: Mapping[str, Any]) -> dict[str, Any]:
+def _server_overrides(settings: tuple[str, ...], flags: Mapping[str, object]) -> dict[str, object]:
     """Config overrides (Liftbridge dotted keys): the ``--set KEY=VALUE`` `settings`, then the `flags`.
 
     `flags` maps config keys to the values of the dedicated flags, None for a
     flag that was not given; only the given ones count, and they win over
     ``--set`` for the same key.
     """
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     for setting in settings:
         key, sep, value = setting.partition("=")
         if not sep or not key.strip():

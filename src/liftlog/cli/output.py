@@ -11,10 +11,13 @@ import base64
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from liftlog.jsontypes import JSONObject
 
 __all__ = [
     "MessageLike",
@@ -152,7 +155,7 @@ def format_message_json(msg: MessageLike) -> str:
     is present. Header values follow the same rule: undecodable ones move from
     ``headers`` to ``headers_b64``. ``timestamp`` is nanoseconds since the epoch.
     """
-    obj: dict[str, Any] = {"offset": msg.offset}
+    obj: JSONObject = {"offset": msg.offset}
     if msg.key:
         is_text, key = _text_or_b64(msg.key)
         obj["key" if is_text else "key_b64"] = key

@@ -20,6 +20,7 @@ from liftlog.cli.common import DEFAULT_ADDR, CommandError, ReportingGroup, clien
 from liftlog.cli.output import err_console, out_console
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
     from rich.console import RenderableType
 
     from liftlog.pipeline.runner import Snapshot, Summary
@@ -107,7 +108,7 @@ def pipeline() -> None:
 # -- run -----------------------------------------------------------------------------------
 
 
-def _spark(master: str) -> Any:
+def _spark(master: str) -> SparkSession:
     try:
         import pyspark  # noqa: F401
     except ImportError:

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Group, RenderableType
@@ -20,6 +20,7 @@ from liftlog.cli.watch import WatchOptions, check_watch_options, run_watch, watc
 
 if TYPE_CHECKING:
     from liftlog.client import Client, PartitionInfo, StreamInfo
+    from liftlog.jsontypes import JSONObject
 
 __all__ = ["stream"]
 
@@ -223,7 +224,7 @@ def list_streams(output: str) -> None:
     table_console().print(table)
 
 
-def _stream_json(info: StreamInfo, parts: Sequence[PartitionInfo]) -> dict[str, Any]:
+def _stream_json(info: StreamInfo, parts: Sequence[PartitionInfo]) -> JSONObject:
     return {
         "name": info.name,
         "subject": info.subject,

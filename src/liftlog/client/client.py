@@ -866,7 +866,7 @@ class Client(Routing):
                     found[msg.key or b""] = CursorInfo(cursor.cursorId, cursor.stream, cursor.partition, cursor.offset)
         return sorted(found.values(), key=lambda c: (c.stream, c.partition, c.cursor_id))
 
-    async def _cursor_call(self, method: str, req: Any, key: bytes) -> Any:
+    async def _cursor_call(self, method: str, req: object, key: bytes) -> Any:
         self.check_open()
         info = self._cached_stream(CURSORS_STREAM)
         if info is None:
@@ -974,7 +974,7 @@ class Client(Routing):
             encryption_keys=tuple(keys),
         )
 
-    async def _cluster_call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+    async def _cluster_call(self, method: str, request: object, timeout: float | None = None) -> Any:
         """A ``liftlog.Cluster`` call to any server, its UNIMPLEMENTED explained."""
         self.check_open()
         try:

@@ -305,7 +305,7 @@ _REASON_CLASSES: Final[dict[Reason, type[LiftlogError]]] = {
     Reason.ENCRYPTION: EncryptionFailedError,
 }
 
-_CODE_CLASSES: Final[dict[Any, type[LiftlogError]]] = {
+_CODE_CLASSES: Final[dict[grpc.StatusCode, type[LiftlogError]]] = {
     grpc.StatusCode.ALREADY_EXISTS: StreamExistsError,
     grpc.StatusCode.NOT_FOUND: NoSuchStreamError,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
@@ -329,7 +329,7 @@ def _one_line(text: str | None) -> str:
 _GRPC_CODES: Final = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def _status_of(exc: Any) -> tuple[Any, str, Any]:
+def _status_of(exc: Any) -> tuple[grpc.StatusCode, str | None, Iterable[tuple[str, str | bytes]] | None]:
     """Code (a ``grpc.StatusCode``), details and trailing metadata of a failed call.
 
     Our transport raises :class:`liftlog.rpc.RpcError`; a ``grpc.aio.AioRpcError`` is read too.
@@ -343,7 +343,7 @@ def _status_of(exc: Any) -> tuple[Any, str, Any]:
     return exc.code(), exc.details(), metadata
 
 
-def _reason_of(metadata: Any) -> Reason | None:
+def _reason_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> Reason | None:
     """The ``liftlog-error`` trailing-metadata value of a failed call, if any."""
     if not metadata:
         return None
@@ -358,7 +358,7 @@ def _reason_of(metadata: Any) -> Reason | None:
     return None
 
 
-def _class_from_status(code: Any, message: str) -> type[LiftlogError]:
+def _class_from_status(code: grpc.StatusCode, message: str) -> type[LiftlogError]:
     """Liftbridge's statuses: the code, refined by its message wording."""
     lowered = message.lower()
     if code == grpc.StatusCode.NOT_FOUND:

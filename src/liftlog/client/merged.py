@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import NoSuchPartitionError, NoSuchStreamError
 from .types import Message, StopPosition
@@ -175,5 +175,5 @@ class MergedSubscription:
         await self.started()
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

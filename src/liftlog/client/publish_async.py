@@ -40,7 +40,7 @@ from liftlog.storage.records import NewRecord
 __all__ = ["PublishBatch", "publish_async_attempt"]
 
 
-def _task_error(task: asyncio.Task[Any]) -> BaseException | None:
+def _task_error(task: asyncio.Task[object]) -> BaseException | None:
     """The exception `task` ended with, if it is done and neither succeeded nor was cancelled."""
     if not task.done() or task.cancelled():
         return None

@@ -141,7 +141,7 @@ class Routing:
     async def _call_any(
         self,
         method: str,
-        request: Any,
+        request: object,
         *,
         timeout: float | None = None,
         timeout_error: type[DeadlineExceededError] = DeadlineExceededError,

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message as _Msg
 
 from liftlog.api import api_pb2, batches_pb2, cluster_pb2
 from liftlog.rpc.channel import EOF as _EOF
@@ -68,11 +72,11 @@ class Stub:
         "subscribe",
     )
 
-    def __init__(self, address: str, channel: Any) -> None:
+    def __init__(self, address: str, channel: Channel) -> None:
         self.address = address
         self.channel = channel
 
-        def unary(method: str, req: Any, resp: Any, service: str = "proto.API") -> Any:
+        def unary(method: str, req: type[_Msg], resp: type[_Msg], service: str = "proto.API") -> Callable[..., Any]:
             return channel.unary_unary(
                 f"/{service}/{method}", request_serializer=req.SerializeToString, response_deserializer=resp.FromString
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .model import (
     AddPolicy,
@@ -40,6 +40,9 @@ from .model import (
     StreamMeta,
 )
 
+if TYPE_CHECKING:
+    from liftlog.jsontypes import JSONObject
+
 __all__ = ["MetadataCodecError", "decode_operation", "decode_snapshot", "encode_operation", "encode_snapshot"]
 
 
@@ -48,7 +51,7 @@ class MetadataCodecError(ValueError):
 
 
 def encode_operation(op: Operation) -> bytes:
-    body: dict[str, Any]
+    body: JSONObject
     match op:
         case RegisterServer():
             body = {"op": "register_server", "server": op.server.to_dict(), "timestamp": op.timestamp}
@@ -190,7 +193,7 @@ def decode_operation(data: bytes) -> Operation:
     raise MetadataCodecError(f"unknown metadata operation {kind!r}")
 
 
-def _names(value: Any) -> tuple[str, ...]:
+def _names(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise TypeError(f"expected a list of server ids, got {type(value).__name__}")
     return tuple(str(v) for v in value)

@@ -20,7 +20,10 @@ import enum
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from liftlog.jsontypes import JSONObject
 
 __all__ = [
     "ActivityLog",
@@ -152,7 +155,7 @@ class StreamSettings:
     unclean_leader_election: bool | None = None
     duplicate_window_ms: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | bool]:
         return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
 
     @classmethod
@@ -174,8 +177,8 @@ class ServerMeta:
     #: Being decommissioned: its replicas move away, it gets no new ones, then it leaves the cluster.
     leaving: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> JSONObject:
+        d: JSONObject = {
             "id": self.id,
             "host": self.host,
             "port": self.port,
@@ -231,13 +234,13 @@ class PartitionMeta:
     #: empty when no reassignment is under way.
     target: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = self._fields()
         if self.target:
             d["target"] = list(self.target)
         return d
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> JSONObject:
         return {
             "state": self.state.value,
             "candidate": self.candidate,
@@ -286,7 +289,7 @@ class StreamMeta:
     #: Set by PauseStream(resumeAll): resuming one partition resumes them all.
     resume_all: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "name": self.name,
             "subject": self.subject,
@@ -456,7 +459,7 @@ class GroupMeta:
     epoch: int
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "id": self.id,
             "coordinator": self.coordinator,
@@ -465,7 +468,7 @@ class GroupMeta:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> GroupMeta:
+    def from_dict(cls, data: object) -> GroupMeta:
         if not isinstance(data, dict) or not isinstance(data.get("members", []), list):
             raise TypeError("a consumer group must be an object with a list of members")
         members: dict[str, tuple[str, ...]] = {}
@@ -541,7 +544,7 @@ class ActivityLog:
         while self.pending and self.pending[0][0] <= index:
             self.pending.popleft()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "published": self.published,
             "dropped": self.dropped,
@@ -549,7 +552,7 @@ class ActivityLog:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> ActivityLog:
+    def from_dict(cls, data: object) -> ActivityLog:
         if not isinstance(data, dict):
             raise TypeError(f"activity must be an object, got {type(data).__name__}")
         entries = data.get("pending", [])
@@ -829,7 +832,7 @@ class Metadata:
             raise NoSuchPartitionError(stream.name, missing[0])
         return [stream.partitions[i] for i in dict.fromkeys(partitions)]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "version": 1,
             "servers": [s.to_dict() for s in self.servers.values()],

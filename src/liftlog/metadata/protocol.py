@@ -38,10 +38,13 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .controller import CreateStreamRequest
 from .model import ServerMeta, StreamSettings
+
+if TYPE_CHECKING:
+    from liftlog.jsontypes import JSONObject
 
 __all__ = [
     "Applied",
@@ -257,7 +260,7 @@ def encode_request(request: ControlRequest, timeout: float | None = None) -> byt
     return json.dumps(body).encode()
 
 
-def _request_body(request: ControlRequest) -> dict[str, Any]:
+def _request_body(request: ControlRequest) -> JSONObject:
     match request:
         case CreateStreamChange(req):
             return {
@@ -281,7 +284,7 @@ def _request_body(request: ControlRequest) -> dict[str, Any]:
         case ServerRegistration(server):
             return {"kind": "register_server", "server": server.to_dict()}
         case LeaderReport():
-            body = {
+            body: JSONObject = {
                 "kind": "report_leader",
                 "name": request.name,
                 "partition": request.partition,
@@ -296,7 +299,9 @@ def _request_body(request: ControlRequest) -> dict[str, Any]:
         case LeaderConfirmation(name, partition, replica):
             return {"kind": "confirm_leader", "name": name, "partition": partition, "replica": replica}
         case ReassignChange(moves, spread):
-            listed = [{"name": m.name, "partition": m.partition, "replicas": list(m.replicas)} for m in moves]
+            listed: list[JSONObject] = [
+                {"name": m.name, "partition": m.partition, "replicas": list(m.replicas)} for m in moves
+            ]
             return {"kind": "reassign", "moves": listed, "spread": spread}
         case DecommissionChange(server):
             return {"kind": "decommission", "server": server}
@@ -432,7 +437,7 @@ class Refusal:
 def encode_reply(reply: Committed | Refusal) -> bytes:
     if isinstance(reply, Committed):
         return json.dumps({"index": reply.index}).encode()
-    error: dict[str, Any] = {"kind": reply.kind.value}
+    error: JSONObject = {"kind": reply.kind.value}
     if reply.name:
         error["name"] = reply.name
     if reply.partition >= 0:
@@ -550,7 +555,7 @@ def decode_join(data: bytes) -> JoinRequest:
 
 
 def encode_join_answer(answer: JoinAnswer) -> bytes:
-    body: dict[str, Any] = {"ok": answer.ok}
+    body: JSONObject = {"ok": answer.ok}
     if answer.error:
         body["error"] = answer.error
     return json.dumps(body).encode()
@@ -591,7 +596,7 @@ class _Fields:
         self.body = body
         self.what = what
 
-    def _get(self, key: str, default: Any, kinds: type | tuple[type, ...], expected: str) -> Any:
+    def _get(self, key: str, default: object, kinds: type | tuple[type, ...], expected: str) -> Any:
         value = self.body.get(key, _MISSING)
         if value is _MISSING:
             if default is _MISSING:
@@ -602,11 +607,11 @@ class _Fields:
             raise ProtocolError(f"{self.what}: field {key!r} must be {expected}, not {value!r}")
         return value
 
-    def text(self, key: str, default: Any = _MISSING) -> str:
+    def text(self, key: str, default: str = _MISSING) -> str:
         value: str = self._get(key, default, str, "a string")
         return value
 
-    def integer(self, key: str, default: Any = _MISSING) -> int:
+    def integer(self, key: str, default: int = _MISSING) -> int:
         value: int = self._get(key, default, int, "an integer")
         return value
 
@@ -617,7 +622,7 @@ class _Fields:
         except OverflowError:  # an integer too large for a float
             raise ProtocolError(f"{self.what}: field {key!r} is a number too large for a float") from None
 
-    def flag(self, key: str, default: Any = _MISSING) -> bool:
+    def flag(self, key: str, default: bool = _MISSING) -> bool:
         value: bool = self._get(key, default, bool, "true or false")
         return value
 

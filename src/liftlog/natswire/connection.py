@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
 from .protocol import (
@@ -46,6 +46,9 @@ from .protocol import (
     sub_command,
     unsub_command,
 )
+
+if TYPE_CHECKING:
+    from liftlog.jsontypes import JSONObject
 
 __all__ = [
     "BatchHandler",
@@ -376,8 +379,8 @@ class LeanNats:
             raise NatsConnectError(f"unexpected NATS handshake reply {event!r}")
         return event
 
-    def _connect_options(self, address: NatsServerAddress) -> dict[str, Any]:
-        options: dict[str, Any] = {
+    def _connect_options(self, address: NatsServerAddress) -> JSONObject:
+        options: JSONObject = {
             "verbose": False,
             "pedantic": False,
             "lang": "python-liftlog",

@@ -11,7 +11,10 @@ size they announce (``HMSG``: headers first, ``NATS/1.0`` and ``Name: value`` li
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from liftlog.jsontypes import JSONObject
 
 __all__ = [
     "ERR",
@@ -146,7 +149,7 @@ class NatsParser:
         return events
 
 
-def connect_command(options: dict[str, Any]) -> bytes:
+def connect_command(options: JSONObject) -> bytes:
     return b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + _CRLF
 
 

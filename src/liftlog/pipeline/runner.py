@@ -140,10 +140,10 @@ class _LoopThread:
         self._thread.start()
         self.client = Client(servers.split(","), timeout=10.0, tls=tls)
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def submit(self, coro: Coroutine[object, object, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    def call(self, coro: Coroutine[object, object, T], timeout: float = 60.0) -> T:
         return self.submit(coro).result(timeout)
 
     def close(self) -> None:
@@ -169,7 +169,7 @@ class Pipeline:
         self._queries: Queries | None = None
         self._input_start: dict[int, int] = {}
         self._rows: dict[str, dict[int, int]] = {}  # query name -> batch id -> input rows
-        self._last_progress: dict[str, tuple[Any, Any]] = {}  # query name -> (batch id, timestamp) scanned
+        self._last_progress: dict[str, tuple[object, object]] = {}  # query name -> (batch id, timestamp) scanned
 
     # -- progress ----------------------------------------------------------------------
 

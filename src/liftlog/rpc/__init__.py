@@ -6,7 +6,7 @@ holds the frame layout and the HPACK literals we send; ``status`` the codes.
 """
 
 from .connection import ConnectionLimits
-from .server import Method, RpcServer, ServerContext, ServerOptions, service_methods
+from .server import Method, RequestStream, RpcServer, ServerContext, ServerOptions, service_methods
 from .server_connection import ServerConnection
 from .status import Metadata, RpcError, StatusCode, TlsFailure
 
@@ -14,6 +14,7 @@ __all__ = [
     "ConnectionLimits",
     "Metadata",
     "Method",
+    "RequestStream",
     "RpcError",
     "RpcServer",
     "ServerConnection",

@@ -163,7 +163,7 @@ class StreamCall:
             conn.consumed(self.id, size)
         return self._deserialize(data)
 
-    async def write(self, request: Any) -> None:
+    async def write(self, request: object) -> None:
         """Send one request message; ``asyncio.InvalidStateError`` if the call has ended."""
         if self._opening is not None:
             await self._opened()
@@ -419,7 +419,7 @@ class Channel:
     def unary_unary(
         self, path: str, request_serializer: Serializer, response_deserializer: Deserializer
     ) -> Callable[..., Any]:
-        async def call(request: Any, *, timeout: float | None = None, metadata: Metadata | None = None) -> Any:
+        async def call(request: object, *, timeout: float | None = None, metadata: Metadata | None = None) -> Any:
             stream = StreamCall(request_serializer, response_deserializer)
             try:
                 await self._start(stream, path, metadata or (), timeout)
@@ -439,7 +439,7 @@ class Channel:
     def unary_stream(
         self, path: str, request_serializer: Serializer, response_deserializer: Deserializer
     ) -> Callable[..., StreamCall]:
-        def call(request: Any, *, timeout: float | None = None, metadata: Metadata | None = None) -> StreamCall:
+        def call(request: object, *, timeout: float | None = None, metadata: Metadata | None = None) -> StreamCall:
             stream = StreamCall(request_serializer, response_deserializer)
             self._open(stream, path, metadata or (), timeout, request)
             return stream
@@ -458,7 +458,7 @@ class Channel:
 
     # -- calls ------------------------------------------------------------------------
 
-    def _open(self, stream: StreamCall, path: str, metadata: Metadata, timeout: float | None, request: Any) -> None:
+    def _open(self, stream: StreamCall, path: str, metadata: Metadata, timeout: float | None, request: object) -> None:
         """Start `stream` now if a connection is ready, else in a task its first read or write waits for."""
         if timeout is not None:
             stream._timer = asyncio.get_running_loop().call_later(timeout, stream._expire)
@@ -491,7 +491,7 @@ class Channel:
         stream._opening = asyncio.get_running_loop().create_task(opening())
 
     @staticmethod
-    def _first_request(stream: StreamCall, request: Any) -> None:
+    def _first_request(stream: StreamCall, request: object) -> None:
         if request is None:
             return
         conn = stream._conn

@@ -31,9 +31,9 @@ import logging
 import socket
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sized
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
@@ -57,7 +57,7 @@ from .shell import CoreProtocol
 from .status import Metadata, RpcError, StatusCode
 from .wire import ErrorCode
 
-__all__ = ["Method", "RpcServer", "ServerContext", "ServerOptions", "service_methods"]
+__all__ = ["Method", "RequestStream", "RpcServer", "ServerContext", "ServerOptions", "service_methods"]
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ def service_methods(service: ServiceDescriptor, servicer: object) -> list[Method
     return methods
 
 
-def _unimplemented(name: str) -> Callable[..., Any]:
-    async def handler(request: Any, context: ServerContext) -> NoReturn:
+def _unimplemented(name: str) -> Callable[[object, ServerContext], Awaitable[NoReturn]]:
+    async def handler(request: object, context: ServerContext) -> NoReturn:
         raise RpcError(StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
 
     return handler
@@ -121,7 +121,7 @@ class ServerOptions:
     abuse_cooldown: float = 1.0
 
 
-_libc: Any = None
+_libc: ctypes.CDLL | Literal[False] | None = None
 
 
 def malloc_trim() -> None:
@@ -139,6 +139,26 @@ def malloc_trim() -> None:
 
 class _CallGone(Exception):
     """The call ended (reset, deadline, connection lost) while its handler was still writing."""
+
+
+T = TypeVar("T")
+
+
+class RequestStream(Protocol[T]):
+    """What a client-streaming handler gets: the call's request messages, an async iterator of them.
+
+    ``next_batch`` takes every request already received at once (see :class:`_Requests`); ``items``
+    holds those received and not yet taken (only its size and truthiness are of use to handlers).
+    """
+
+    def __aiter__(self) -> RequestStream[T]: ...
+
+    async def __anext__(self) -> T: ...
+
+    async def next_batch(self, limit: int) -> list[T]: ...
+
+    @property
+    def items(self) -> Sized: ...
 
 
 class _Requests:
@@ -168,7 +188,7 @@ class _Requests:
     def __aiter__(self) -> _Requests:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> ProtoMessage:
         items = self.items
         while not items:
             if self.ended:
@@ -183,7 +203,7 @@ class _Requests:
         except DecodeError as exc:
             raise RpcError(StatusCode.INTERNAL, f"cannot parse request message: {exc}") from exc
 
-    async def next_batch(self, limit: int) -> list[Any]:
+    async def next_batch(self, limit: int) -> list[ProtoMessage]:
         """Every request already received (at least one, at most ``limit``); [] once the client is done.
 
         A handler that takes what one read of the socket brought at once pays its per-call costs (awaits,
@@ -196,7 +216,7 @@ class _Requests:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
         parse = self._call.method.request_type.FromString
-        out: list[Any] = []
+        out: list[ProtoMessage] = []
         taken = 0
         try:
             while items and len(out) < limit:
@@ -212,6 +232,12 @@ class _Requests:
             call = self._call
             call.conn.consumed(call.stream_id, taken)
         return out
+
+
+if TYPE_CHECKING:
+
+    def _conforms(requests: _Requests) -> RequestStream[ProtoMessage]:
+        return requests  # _Requests is what client-streaming handlers get as their RequestStream
 
 
 class ServerContext:
@@ -232,7 +258,7 @@ class ServerContext:
     def peer(self) -> str:
         return self._call.conn.peer
 
-    def peer_certificate(self) -> dict[str, Any] | None:
+    def peer_certificate(self) -> dict[str, object] | None:
         """The client's verified TLS certificate as ``ssl`` decodes it; None for plain text or none given."""
         return self._call.conn.peer_certificate
 
@@ -322,7 +348,7 @@ class _Call:
         trailing: Metadata = ()
         try:
             if method.client_streaming:
-                request: Any = self.requests
+                request: object = self.requests
             else:
                 request = await self._one_request()
             result = method.handler(request, self.context)
@@ -361,7 +387,7 @@ class _Call:
                 self.timer.cancel()
         self.conn.finish(self, code, message, trailing)
 
-    async def _one_request(self) -> Any:
+    async def _one_request(self) -> ProtoMessage:
         requests = self.requests
         while not requests.ended:
             requests.waiter = asyncio.get_running_loop().create_future()
@@ -397,7 +423,7 @@ class _Connection(CoreProtocol):
         self.peer = "unknown"
         self.peer_host = ""
         #: The client's verified certificate (``ssl.SSLObject.getpeercert()``), None without TLS or without one.
-        self.peer_certificate: dict[str, Any] | None = None
+        self.peer_certificate: dict[str, object] | None = None
         self.last_read = self._loop.time()
         self.last_active = self.last_read
         self.ping_sent: float | None = None
@@ -652,7 +678,7 @@ class RpcServer:
         Binding first lets a server advertise its port before it serves. OSError if the address is taken.
         """
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        seen: set[tuple[Any, ...]] = set()
+        seen: set[tuple[object, ...]] = set()
         try:
             for family, kind, proto, _, address in infos:
                 if (family, address) in seen:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from liftlog.api.errors import Reason
 from liftlog.metadata import StreamMeta, subjects_overlap
@@ -35,27 +35,46 @@ from liftlog.security.authz import Authorizer, identity_of
 from .failures import RpcFailure, abort_with
 from .ratelimit import LogLimiter
 
+if TYPE_CHECKING:
+    from google.protobuf.message import Message as ProtoMessage
+
 __all__ = ["ACTIONS", "AccessControl"]
 
 log = logging.getLogger(__name__)
 _warn = LogLimiter(log)
 
+#: The resource a call's request names; each method's request type has the field its function reads.
 Resource = Callable[[Any], str]
 
 
-def _stream(request: Any) -> str:
+class _Streamed(Protocol):
+    @property
+    def stream(self) -> str: ...
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Subjected(Protocol):
+    @property
+    def subject(self) -> str: ...
+
+
+def _stream(request: _Streamed) -> str:
     return str(request.stream)
 
 
-def _name(request: Any) -> str:
+def _name(request: _Named) -> str:
     return str(request.name)
 
 
-def _subject(request: Any) -> str:
+def _subject(request: _Subjected) -> str:
     return str(request.subject)
 
 
-def _anything(_request: Any) -> str:
+def _anything(_request: object) -> str:
     return "*"
 
 
@@ -156,13 +175,13 @@ class AccessControl:
         inner: Callable[..., Any] = method.handler
         refusal = self.refusal
 
-        async def handler(request: Any, context: ServerContext) -> Any:
+        async def handler(request: ProtoMessage, context: ServerContext) -> object:
             failure = refusal(context, resource_of(request), action)
             if failure is not None:
                 await abort_with(context, failure)
             return await inner(request, context)
 
-        async def streaming_handler(request: Any, context: ServerContext) -> AsyncIterator[Any]:
+        async def streaming_handler(request: ProtoMessage, context: ServerContext) -> AsyncIterator[object]:
             failure = refusal(context, resource_of(request), action)
             if failure is not None:
                 await abort_with(context, failure)

@@ -43,7 +43,7 @@ from liftlog.metadata import (
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.natswire import MaxPayloadError as LeanMaxPayloadError
 from liftlog.replication.admission import AckPolicy, AdmissionRules, Refusal, admit
-from liftlog.rpc import ServerContext, StatusCode
+from liftlog.rpc import RequestStream, ServerContext, StatusCode
 from liftlog.storage.encryption import EncryptionError
 
 from .access import AccessControl
@@ -77,12 +77,12 @@ PAE = api_pb2.PublishAsyncError
 READ_UNCOMMITTED_KEY = "liftlog-read-uncommitted"
 
 
-def _wants_uncommitted(context: Any) -> bool:
+def _wants_uncommitted(context: ServerContext) -> bool:
     metadata = context.invocation_metadata() or ()
     return any(key == READ_UNCOMMITTED_KEY and value == "true" for key, value in metadata)
 
 
-def _wants_batches(context: Any, req: api_pb2.SubscribeRequest) -> bool:
+def _wants_batches(context: ServerContext, req: api_pb2.SubscribeRequest) -> bool:
     """A liftlog client asked for stored batches, and no stop timestamp needs a look at each record."""
     if req.stopPosition == api_pb2.STOP_TIMESTAMP:
         return False
@@ -90,7 +90,7 @@ def _wants_batches(context: Any, req: api_pb2.SubscribeRequest) -> bool:
     return any(key == subscribe_batches.REQUEST_KEY and value == "1" for key, value in metadata)
 
 
-def _nullable(msg: Any, name: str) -> Any:
+def _nullable(msg: api_pb2.CreateStreamRequest, name: str) -> Any:
     return getattr(msg, name).value if msg.HasField(name) else None
 
 
@@ -156,7 +156,9 @@ class ApiService:
 
     # -- streams ---------------------------------------------------------
 
-    async def CreateStream(self, request: Any, context: Any) -> api_pb2.CreateStreamResponse:
+    async def CreateStream(
+        self, request: api_pb2.CreateStreamRequest, context: ServerContext
+    ) -> api_pb2.CreateStreamResponse:
         req: api_pb2.CreateStreamRequest = request
         try:
             # The controller checks again; checking here answers without a round trip to it.
@@ -198,7 +200,7 @@ class ApiService:
             raise failure
 
     @staticmethod
-    async def _change(context: Any, change: Awaitable[Any]) -> None:
+    async def _change(context: ServerContext, change: Awaitable[object]) -> None:
         """Await a metadata change, turning its MetadataError into the RPC's status."""
         try:
             await change
@@ -229,15 +231,21 @@ class ApiService:
                 raise InvalidStreamError(f"{name} must not be negative, got {value}")
         return settings
 
-    async def DeleteStream(self, request: Any, context: Any) -> api_pb2.DeleteStreamResponse:
+    async def DeleteStream(
+        self, request: api_pb2.DeleteStreamRequest, context: ServerContext
+    ) -> api_pb2.DeleteStreamResponse:
         await self._change(context, self._cluster.delete_stream(request.name))
         return api_pb2.DeleteStreamResponse()
 
-    async def PauseStream(self, request: Any, context: Any) -> api_pb2.PauseStreamResponse:
+    async def PauseStream(
+        self, request: api_pb2.PauseStreamRequest, context: ServerContext
+    ) -> api_pb2.PauseStreamResponse:
         await self._change(context, self._cluster.pause(request.name, tuple(request.partitions), request.resumeAll))
         return api_pb2.PauseStreamResponse()
 
-    async def SetStreamReadonly(self, request: Any, context: Any) -> api_pb2.SetStreamReadonlyResponse:
+    async def SetStreamReadonly(
+        self, request: api_pb2.SetStreamReadonlyRequest, context: ServerContext
+    ) -> api_pb2.SetStreamReadonlyResponse:
         await self._change(
             context, self._cluster.set_readonly(request.name, tuple(request.partitions), request.readonly)
         )
@@ -245,7 +253,9 @@ class ApiService:
 
     # -- subscribe ---------------------------------------------------------
 
-    async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[api_pb2.Message | list[bytes]]:
+    async def Subscribe(
+        self, request: api_pb2.SubscribeRequest, context: ServerContext
+    ) -> AsyncIterator[api_pb2.Message | list[bytes]]:
         req: api_pb2.SubscribeRequest = request
         try:
             part = await self.readable(req.stream, req.partition, resume=req.resume, allow_replica=req.readISRReplica)
@@ -374,7 +384,9 @@ class ApiService:
 
     # -- metadata ----------------------------------------------------------
 
-    async def FetchMetadata(self, request: Any, context: Any) -> api_pb2.FetchMetadataResponse:
+    async def FetchMetadata(
+        self, request: api_pb2.FetchMetadataRequest, context: ServerContext
+    ) -> api_pb2.FetchMetadataResponse:
         req: api_pb2.FetchMetadataRequest = request
         metadata = self._streams.metadata
         streams = metadata.streams
@@ -446,7 +458,9 @@ class ApiService:
             fenced=part.fenced or "" if part is not None else "",
         )
 
-    async def FetchPartitionMetadata(self, request: Any, context: Any) -> api_pb2.FetchPartitionMetadataResponse:
+    async def FetchPartitionMetadata(
+        self, request: api_pb2.FetchPartitionMetadataRequest, context: ServerContext
+    ) -> api_pb2.FetchPartitionMetadataResponse:
         try:
             part = self.hosted(request.stream, request.partition)
         except MetadataError as exc:
@@ -687,7 +701,7 @@ class ApiService:
                 return part.write_error if part else None
         return None
 
-    async def Publish(self, request: Any, context: Any) -> api_pb2.PublishResponse:
+    async def Publish(self, request: api_pb2.PublishRequest, context: ServerContext) -> api_pb2.PublishResponse:
         try:
             future = await self.send(request)
             if future is None:
@@ -697,7 +711,9 @@ class ApiService:
             await abort_with(context, failure)
         return api_pb2.PublishResponse(ack=ack)
 
-    async def PublishToSubject(self, request: Any, context: Any) -> api_pb2.PublishToSubjectResponse:
+    async def PublishToSubject(
+        self, request: api_pb2.PublishToSubjectRequest, context: ServerContext
+    ) -> api_pb2.PublishToSubjectResponse:
         req: api_pb2.PublishToSubjectRequest = request
         try:
             try:
@@ -738,7 +754,9 @@ class ApiService:
             await abort_with(context, failure)
         return api_pb2.PublishToSubjectResponse(ack=ack)
 
-    async def PublishAsync(self, request_iterator: Any, context: Any) -> None:
+    async def PublishAsync(
+        self, request_iterator: RequestStream[api_pb2.PublishRequest], context: ServerContext
+    ) -> None:
         await serve_publish_async(self, request_iterator, context)
 
     def answer(self, future: asyncio.Future[api_pb2.Ack], cid: str) -> bytes:
@@ -760,7 +778,7 @@ class ApiService:
 
     # -- later issues --------------------------------------------------------
 
-    async def _unimplemented(self, context: Any, what: str) -> NoReturn:
+    async def _unimplemented(self, context: ServerContext, what: str) -> NoReturn:
         await abort_with(
             context,
             RpcFailure(
@@ -770,27 +788,33 @@ class ApiService:
             ),
         )
 
-    async def SetCursor(self, request: Any, context: Any) -> api_pb2.SetCursorResponse:
+    async def SetCursor(self, request: api_pb2.SetCursorRequest, context: ServerContext) -> api_pb2.SetCursorResponse:
         try:
             await self.cursors.set(request)
         except RpcFailure as failure:
             await abort_with(context, failure)
         return api_pb2.SetCursorResponse()
 
-    async def FetchCursor(self, request: Any, context: Any) -> api_pb2.FetchCursorResponse:
+    async def FetchCursor(
+        self, request: api_pb2.FetchCursorRequest, context: ServerContext
+    ) -> api_pb2.FetchCursorResponse:
         try:
             offset = await self.cursors.fetch(request)
         except RpcFailure as failure:
             await abort_with(context, failure)
         return api_pb2.FetchCursorResponse(offset=offset)
 
-    async def JoinConsumerGroup(self, request: Any, context: Any) -> api_pb2.JoinConsumerGroupResponse:
+    async def JoinConsumerGroup(
+        self, request: api_pb2.JoinConsumerGroupRequest, context: ServerContext
+    ) -> api_pb2.JoinConsumerGroupResponse:
         try:
             return await self.groups.join(request)
         except RpcFailure as failure:
             await abort_with(context, failure)
 
-    async def LeaveConsumerGroup(self, request: Any, context: Any) -> api_pb2.LeaveConsumerGroupResponse:
+    async def LeaveConsumerGroup(
+        self, request: api_pb2.LeaveConsumerGroupRequest, context: ServerContext
+    ) -> api_pb2.LeaveConsumerGroupResponse:
         try:
             await self.groups.leave(request)
         except RpcFailure as failure:
@@ -798,7 +822,7 @@ class ApiService:
         return api_pb2.LeaveConsumerGroupResponse()
 
     async def FetchConsumerGroupAssignments(
-        self, request: Any, context: Any
+        self, request: api_pb2.FetchConsumerGroupAssignmentsRequest, context: ServerContext
     ) -> api_pb2.FetchConsumerGroupAssignmentsResponse:
         try:
             return self.groups.assignments(request)
@@ -806,7 +830,7 @@ class ApiService:
             await abort_with(context, failure)
 
     async def ReportConsumerGroupCoordinator(
-        self, request: Any, context: Any
+        self, request: api_pb2.ReportConsumerGroupCoordinatorRequest, context: ServerContext
     ) -> api_pb2.ReportConsumerGroupCoordinatorResponse:
         try:
             await self.groups.report(request)

@@ -17,12 +17,11 @@ and sizes.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from liftlog.api import api_pb2, batches_pb2
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.errors import Reason
-from liftlog.rpc import StatusCode
+from liftlog.rpc import ServerContext, StatusCode
 from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
 from liftlog.storage.encryption import EncryptionError
 from liftlog.storage.records import batches_end, check_records
@@ -44,7 +43,7 @@ class BatchesService:
     def __init__(self, api: ApiService) -> None:
         self._api = api
 
-    async def Fetch(self, request: Any, context: Any) -> batches_pb2.FetchResponse:
+    async def Fetch(self, request: batches_pb2.FetchRequest, context: ServerContext) -> batches_pb2.FetchResponse:
         req: batches_pb2.FetchRequest = request
         try:
             if req.offset < 0 or req.endOffset < 0 or req.maxBytes < 0 or req.maxWaitMs < 0:
@@ -116,7 +115,7 @@ class BatchesService:
             batches=data, highWatermark=hw, logStartOffset=start, nextOffset=next_at, subject=subject
         )
 
-    async def Publish(self, request: Any, context: Any) -> batches_pb2.PublishResponse:
+    async def Publish(self, request: batches_pb2.PublishRequest, context: ServerContext) -> batches_pb2.PublishResponse:
         req: batches_pb2.PublishRequest = request
         api = self._api
         try:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -337,7 +337,7 @@ class MetadataService:
         self._nats: NatsClient
         self._subs: list[NatsSubscription] = []
         self._join_sub: NatsSubscription | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._leader_task: asyncio.Task[None] | None = None
         self._leader_changed = asyncio.Event()
         self.registered = asyncio.Event()
@@ -399,7 +399,7 @@ class MetadataService:
         if await self._wait(lambda: self.raft.leader_id not in (self.server_id, None), timeout):
             log.info("handed the metadata leadership to %s", self.raft.leader_id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from liftlog.api import cluster_pb2
 from liftlog.api.errors import Reason
@@ -18,7 +17,7 @@ from liftlog.metadata import MetadataError, PartitionState
 from liftlog.metadata.groups import assign
 from liftlog.metadata.protocol import PartitionMove
 from liftlog.metadata.reassignment import preferred_leader_changes
-from liftlog.rpc import StatusCode
+from liftlog.rpc import ServerContext, StatusCode
 
 from .access import AccessControl
 from .cluster import MetadataService
@@ -43,7 +42,9 @@ class ClusterService:
         #: Whether this server signs its internal messages, and what it dropped by reason.
         self._auth_state = auth_state
 
-    async def Status(self, request: Any, context: Any) -> cluster_pb2.ClusterStatusResponse:
+    async def Status(
+        self, request: cluster_pb2.ClusterStatusRequest, context: ServerContext
+    ) -> cluster_pb2.ClusterStatusResponse:
         cluster = self._cluster
         metadata = cluster.metadata
         node = cluster.raft.node
@@ -120,7 +121,9 @@ class ClusterService:
             )
         return out
 
-    async def Reassign(self, request: Any, context: Any) -> cluster_pb2.ReassignResponse:
+    async def Reassign(
+        self, request: cluster_pb2.ReassignRequest, context: ServerContext
+    ) -> cluster_pb2.ReassignResponse:
         req: cluster_pb2.ReassignRequest = request
         moves = tuple(PartitionMove(p.stream, p.partition, tuple(p.replicas)) for p in req.partitions)
         try:
@@ -129,7 +132,9 @@ class ClusterService:
             await abort_with(context, failure_from(exc))
         return cluster_pb2.ReassignResponse(reassignments=self._reassignments())
 
-    async def Decommission(self, request: Any, context: Any) -> cluster_pb2.DecommissionResponse:
+    async def Decommission(
+        self, request: cluster_pb2.DecommissionRequest, context: ServerContext
+    ) -> cluster_pb2.DecommissionResponse:
         req: cluster_pb2.DecommissionRequest = request
         try:
             await self._cluster.decommission(req.server)
@@ -137,7 +142,9 @@ class ClusterService:
             await abort_with(context, failure_from(exc))
         return cluster_pb2.DecommissionResponse(reassignments=self._reassignments())
 
-    async def ElectPreferredLeaders(self, request: Any, context: Any) -> cluster_pb2.ElectPreferredLeadersResponse:
+    async def ElectPreferredLeaders(
+        self, request: cluster_pb2.ElectPreferredLeadersRequest, context: ServerContext
+    ) -> cluster_pb2.ElectPreferredLeadersResponse:
         due = len(preferred_leader_changes(self._cluster.metadata))
         try:
             await self._cluster.elect_preferred_leaders()
@@ -145,7 +152,9 @@ class ClusterService:
             await abort_with(context, failure_from(exc))
         return cluster_pb2.ElectPreferredLeadersResponse(changed=due)
 
-    async def Reassignments(self, request: Any, context: Any) -> cluster_pb2.ReassignmentsResponse:
+    async def Reassignments(
+        self, request: cluster_pb2.ReassignmentsRequest, context: ServerContext
+    ) -> cluster_pb2.ReassignmentsResponse:
         metadata = self._cluster.metadata
         return cluster_pb2.ReassignmentsResponse(
             serverId=self._cluster.server_id,
@@ -153,15 +162,17 @@ class ClusterService:
             leaving=sorted(s.id for s in metadata.servers.values() if s.leaving),
         )
 
-    async def AddPolicy(self, request: Any, context: Any) -> cluster_pb2.PolicyResponse:
+    async def AddPolicy(self, request: cluster_pb2.PolicyRequest, context: ServerContext) -> cluster_pb2.PolicyResponse:
         await self._change_policy(request, context, add=True)
         return cluster_pb2.PolicyResponse()
 
-    async def RevokePolicy(self, request: Any, context: Any) -> cluster_pb2.PolicyResponse:
+    async def RevokePolicy(
+        self, request: cluster_pb2.PolicyRequest, context: ServerContext
+    ) -> cluster_pb2.PolicyResponse:
         await self._change_policy(request, context, add=False)
         return cluster_pb2.PolicyResponse()
 
-    async def _change_policy(self, request: Any, context: Any, *, add: bool) -> None:
+    async def _change_policy(self, request: cluster_pb2.PolicyRequest, context: ServerContext, *, add: bool) -> None:
         p = request.policy
         authorizer = self._access.authorizer if self._access is not None else None
         if authorizer is not None and authorizer.from_file:
@@ -179,7 +190,9 @@ class ClusterService:
         except MetadataError as exc:
             await abort_with(context, failure_from(exc))
 
-    async def ListPolicies(self, request: Any, context: Any) -> cluster_pb2.ListPoliciesResponse:
+    async def ListPolicies(
+        self, request: cluster_pb2.ListPoliciesRequest, context: ServerContext
+    ) -> cluster_pb2.ListPoliciesResponse:
         access = self._access
         authorizer = access.authorizer if access is not None else None
         from_files = authorizer is not None and authorizer.from_file
@@ -194,7 +207,7 @@ class ClusterService:
             fromFiles=from_files,
         )
 
-    async def Groups(self, request: Any, context: Any) -> cluster_pb2.GroupsResponse:
+    async def Groups(self, request: cluster_pb2.GroupsRequest, context: ServerContext) -> cluster_pb2.GroupsResponse:
         req: cluster_pb2.GroupsRequest = request
         metadata = self._cluster.metadata
         names = list(req.groups) or sorted(metadata.groups)

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import yaml
 
@@ -37,6 +37,9 @@ from liftlog.metadata.limits import (
 from liftlog.security.cluster_auth import weak_secret_problem
 from liftlog.storage import FsyncPolicy, LogConfig
 from liftlog.units import parse_duration_ms, parse_size
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "SETTINGS",
@@ -59,12 +62,12 @@ class ConfigError(ValueError):
         super().__init__(f"config key {key!r}: {message}")
 
 
-def _int(minimum: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
+def _int(minimum: int) -> Callable[[object], int]:
+    def parse(value: object) -> int:
         if isinstance(value, bool):
             raise ValueError("expected an integer")
         try:
-            number = int(value)
+            number: int = int(value)  # type: ignore[call-overload]  # what int() cannot take is a TypeError
         except (TypeError, ValueError):
             raise ValueError(f"expected an integer, got {value!r}") from None
         if number < minimum:
@@ -74,14 +77,14 @@ def _int(minimum: int) -> Callable[[Any], int]:
     return parse
 
 
-def _replicas(value: Any) -> int:
+def _replicas(value: object) -> int:
     number = _int(-1)(value)
     if number == 0:
         raise ValueError("must be -1 (every server) or at least 1, got 0")
     return number
 
 
-def _bool(value: Any) -> bool:
+def _bool(value: object) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -92,20 +95,20 @@ def _bool(value: Any) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
-def _str(value: Any) -> str:
+def _str(value: object) -> str:
     if isinstance(value, dict | list):
         raise ValueError(f"expected a string, got {type(value).__name__}")
     return str(value)
 
 
-def _name(value: Any) -> str:
+def _name(value: object) -> str:
     text = _str(value)
     if not text or re.search(r"[\s.*>]", text):
         raise ValueError(f"must be non-empty with no spaces, dots or wildcards, got {value!r}")
     return text
 
 
-def _list(value: Any) -> tuple[str, ...]:
+def _list(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip())
     if isinstance(value, list | tuple):
@@ -113,8 +116,8 @@ def _list(value: Any) -> tuple[str, ...]:
     raise ValueError(f"expected a list or a comma-separated string, got {value!r}")
 
 
-def _choice(*options: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
+def _choice(*options: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
         text = _str(value).lower()
         if text not in options:
             raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
@@ -123,7 +126,7 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return parse
 
 
-def _listen(value: Any) -> str:
+def _listen(value: object) -> str:
     text = _str(value)
     _host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -134,12 +137,12 @@ def _listen(value: Any) -> str:
 @dataclass(frozen=True)
 class Setting:
     key: str
-    parse: Callable[[Any], Any]
-    default: Any
+    parse: Callable[[object], object]
+    default: object
     help: str
 
 
-def _s(key: str, parse: Callable[[Any], Any], default: Any, help: str) -> Setting:
+def _s(key: str, parse: Callable[[object], object], default: object, help: str) -> Setting:
     return Setting(key, parse, default, help)
 
 
@@ -814,7 +817,7 @@ NO_EFFECT: frozenset[str] = frozenset(
 )
 
 
-def ignored_settings(values: Mapping[str, Any]) -> list[str]:
+def ignored_settings(values: Mapping[str, object]) -> list[str]:
     """The no-effect keys (``NO_EFFECT``) set to something other than their default."""
     return sorted(k for k in NO_EFFECT if values.get(k, _BY_KEY[k].default) != _BY_KEY[k].default)
 
@@ -822,8 +825,8 @@ def ignored_settings(values: Mapping[str, Any]) -> list[str]:
 # -- loading ------------------------------------------------------------------
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
+def _flatten(tree: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
     for raw_key, value in tree.items():
         key = f"{prefix}{raw_key}"
         if isinstance(value, dict) and key not in _BY_KEY:
@@ -839,7 +842,7 @@ def _unknown(key: str, source: str) -> ConfigError:
     return ConfigError(key, f"unknown key in {source}{hint}")
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _read_file(path: Path) -> dict[str, object]:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -855,7 +858,10 @@ def _read_file(path: Path) -> dict[str, Any]:
     return _flatten(tree)
 
 
-def _section(cls: type[Any], prefix: str, values: Mapping[str, Any]) -> Any:
+_Section = TypeVar("_Section", bound="DataclassInstance")
+
+
+def _section(cls: type[_Section], prefix: str, values: Mapping[str, object]) -> _Section:
     """Build a section dataclass from the keys under ``prefix`` (``a.b.c`` -> field ``b_c``)."""
     names = {f.name for f in fields(cls)}
     picked = {k[len(prefix) :].replace(".", "_"): v for k, v in values.items() if k.startswith(prefix)}
@@ -864,11 +870,11 @@ def _section(cls: type[Any], prefix: str, values: Mapping[str, Any]) -> Any:
 
 def load_config(
     path: str | Path | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ServerConfig:
     """Build the configuration: defaults < file < ``LIFTLOG_*`` env < ``overrides`` (flags)."""
-    raw: dict[str, tuple[Any, str]] = {}
+    raw: dict[str, tuple[object, str]] = {}
     if path is not None:
         for key, value in _read_file(Path(path)).items():
             if key not in _BY_KEY:

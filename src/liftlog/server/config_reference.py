@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 from liftlog.units import parse_duration_ms, parse_size
 
@@ -31,7 +30,7 @@ warns at start.
 """
 
 
-def _kind(parse: Callable[[Any], Any]) -> str:
+def _kind(parse: Callable[[object], object]) -> str:
     if parse is parse_size:
         return "size"
     if parse is parse_duration_ms:

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -53,7 +53,7 @@ _output_logger = logging.getLogger(f"{__name__}.output")
 
 # Resolved once in the parent: the child, between fork and exec, only makes the call.
 _PR_SET_PDEATHSIG = 1
-_prctl: Any
+_prctl: Callable[..., object] | None
 try:
     _prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux

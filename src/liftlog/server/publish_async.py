@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from liftlog.api import api_pb2
 from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
@@ -40,6 +40,7 @@ from .failures import RpcFailure, async_error
 
 if TYPE_CHECKING:
     from liftlog.metadata import PartitionMeta
+    from liftlog.rpc import RequestStream, ServerContext
 
     from .access import AccessControl
     from .api_service import ApiService
@@ -101,7 +102,9 @@ class _Batch:
 _Entry = tuple[str, "asyncio.Future[api_pb2.Ack] | RpcFailure | _Batch", int]
 
 
-async def serve_publish_async(api: ApiService, request_iterator: Any, context: Any) -> None:
+async def serve_publish_async(
+    api: ApiService, request_iterator: RequestStream[api_pb2.PublishRequest], context: ServerContext
+) -> None:
     """Answer every request, in request order, with its ack or an asyncError.
 
     At most ``publish.async.max.inflight`` requests are read and not yet answered; past that the
@@ -121,21 +124,11 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
     #: The latest requests were LEADER-acked for a partition led here: after answering, the client's next
     #: request is likely a loop turn or two away (one publisher at a time), so the loop polls for it.
     answers_hot = False
-    take = getattr(request_iterator, "next_batch", None)
-    one_by_one = aiter(request_iterator) if take is None else None
-    #: Requests received and not yet taken (our own server's request queue; None elsewhere).
-    buffered = getattr(request_iterator, "items", None)
+    take = request_iterator.next_batch
+    #: Requests received and not yet taken.
+    buffered = request_iterator.items
     #: The ack futures of this call's latest published messages and batches.
     in_flight: deque[asyncio.Future[api_pb2.Ack]] = deque(maxlen=HELD_BATCHES)
-
-    async def next_requests(n: int) -> list[api_pb2.PublishRequest]:
-        if take is not None:
-            return await take(n)  # type: ignore[no-any-return]
-        assert one_by_one is not None
-        try:
-            return [await anext(one_by_one)]
-        except StopAsyncIteration:
-            return []
 
     async def publish(batch: _Batch) -> None:
         try:
@@ -155,24 +148,24 @@ async def serve_publish_async(api: ApiService, request_iterator: Any, context: A
                 while len(queue) >= limit:
                     room.clear()
                     await room.wait()
-                requests = await next_requests(limit - len(queue))
+                requests = await take(limit - len(queue))
                 if not requests:
                     return
-                if coalesce and buffered is not None and len(in_flight) >= HELD_BATCHES and not in_flight[0].done():
+                if coalesce and len(in_flight) >= HELD_BATCHES and not in_flight[0].done():
                     # Enough of this call's batches are on their way: wait (briefly) for the oldest, and the next
                     # batch grows meanwhile. Clients with many publishers, each with one message in flight, send
                     # a few requests per read; answering them a few at a time costs the same per batch.
                     await asyncio.wait([in_flight[0]], timeout=HOLD_S)
                     room_left = limit - len(queue) - len(requests)
                     if buffered and room_left > 0:
-                        requests += await next_requests(room_left)
+                        requests += await take(room_left)
                 # The nats-server's limit can change with a reconnect: a batch it refused would fail every
                 # request in it, though each alone fits.
                 batch_max = min(MAX_BATCH_BYTES, api.nats_max_payload() - ENVELOPE_ROOM)
                 coalesce_max = min(MAX_COALESCED_MESSAGE, max_bytes, batch_max)
                 entries: list[_Entry] = []
                 batches: dict[tuple[str, int], _Batch] = {}
-                checked: dict[tuple[str, int, int], tuple[Any, bool] | RpcFailure] = {}
+                checked: dict[tuple[str, int, int], tuple[PartitionMeta, bool] | RpcFailure] = {}
                 for req in requests:
                     cid = req.correlationId
                     key = (req.stream, req.partition, req.ackPolicy)

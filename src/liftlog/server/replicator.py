@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from liftlog.api.envelope import Buffer
 from liftlog.metadata.protocol import IsrChange
@@ -269,7 +268,7 @@ class Replicator:
         #: Where the next answer to each follower starts, so that a partition with a backlog cannot
         #: take every response's byte budget.
         self._rotation: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._throttle = ByteRate(settings.reassignment_rate, clock=time.monotonic)
 
     async def start(self, nats: NatsClient) -> None:
@@ -300,8 +299,8 @@ class Replicator:
                 await sub.unsubscribe()
         self._subs = []
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Awaitable[object]) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -26,7 +26,7 @@ import os
 import secrets
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -1095,7 +1095,7 @@ class Server:
             self._tasks.append(loop.create_task(self._every(interval, flush), name="fsync"))
 
     @staticmethod
-    async def _every(seconds: float, job: Callable[[], Any]) -> None:
+    async def _every(seconds: float, job: Callable[[], Awaitable[object]]) -> None:
         while True:
             await asyncio.sleep(seconds)
             try:

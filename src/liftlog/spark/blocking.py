@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from liftlog.client import (
     Client,
@@ -92,7 +92,7 @@ class BlockingClient:
         """The result of started work, once it is done."""
         return self._loop.run_until_complete(task)
 
-    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
+    def run_coroutine(self, coro: Coroutine[object, object, T]) -> T:
         """Run a coroutine on this client's loop (for iterating subscriptions step by step)."""
         return self._loop.run_until_complete(coro)
 

@@ -16,7 +16,6 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 __all__ = ["EARLIEST", "LATEST", "OffsetRange", "PartitionOffsets", "admit", "split_ranges"]
 
@@ -137,8 +136,8 @@ class PartitionOffsets:
         return f"PartitionOffsets({self.to_json()})"
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
+def _reject_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result: dict[str, object] = {}
     for key, value in pairs:
         if key in result:
             raise ValueError(f"offsets JSON has the key {key!r} twice")

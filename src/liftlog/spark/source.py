@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -83,6 +82,10 @@ def local_session(app_name: str, *, cores: int = 2, conf: dict[str, str] | None 
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+#: Offsets as Spark keeps them in its checkpoint: ``PartitionOffsets.to_json``'s ``{stream: {"partition": offset}}``.
+_OffsetsDoc = dict[str, dict[str, int]]
 
 
 class RangePartition(InputPartition):
@@ -261,7 +264,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         bounds = self._client().run(lambda c: fetch_bounds(c, parts))
         return {k: b.earliest for k, b in bounds.items()}
 
-    def initialOffset(self) -> dict[str, Any]:
+    def initialOffset(self) -> _OffsetsDoc:
         opts = self.opts
         needs_earliest = opts.starting_offsets == "earliest" or (
             isinstance(opts.starting_offsets, dict)
@@ -286,7 +289,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             merged.setdefault(s, {})[p] = first
         return PartitionOffsets(merged)
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: _OffsetsDoc, limit: ReadLimit) -> _OffsetsDoc:
         begin = _from_dict(start)
         bounds = self._bounds(earliest=False)
         latest = _offsets({k: b.end for k, b in bounds.items()})
@@ -317,14 +320,14 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMinRows(self.opts.min_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def reportLatestOffset(self) -> dict[str, Any] | None:
+    def reportLatestOffset(self) -> _OffsetsDoc | None:
         return None if self._latest is None else _as_dict(self._latest)
 
     def prepareForTriggerAvailableNow(self) -> None:
         bounds = self._bounds(earliest=False)
         self._target = _offsets({k: b.end for k, b in bounds.items()})
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+    def partitions(self, start: _OffsetsDoc, end: _OffsetsDoc) -> Sequence[InputPartition]:
         begin, stop = _from_dict(start), _from_dict(end)
         new = [(s, p) for s, p, _ in stop if begin.get(s, p) is None]
         if new:
@@ -337,7 +340,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.opts, partition)
 
-    def commit(self, end: dict[str, Any]) -> None:
+    def commit(self, end: _OffsetsDoc) -> None:
         pass  # nothing to release: liftlog keeps no consumer state for us
 
     def stop(self) -> None:
@@ -353,12 +356,12 @@ def _offsets(flat: dict[tuple[str, int], int]) -> PartitionOffsets:
     return PartitionOffsets(nested)
 
 
-def _as_dict(offsets: PartitionOffsets) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(offsets.to_json())
+def _as_dict(offsets: PartitionOffsets) -> _OffsetsDoc:
+    result: _OffsetsDoc = json.loads(offsets.to_json())
     return result
 
 
-def _from_dict(doc: dict[str, Any]) -> PartitionOffsets:
+def _from_dict(doc: _OffsetsDoc) -> PartitionOffsets:
     try:
         return PartitionOffsets.from_json(json.dumps(doc))
     except ValueError as exc:

@@ -122,7 +122,7 @@ class WriteResult:
         return sum(self.written.values())
 
 
-def _as_bytes(value: Any, column: str, row: int) -> bytes | None:
+def _as_bytes(value: object, column: str, row: int) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     if isinstance(value, str):
