@@ -28,7 +28,7 @@ from liftlog.api.stored import (
     decode_fields,
     stored_subject,
 )
-from liftlog.storage.records import (
+from liftlog.recordformat import (
     ATTR_MSG_IDS,
     BATCH_HEADER,
     BATCH_HEADER_SIZE,

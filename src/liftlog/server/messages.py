@@ -33,6 +33,7 @@ from liftlog.api.stored import (
 from liftlog.api.stored import encode_fields as _fields
 from liftlog.api.stored import varint as _varint
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
+from liftlog.recordformat import BATCH_HEADER_SIZE, RECORD_HEADER, RECORD_OVERHEAD, BatchHeader
 from liftlog.replication.duplicates import (
     BATCH_ID_HEADER_BYTES,
     HIDDEN_MSG_ID_HEADER,
@@ -41,16 +42,7 @@ from liftlog.replication.duplicates import (
     PUBLISHER_RESERVED,
 )
 from liftlog.storage import EMPTY_HEADERS, InvalidBatch, NewRecord, Record
-from liftlog.storage.records import (
-    BATCH_HEADER_SIZE,
-    RECORD_HEADER,
-    RECORD_OVERHEAD,
-    BatchHeader,
-    RecordsInfo,
-    check_records,
-    decode_new_records,
-    header_values,
-)
+from liftlog.storage.records import RecordsInfo, check_records, decode_new_records, header_values
 
 __all__ = [
     "Encoded",

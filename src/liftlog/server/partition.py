@@ -40,6 +40,7 @@ from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.natswire import Event as NatsEvent
 from liftlog.natswire import LeanNats
+from liftlog.recordformat import ATTR_MSG_IDS
 from liftlog.replication.duplicates import (
     BATCH_ID_HEADER,
     HIDDEN_MSG_ID_HEADER,
@@ -62,7 +63,7 @@ from liftlog.storage import (
 from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.encryption import BatchCipher, EncryptionError, PartitionCipher, partition_context
 from liftlog.storage.fileio import DEFAULT_FILE_IO
-from liftlog.storage.records import ATTR_MSG_IDS, decode_records
+from liftlog.storage.records import decode_records
 
 from .duplicates import Screened, record_offsets, screen
 from .messages import Incoming, incoming_from_nats, msg_id_in_nats_headers, record_size

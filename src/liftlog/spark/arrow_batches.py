@@ -28,7 +28,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from liftlog.api.stored import PUBLISHER_RESERVED
 from liftlog.client import CorruptDataError
 from liftlog.client.batches import FIELDS_NAME, checked_batches
-from liftlog.storage.records import RECORD_OVERHEAD
+from liftlog.recordformat import RECORD_OVERHEAD
 
 __all__ = ["arrow_batch"]
 
