@@ -63,7 +63,7 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "pipeline/generator.py:publish_events": (111, "to split: pacing, publishing and progress in one loop"),
     "cli/bench_cluster.py:_failover": (111, "one scenario's script, step by step"),
     "client/batches.py:_decode_records": (99, "per-record hot loop, inlined on purpose (docs/performance.md)"),
-    "server/messages.py:encode_messages": (88, "per-record hot loop, inlined on purpose (docs/performance.md)"),
+    "server/messages.py:encode_messages": (84, "per-record hot loop, inlined on purpose (docs/performance.md)"),
     "server/partition.py:Partition.append": (93, "admission and append; admission to become a core (issue 37)"),
     "server/partition.py:Partition.__init__": (89, "wiring of a partition's collaborators"),
     "cli/encryption.py:rewrap": (89, "one command's steps with their progress display"),
