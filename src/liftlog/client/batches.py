@@ -201,15 +201,14 @@ def checked_batches(data: bytes, limit: int) -> Iterator[BatchHeader]:
             header = read_batch_header(data, pos)
         except MalformedBatch as exc:
             raise CorruptDataError(f"fetched data holds no valid batch at byte {pos} of {end}: {exc}") from None
-        base = header.base_offset
-        batch_end = pos + LOG_OVERHEAD + header.length
+        base, length, _epoch, _magic, crc, attrs, _last, _first, _max, _count, _at = header
+        batch_end = pos + LOG_OVERHEAD + length
         if batch_end > end:
             raise CorruptDataError(f"fetched data ends inside the batch at byte {pos} of {end} (offset {base})")
-        if crc32c(view[pos + CRC_START : batch_end]) != header.crc:
+        if crc32c(view[pos + CRC_START : batch_end]) != crc:
             raise CorruptDataError(f"the batch at offset {base} fails its CRC check")
         if base >= limit:
             return
-        attrs = header.attributes
         if attrs & ~ATTR_MSG_IDS:  # servers decrypt before they answer: these bytes are not records
             raise CorruptDataError(
                 f"the batch at offset {base} has attributes {attrs:#x} (encrypted?), which no read returns"

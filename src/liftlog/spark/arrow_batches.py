@@ -31,6 +31,7 @@ from liftlog.client.batches import FIELDS_NAME, checked_batches
 from liftlog.recordformat import (
     BATCH_HEADER_SIZE,
     HEADER_NAME,
+    LOG_OVERHEAD,
     RECORD_FIELDS,
     RECORD_OVERHEAD,
     MalformedBatch,
@@ -176,16 +177,16 @@ def _record_starts(data: bytes, start: int, limit: int) -> tuple[Any, Any, Any, 
     picked: list[tuple[int, int, int, int]] = []
     walked: dict[int, array[int]] = {}  # the long batches, by their place in picked
     next_offset = start
-    for header in checked_batches(data, limit):
-        base, count = header.base_offset, header.record_count
-        if header.last_offset >= start and count > 0:
-            records_at, batch_end = header.position + BATCH_HEADER_SIZE, header.position + header.size
+    # Headers unpacked, not read through their properties: a fetch of small batches has thousands.
+    for base, length, _epoch, _magic, _crc, _attrs, last_delta, _first, _max, count, at in checked_batches(data, limit):
+        if base + last_delta >= start and count > 0:
+            records_at, batch_end = at + BATCH_HEADER_SIZE, at + LOG_OVERHEAD + length
             if count > (batch_end - records_at) // RECORD_OVERHEAD:
                 raise CorruptDataError(f"the batch at offset {base} claims {count} records, more than its bytes hold")
             if count >= _WALK_AT_ONCE:
                 walked[len(picked)] = _walk(data, records_at, count, start)
             picked.append((base, count, records_at, batch_end))
-        next_offset = max(next_offset, min(header.next_offset, limit))
+        next_offset = max(next_offset, min(base + last_delta + 1, limit))
     if not picked:
         return _NO_POSITIONS, (), (), (), next_offset
     bases, counts, records_at, batch_ends = np.array(picked, np.int64).T
