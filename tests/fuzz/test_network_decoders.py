@@ -30,6 +30,7 @@ from liftlog.api import api_pb2
 from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import decode_record_batch, encode_record_batch
 from liftlog.api.envelope import decode_publish_message, encode_publish_message
+from liftlog.recordformat import RECORD_HEADER
 from liftlog.rpc import wire
 from liftlog.rpc.connection import BufferBudget
 from liftlog.rpc.server_connection import (
@@ -46,7 +47,7 @@ from liftlog.rpc.server_connection import (
 from liftlog.rpc.wire import END_HEADERS, END_STREAM, FrameType, Setting
 from liftlog.server.messages import Incoming, incoming_from_nats
 from liftlog.storage import NewRecord
-from liftlog.storage.records import RECORD_HEADER, encode_records
+from liftlog.storage.records import encode_records
 
 # -- liftlog.rpc.ServerConnection -----------------------------------------------------
 

@@ -25,13 +25,11 @@ from liftlog.api.subscribe_batches import END_HEADER, batches_message
 from liftlog.client import CorruptDataError, Message
 from liftlog.client.batches import Columns, decode_batches
 from liftlog.client.subscription import Subscription
+from liftlog.recordformat import RECORD_HEADER, RECORD_OVERHEAD, BatchHeader
 from liftlog.storage import InvalidBatch, NewRecord, Record
 from liftlog.storage.checkpoint import CorruptCheckpoint, read_checkpoint, write_checkpoint
 from liftlog.storage.encryption import BatchCipher, EncryptionError, MasterKey
 from liftlog.storage.records import (
-    RECORD_HEADER,
-    RECORD_OVERHEAD,
-    BatchHeader,
     check_records,
     decode_new_records,
     decode_records,

@@ -12,10 +12,11 @@ from liftlog.api import api_pb2
 from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.metadata import PartitionMeta
+from liftlog.recordformat import ATTR_MSG_IDS
 from liftlog.server.messages import Incoming, incoming_from_nats
 from liftlog.server.partition import Partition, PartitionOptions
 from liftlog.storage import LogConfig, NewRecord
-from liftlog.storage.records import ATTR_MSG_IDS, encode_records
+from liftlog.storage.records import encode_records
 
 WINDOW = 10_000_000_000  # 10 s, in the partition clock's ns
 LEADER, ALL = api_pb2.LEADER, api_pb2.ALL

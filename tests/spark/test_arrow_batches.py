@@ -178,7 +178,7 @@ def _resealed(records: bytes, count: int) -> bytes:
     """A batch of ``count`` records holding ``records`` as they are, with a valid CRC."""
     from crc32c import crc32c
 
-    from liftlog.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE
+    from liftlog.recordformat import BATCH_HEADER, BATCH_HEADER_SIZE
 
     length = BATCH_HEADER_SIZE - 12 + len(records)
     head = BATCH_HEADER.pack(0, length, 1, 1, 0, 0, count - 1, 0, 0, count)
@@ -188,7 +188,7 @@ def _resealed(records: bytes, count: int) -> bytes:
 
 @pytest.mark.parametrize("length", [-4, -1, 0, 21, 2**31 - 1])
 def test_impossible_record_lengths_are_refused_without_looping(length: int) -> None:
-    from liftlog.storage.records import RECORD_HEADER
+    from liftlog.recordformat import RECORD_HEADER
 
     data = _resealed(RECORD_HEADER.pack(length, 0, 0, -1, 0, 0), 10**8)
     with pytest.raises(CorruptDataError):
@@ -197,7 +197,7 @@ def test_impossible_record_lengths_are_refused_without_looping(length: int) -> N
 
 @pytest.mark.parametrize(("key_len", "value_len"), [(-2, 0), (0, -1), (50, 0), (0, 50), (-1, 2**31 - 1)], ids=str)
 def test_lengths_past_their_record_are_refused(key_len: int, value_len: int) -> None:
-    from liftlog.storage.records import RECORD_HEADER
+    from liftlog.recordformat import RECORD_HEADER
 
     data = _resealed(RECORD_HEADER.pack(22 + 4, 0, 0, key_len, value_len, 0) + b"abcd", 1)
     with pytest.raises(CorruptDataError):
@@ -220,7 +220,7 @@ def test_many_batches_of_any_count_are_walked_alike() -> None:
 
 
 def test_a_batch_claiming_more_records_than_its_bytes_hold_is_refused() -> None:
-    from liftlog.storage.records import RECORD_HEADER
+    from liftlog.recordformat import RECORD_HEADER
 
     data = _resealed(RECORD_HEADER.pack(22, 0, 0, -1, 0, 0), 2)
     with pytest.raises(CorruptDataError, match="claims 2 records"):
@@ -231,7 +231,7 @@ def test_a_batch_claiming_more_records_than_its_bytes_hold_is_refused() -> None:
 @pytest.mark.parametrize("length", [30, -26, -4, -1, 0, 21, 23, 2**31 - 1])
 def test_a_bad_length_amid_many_batches_is_refused(length: int, lockstep: int, at_once: int) -> None:
     """One record's length, in the middle of one of 30 batches, sends its walk astray (or off the data)."""
-    from liftlog.storage.records import RECORD_HEADER
+    from liftlog.recordformat import RECORD_HEADER
 
     record = RECORD_HEADER.pack(30, 0, 0, -1, 8, 0) + b"v" * 8  # 4 + 30 bytes
     damaged = struct.pack(">i", length) + record[4:]
@@ -251,7 +251,7 @@ def test_a_bad_length_amid_many_batches_is_refused(length: int, lockstep: int, a
 @pytest.mark.parametrize("where", ["before the data", "in its last bytes"])
 def test_a_length_leading_out_of_the_data_is_refused(where: str, lockstep: int, at_once: int) -> None:
     """A batch's last record placed before the data (numpy would read from its end) or in its last bytes."""
-    from liftlog.storage.records import BATCH_HEADER_SIZE, RECORD_HEADER
+    from liftlog.recordformat import BATCH_HEADER_SIZE, RECORD_HEADER
 
     record = RECORD_HEADER.pack(30, 0, 0, -1, 8, 0) + b"v" * 8
     rest = [_resealed(record * 5, 5) for _ in range(29)]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from liftlog.recordformat import BatchHeader
 from liftlog.storage import (
     CommitLog,
     CorruptBatch,
@@ -29,7 +30,7 @@ from liftlog.storage import (
     StaleLeaderEpoch,
 )
 from liftlog.storage.compaction import CLEANING_DIR, build_key_map, clean_segment
-from liftlog.storage.records import BatchHeader, decode_records, encode_batch, iter_batch_headers
+from liftlog.storage.records import decode_records, encode_batch, iter_batch_headers
 from liftlog.storage.segment import segment_name
 
 SEEDS = list(range(30))

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from liftlog.recordformat import BATCH_HEADER_SIZE, batch_crc_ok
 from liftlog.storage.encryption import (
     ATTR_ENCRYPTED,
     BatchCipher,
@@ -21,14 +22,7 @@ from liftlog.storage.encryption import (
     envelope_of,
     partition_context,
 )
-from liftlog.storage.records import (
-    BATCH_HEADER_SIZE,
-    NewRecord,
-    batch_crc_ok,
-    decode_records,
-    encode_batch,
-    parse_batch_header,
-)
+from liftlog.storage.records import NewRecord, decode_records, encode_batch, parse_batch_header
 
 KEY_A = MasterKey(b"A" * 32)
 KEY_B = MasterKey(b"b" * 16)

@@ -6,10 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from liftlog.recordformat import BATCH_HEADER_SIZE, batch_crc_ok
 from liftlog.storage import InvalidBatch, NewRecord, RecordTooLarge
 from liftlog.storage.records import (
-    BATCH_HEADER_SIZE,
-    batch_crc_ok,
     decode_records,
     encode_batch,
     encode_empty_batch,

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
+from liftlog.recordformat import BATCH_HEADER_SIZE
 from liftlog.storage import CommitLog, LogConfig, NewRecord
 from liftlog.storage.encryption import BatchCipher, MasterKey, envelope_of, partition_context
-from liftlog.storage.records import BATCH_HEADER_SIZE, encode_batch, iter_batch_headers, parse_batch_header
+from liftlog.storage.records import encode_batch, iter_batch_headers, parse_batch_header
 from liftlog.storage.rewrap import RewrapError, find_partitions, lock_data_dir, rewrap_partition
 
 from .conftest import FakeClock

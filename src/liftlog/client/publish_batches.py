@@ -26,7 +26,8 @@ from liftlog.client.msg_ids import BATCH_ID_HEADER, new_msg_id
 from liftlog.client.nats_helpers import to_bytes, to_headers
 from liftlog.client.types import Ack, AckPolicy, OutgoingMessage, PublishValue
 from liftlog.client.types import batch_ack as make_ack
-from liftlog.storage.records import RECORD_HEADER, NewRecord, PreparedRecord, encode_records
+from liftlog.recordformat import RECORD_HEADER
+from liftlog.storage.records import NewRecord, PreparedRecord, encode_records
 
 if TYPE_CHECKING:
     from liftlog.client.routing import Routing

@@ -21,10 +21,11 @@ import asyncio
 from liftlog.api import api_pb2, batches_pb2
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.errors import Reason
+from liftlog.recordformat import batches_end
 from liftlog.rpc import ServerContext, StatusCode
 from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
 from liftlog.storage.encryption import EncryptionError
-from liftlog.storage.records import batches_end, check_records
+from liftlog.storage.records import check_records
 
 from .api_service import ApiService, RpcFailure, abort_with
 from .failures import encryption_failure

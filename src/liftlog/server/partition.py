@@ -40,6 +40,7 @@ from liftlog.histogram import Histogram
 from liftlog.metadata import EventTimestamps, PartitionMeta
 from liftlog.natswire import Event as NatsEvent
 from liftlog.natswire import LeanNats
+from liftlog.recordformat import ATTR_MSG_IDS
 from liftlog.replication.admission import AdmissionRules, Intake, Refusal, admit, intake
 from liftlog.replication.duplicates import (
     BATCH_ID_HEADER,
@@ -63,7 +64,7 @@ from liftlog.storage import (
 from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.encryption import BatchCipher, EncryptionError, PartitionCipher, partition_context
 from liftlog.storage.fileio import DEFAULT_FILE_IO
-from liftlog.storage.records import ATTR_MSG_IDS, decode_records
+from liftlog.storage.records import decode_records
 
 from .changes import Changes
 from .duplicates import Screened, record_offsets, screen

@@ -30,8 +30,8 @@ from typing import Any
 
 from liftlog.api import api_pb2
 from liftlog.api.subscribe_batches import batches_message
+from liftlog.recordformat import batches_end
 from liftlog.storage import CommitLog, LogClosed, OffsetOutOfRange, Record
-from liftlog.storage.records import batches_end
 
 from .messages import encode_messages, record_to_message
 from .partition import Partition

@@ -4,7 +4,8 @@
 Python lists, which Arrow then walks again: about a microsecond a record, most
 of a Spark read task's time. Here the only per-record Python is the walk that
 finds where each record starts (records have variable length, so each start
-depends on the one before); every field is then gathered with numpy from the
+depends on the one before: ``liftlog.recordformat.record_starts``, or numpy
+steps across batches); every field is then gathered with numpy from the
 fetched bytes, and keys and values become Arrow binary-view arrays that point
 into those bytes, cast to plain binary in one C++ copy.
 
@@ -18,7 +19,6 @@ of ``decode_batches``: every batch's CRC, and every length within its batch.
 
 from __future__ import annotations
 
-import struct
 from array import array
 from typing import Any
 
@@ -28,11 +28,18 @@ import pyarrow as pa
 from liftlog.api.stored import PUBLISHER_RESERVED
 from liftlog.client import CorruptDataError
 from liftlog.client.batches import FIELDS_NAME, checked_batches
-from liftlog.storage.records import RECORD_OVERHEAD
+from liftlog.recordformat import (
+    BATCH_HEADER_SIZE,
+    HEADER_NAME,
+    LOG_OVERHEAD,
+    RECORD_FIELDS,
+    RECORD_OVERHEAD,
+    MalformedBatch,
+    record_starts,
+)
 
 __all__ = ["arrow_batch"]
 
-_LENGTH = struct.Struct(">i").unpack_from
 #: Batches still walking for which a numpy step beats a Python walk (measured: about 24).
 _LOCKSTEP = 24
 #: Records from which a batch is walked at once, in Python, while its bytes are in the cache.
@@ -42,22 +49,14 @@ _NO_POSITIONS = np.empty(0, np.int64)
 _FIELDS_HEADER = len(FIELDS_NAME) + 4
 #: The reserved headers publishers send (liftlog.replication.duplicates.PUBLISHER_RESERVED) as stored: the
 #: name's uint16 length, then the name. Both names have one length, so one gather compares both.
-_HIDDEN_NAMES = sorted(struct.pack(">H", len(name)) + name.encode() for name in PUBLISHER_RESERVED)
+_HIDDEN_NAMES = sorted(HEADER_NAME.pack(len(name)) + name.encode() for name in PUBLISHER_RESERVED)
 _HIDDEN_ARRAYS = [np.frombuffer(name, np.uint8) for name in _HIDDEN_NAMES]
 assert len({len(name) for name in _HIDDEN_NAMES}) == 1
 _SUBJECT_TAG = 0x3A
 #: Values and keys of up to this many bytes are stored inside an Arrow view; longer ones are referenced.
 _INLINE = 12
-_RECORD_HEADER = np.dtype(
-    [
-        ("length", ">i4"),
-        ("delta", ">i4"),
-        ("timestamp", ">i8"),
-        ("key_len", ">i4"),
-        ("value_len", ">i4"),
-        ("n_headers", ">u2"),
-    ]
-)
+#: A record's fixed part (liftlog.recordformat.RECORD_FIELDS), big-endian.
+_RECORD_HEADER = np.dtype([(name, ">" + code) for name, code in RECORD_FIELDS])
 
 
 def arrow_batch(
@@ -80,9 +79,9 @@ def arrow_batch(
     buf = np.frombuffer(data, np.uint8)
     fixed = buf[at[:, None] + np.arange(RECORD_OVERHEAD)].view(_RECORD_HEADER).reshape(n)
     length = fixed["length"].astype(np.int64)
-    key_len = fixed["key_len"].astype(np.int64)
-    value_len = fixed["value_len"].astype(np.int64)
-    n_headers = fixed["n_headers"]
+    key_len = fixed["key_length"].astype(np.int64)
+    value_len = fixed["value_length"].astype(np.int64)
+    n_headers = fixed["header_count"]
     record_end = at + 4 + length
     batch_end = np.repeat(np.asarray(batch_ends, np.int64), counts)
     key_at = at + RECORD_OVERHEAD
@@ -96,36 +95,10 @@ def arrow_batch(
         or (fields_at > record_end).any()
     ):
         raise CorruptDataError(f"a record of the batches fetched from offset {start} has an impossible length")
-    if (n_headers > 1).any():
+    if not _columnar_headers(buf, n_headers, fields_at, record_end, start):
         return None
-    with_fields = n_headers == 1
-    if with_fields.any():
-        where = fields_at[with_fields]
-        ends = record_end[with_fields]
-        # A publisher's hidden header (a client's own message id, a chunk's batch id) is no header to a
-        # reader: those records count as having none.
-        fits = where + len(_HIDDEN_NAMES[0]) <= ends
-        named = buf[np.where(fits, where, 0)[:, None] + np.arange(len(_HIDDEN_NAMES[0]))]
-        hidden = fits & np.logical_or.reduce([(named == name).all(axis=1) for name in _HIDDEN_ARRAYS])
-        if hidden.any():
-            with_fields = with_fields.copy()
-            with_fields[np.flatnonzero(with_fields)[hidden]] = False
-            where, ends = where[~hidden], ends[~hidden]
-    if with_fields.any():
-        # Only a \x00fields header, with no subject in it, keeps the partition's subject.
-        if (where + _FIELDS_HEADER > ends).any():
-            return None
-        head = buf[where[:, None] + np.arange(_FIELDS_HEADER)]
-        if not (head[:, : len(FIELDS_NAME)] == np.frombuffer(FIELDS_NAME, np.uint8)).all():
-            return None
-        size = head[:, len(FIELDS_NAME) :].copy().view(">i4").reshape(-1).astype(np.int64)
-        if (size < 0).any() or (where + _FIELDS_HEADER + size > ends).any():
-            raise CorruptDataError(f"a record of the batches fetched from offset {start} runs past its length")
-        stored = size > 0
-        if stored.any() and (buf[where[stored] + _FIELDS_HEADER] == _SUBJECT_TAG).any():
-            return None  # a subject per record: a wildcard stream
 
-    offsets = np.repeat(np.asarray(bases, np.int64), counts) + fixed["delta"].astype(np.int64)
+    offsets = np.repeat(np.asarray(bases, np.int64), counts) + fixed["offset_delta"].astype(np.int64)
     keep = (offsets >= start) & (offsets < limit)
     if not keep.all():
         offsets, key_at, key_len, value_at, value_len = (
@@ -152,6 +125,41 @@ def arrow_batch(
     return pa.RecordBatch.from_arrays(columns, schema=schema), next_offset
 
 
+def _columnar_headers(buf: Any, n_headers: Any, fields_at: Any, record_end: Any, start: int) -> bool:
+    """Whether every record's headers leave it to the columns: none, a publisher's hidden one, or only a
+    ``\\x00fields`` header with no subject in it (which keeps the partition's). ``fields_at``: where each
+    record's headers start. Raises CorruptDataError for a ``\\x00fields`` value past its record."""
+    if (n_headers > 1).any():
+        return False
+    with_fields = n_headers == 1
+    if with_fields.any():
+        where = fields_at[with_fields]
+        ends = record_end[with_fields]
+        # A publisher's hidden header (a client's own message id, a chunk's batch id) is no header to a
+        # reader: those records count as having none.
+        fits = where + len(_HIDDEN_NAMES[0]) <= ends
+        named = buf[np.where(fits, where, 0)[:, None] + np.arange(len(_HIDDEN_NAMES[0]))]
+        hidden = fits & np.logical_or.reduce([(named == name).all(axis=1) for name in _HIDDEN_ARRAYS])
+        if hidden.any():
+            with_fields = with_fields.copy()
+            with_fields[np.flatnonzero(with_fields)[hidden]] = False
+            where, ends = where[~hidden], ends[~hidden]
+    if with_fields.any():
+        # Only a \x00fields header, with no subject in it, keeps the partition's subject.
+        if (where + _FIELDS_HEADER > ends).any():
+            return False
+        head = buf[where[:, None] + np.arange(_FIELDS_HEADER)]
+        if not (head[:, : len(FIELDS_NAME)] == np.frombuffer(FIELDS_NAME, np.uint8)).all():
+            return False
+        size = head[:, len(FIELDS_NAME) :].copy().view(">i4").reshape(-1).astype(np.int64)
+        if (size < 0).any() or (where + _FIELDS_HEADER + size > ends).any():
+            raise CorruptDataError(f"a record of the batches fetched from offset {start} runs past its length")
+        stored = size > 0
+        if stored.any() and (buf[where[stored] + _FIELDS_HEADER] == _SUBJECT_TAG).any():
+            return False  # a subject per record: a wildcard stream
+    return True
+
+
 def _record_starts(data: bytes, start: int, limit: int) -> tuple[Any, Any, Any, Any, int]:
     """Where each record of the batches in range starts, with each such batch's base offset, count and end.
 
@@ -169,8 +177,10 @@ def _record_starts(data: bytes, start: int, limit: int) -> tuple[Any, Any, Any, 
     picked: list[tuple[int, int, int, int]] = []
     walked: dict[int, array[int]] = {}  # the long batches, by their place in picked
     next_offset = start
-    for base, last_delta, count, records_at, batch_end in checked_batches(data, limit):
+    # Headers unpacked, not read through their properties: a fetch of small batches has thousands.
+    for base, length, _epoch, _magic, _crc, _attrs, last_delta, _first, _max, count, at in checked_batches(data, limit):
         if base + last_delta >= start and count > 0:
+            records_at, batch_end = at + BATCH_HEADER_SIZE, at + LOG_OVERHEAD + length
             if count > (batch_end - records_at) // RECORD_OVERHEAD:
                 raise CorruptDataError(f"the batch at offset {base} claims {count} records, more than its bytes hold")
             if count >= _WALK_AT_ONCE:
@@ -211,16 +221,11 @@ def _record_starts(data: bytes, start: int, limit: int) -> tuple[Any, Any, Any, 
 
 
 def _walk(data: bytes, p: int, count: int, start: int) -> array[int]:
-    """The starts of ``count`` records from ``p`` on, in Python."""
-    starts = array("q")
-    add = starts.append
+    """The starts of ``count`` records from ``p`` on, in Python (the format's shared walk)."""
     try:
-        for _ in range(count):
-            add(p)
-            p += 4 + _LENGTH(data, p)[0]
-    except struct.error as exc:
+        return record_starts(data, p, count)
+    except MalformedBatch as exc:
         raise CorruptDataError(f"a record of the batches fetched from offset {start} is malformed: {exc}") from exc
-    return starts
 
 
 def _binary(buf: Any, data: bytes, at: Any, size: Any, n: int) -> pa.Array:

@@ -22,8 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from liftlog.recordformat import BatchHeader
+
 from .encryption import MissingMasterKey, PartitionCipher, is_encrypted
-from .records import BatchHeader, encode_empty_batch, iter_batch_headers, record_keys, retain_records
+from .records import encode_empty_batch, iter_batch_headers, record_keys, retain_records
 from .segment import Segment
 
 __all__ = ["CleanedSegment", "build_key_map", "clean_segment", "discard_cleaning_dir", "swap_in"]

@@ -46,15 +46,10 @@ from cryptography.hazmat.primitives.keywrap import (
     aes_key_wrap_with_padding,
 )
 
+from liftlog.recordformat import BATCH_HEAD, BATCH_HEADER_SIZE, BATCH_TAIL, LOG_OVERHEAD, MAGIC, BatchHeader
+
 from .errors import StorageError
-from .records import (
-    BATCH_HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC,
-    BatchHeader,
-    iter_batch_headers,
-    parse_batch_header,
-)
+from .records import iter_batch_headers, parse_batch_header
 
 __all__ = [
     "ATTR_ENCRYPTED",
@@ -85,8 +80,6 @@ _ENVELOPE_HEAD = struct.Struct(">B4sB")
 _AAD_V1 = struct.Struct(">qiiqqi")
 _AAD_V2 = struct.Struct(">BqiiqqiH")  # version, then the v1 fields, then attributes
 _CONTEXT_LABEL: Final = b"liftlog partition\x00"
-_HEAD = struct.Struct(">qiiBI")  # base offset, length, epoch, magic, crc
-_TAIL = struct.Struct(">Hiqqi")  # attributes, last offset delta, first/max timestamp, count
 _UNWRAPPED_KEEP: Final = 256
 
 
@@ -396,6 +389,6 @@ def _aad_v2(h: BatchHeader, attributes: int, context: bytes) -> bytes:
 
 def _seal(h: BatchHeader, attributes: int, body: bytes) -> bytes:
     """A batch with ``h``'s header fields, ``attributes`` and ``body`` in place of its records."""
-    tail = _TAIL.pack(attributes, h.last_offset_delta, h.first_timestamp, h.max_timestamp, h.record_count) + body
+    tail = BATCH_TAIL.pack(attributes, h.last_offset_delta, h.first_timestamp, h.max_timestamp, h.record_count) + body
     length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(body)
-    return _HEAD.pack(h.base_offset, length, h.leader_epoch, MAGIC, crc32c(tail)) + tail
+    return BATCH_HEAD.pack(h.base_offset, length, h.leader_epoch, MAGIC, crc32c(tail)) + tail

@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from liftlog.recordformat import BatchHeader, batch_crc_ok
+
 from .checkpoint import CorruptCheckpoint, EpochEntry, LeaderEpochCache, OffsetCheckpoint
 from .compaction import build_key_map, clean_segment, discard_cleaning_dir, swap_in
 from .config import FsyncPolicy, LogConfig
@@ -68,11 +70,9 @@ from .errors import (
 )
 from .fileio import DEFAULT_FILE_IO, FileIO
 from .records import (
-    BatchHeader,
     NewRecord,
     Record,
     RecordsInfo,
-    batch_crc_ok,
     decode_records,
     encode_batch,
     encode_empty_batch,

@@ -1,33 +1,14 @@
-"""Record batch codec: pure functions from records to bytes and back (sans-IO).
+"""Record batch codec for what writes batches: records to bytes, and back to records (sans-IO).
 
-A batch is the unit of writing, CRC, replication and indexing, like Kafka's
-v2 record batch. ``docs/storage-format.md`` gives the layout byte by byte;
-in short (all integers big-endian)::
-
-    batch header (47 bytes)
-      0  int64   base_offset
-      8  int32   length             bytes that follow this field
-     12  int32   leader_epoch
-     16  uint8   magic              = 1
-     17  uint32  crc                CRC-32C of bytes [21, end of batch)
-     21  uint16  attributes         0 (reserved for compression)
-     23  int32   last_offset_delta
-     27  int64   first_timestamp    ns
-     35  int64   max_timestamp      ns
-     43  int32   record_count
-    record (26-byte fixed part, then variable data)
-      0  int32   length             bytes that follow this field
-      4  int32   offset_delta
-      8  int64   timestamp          ns
-     16  int32   key_length         -1 for a null key
-     20  int32   value_length
-     24  uint16  header_count
-     26  key, value, then per header: uint16 name length, name (UTF-8),
-         int32 value length, value
-
-Records use fixed-width fields rather than Kafka's varints: a few bytes more
-per record, but one ``struct.unpack_from`` per record instead of a Python
-varint loop, which is what decides throughput in CPython.
+The layout itself (offsets, sizes, magic, attributes, :class:`BatchHeader`)
+and the walk of batches and records every reader shares live below storage,
+in :mod:`liftlog.recordformat` (``docs/storage-format.md`` gives it byte by
+byte). Here: the encoders (:func:`encode_batch`, :func:`encode_records`,
+:func:`encode_prepared`, :func:`seal_records`), the strict check of records
+a publisher sent (:func:`check_records`), the storage's reads of records
+(:func:`decode_records`, :func:`record_keys`, :func:`retain_records` for
+compaction and truncation) and the header parse and walk with storage's
+error, ``InvalidBatch`` (:func:`parse_batch_header`, :func:`iter_batch_headers`).
 """
 
 from __future__ import annotations
@@ -35,28 +16,38 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
 from crc32c import crc32c
 
+from liftlog.recordformat import (
+    ATTR_MSG_IDS,
+    BATCH_HEAD,
+    BATCH_HEADER_SIZE,
+    BATCH_TAIL,
+    HEADER_NAME,
+    HEADER_VALUE,
+    LOG_OVERHEAD,
+    MAGIC,
+    RECORD_HEADER,
+    RECORD_OVERHEAD,
+    BatchHeader,
+    MalformedBatch,
+    batch_headers,
+    decode_headers,
+    read_batch_header,
+    walk_records,
+)
+
 from .errors import InvalidBatch, RecordTooLarge
 
 __all__ = [
-    "ATTR_MSG_IDS",
-    "BATCH_HEADER_SIZE",
     "EMPTY_HEADERS",
-    "LOG_OVERHEAD",
-    "MAGIC",
-    "RECORD_OVERHEAD",
-    "BatchHeader",
     "NewRecord",
     "PreparedRecord",
     "Record",
     "RecordsInfo",
-    "batch_crc_ok",
-    "batches_end",
     "check_records",
     "decode_new_records",
     "decode_records",
@@ -73,23 +64,11 @@ __all__ = [
     "seal_records",
 ]
 
-MAGIC = 1
 #: Reserved header names publishers may send (``liftlog.replication.duplicates.PUBLISHER_RESERVED``): a batched
 #: publish's id for the whole batch, and a message id the client made up; stored, never served.
 _PUBLISHER_NAMES = (b"\x00batch", b"\x00msgid")
-#: Batch attribute: some record of the batch has a ``Nats-Msg-Id`` header (a message id), so a new leader
-#: rebuilding its duplicate window reads this batch's records; it skips the others by their header alone.
-ATTR_MSG_IDS = 0x0020
-BATCH_HEADER = struct.Struct(">qiiBIHiqqi")
-BATCH_HEADER_SIZE = BATCH_HEADER.size  # 47
-#: Bytes needed to learn a batch's total size: base_offset and length.
-LOG_OVERHEAD = 12
-_CRC_START = 21
-_LENGTH = struct.Struct(">qi")
-RECORD_HEADER = struct.Struct(">iiqiiH")
-RECORD_OVERHEAD = RECORD_HEADER.size  # 26
-_HEADER_NAME = struct.Struct(">H")
-_HEADER_VALUE = struct.Struct(">i")
+_HEADER_NAME = HEADER_NAME
+_HEADER_VALUE = HEADER_VALUE
 
 EMPTY_HEADERS: Mapping[str, bytes] = MappingProxyType({})
 
@@ -112,36 +91,6 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes
     headers: Mapping[str, bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The fixed header of one batch, plus where it sits in its buffer."""
-
-    base_offset: int
-    length: int
-    leader_epoch: int
-    magic: int
-    crc: int
-    attributes: int
-    last_offset_delta: int
-    first_timestamp: int
-    max_timestamp: int
-    record_count: int
-    position: int = 0
-
-    @property
-    def size(self) -> int:
-        """Total bytes of the batch, header included."""
-        return self.length + LOG_OVERHEAD
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta + 1
 
 
 def encode_batch(
@@ -518,63 +467,19 @@ def _seal(
     attributes: int = 0,
 ) -> bytes:
     """Prefix encoded records with a batch header and its CRC."""
-    tail = struct.pack(">Hiqqi", attributes, last_offset_delta, first_ts, max_ts, count) + records
+    tail = BATCH_TAIL.pack(attributes, last_offset_delta, first_ts, max_ts, count) + records
     crc = crc32c(tail)
     length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(records)
-    return struct.pack(">qiiBI", base_offset, length, leader_epoch, MAGIC, crc) + tail
+    return BATCH_HEAD.pack(base_offset, length, leader_epoch, MAGIC, crc) + tail
 
 
 def parse_batch_header(buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
-    """Parse the header at ``position``; raises InvalidBatch if it cannot be one."""
-    if len(buf) - position < BATCH_HEADER_SIZE:
-        raise InvalidBatch(f"{len(buf) - position} bytes at position {position} are too few for a batch header")
-    base, length, epoch, magic, crc, attributes, last_delta, first_ts, max_ts, count = BATCH_HEADER.unpack_from(
-        buf, position
-    )
-    header = BatchHeader(base, length, epoch, magic, crc, attributes, last_delta, first_ts, max_ts, count, position)
-    _check_header(header)
-    return header
-
-
-def _check_header(h: BatchHeader) -> None:
-    if h.magic != MAGIC:
-        raise InvalidBatch(f"batch at position {h.position} has magic {h.magic}, expected {MAGIC}")
-    if h.length < BATCH_HEADER_SIZE - LOG_OVERHEAD:
-        raise InvalidBatch(f"batch at position {h.position} has impossible length {h.length}")
-    if h.record_count < 0 or h.last_offset_delta < h.record_count - 1 or h.base_offset < 0:
-        raise InvalidBatch(
-            f"batch at position {h.position} has inconsistent counts "
-            f"(base offset {h.base_offset}, {h.record_count} records, "
-            f"last offset delta {h.last_offset_delta})"
-        )
-
-
-def batch_crc_ok(buf: bytes | bytearray | memoryview, header: BatchHeader) -> bool:
-    """True when the batch's stored CRC matches its bytes (buffer must hold it all)."""
-    start = header.position + _CRC_START
-    end = header.position + header.size
-    if len(buf) < end:
-        return False
-    return crc32c(memoryview(buf)[start:end]) == header.crc
-
-
-_BATCH_START: Final = struct.Struct(">qi")
-_LAST_DELTA: Final = struct.Struct(">i")
-
-
-def batches_end(batches: bytes | memoryview, offset: int, end: int) -> int:
-    """The offset after the last one whole ``batches`` cover, at most ``end`` (``offset`` when they cover none).
-
-    Where a reader of ``batches`` goes on: past offsets compaction removed too.
-    """
-    pos, size = 0, len(batches)
-    last = offset
-    while pos + 27 <= size:
-        base, length = _BATCH_START.unpack_from(batches, pos)
-        (delta,) = _LAST_DELTA.unpack_from(batches, pos + 23)
-        last = max(last, base + delta + 1)
-        pos += 12 + length
-    return min(last, end)
+    """Parse the header at ``position`` (:func:`liftlog.recordformat.read_batch_header`); InvalidBatch if it
+    cannot be one."""
+    try:
+        return read_batch_header(buf, position)
+    except MalformedBatch as exc:
+        raise InvalidBatch(str(exc)) from None
 
 
 def iter_batch_headers(
@@ -582,20 +487,16 @@ def iter_batch_headers(
 ) -> Iterator[BatchHeader]:
     """Yield the header of every whole batch in ``buf`` from ``position``.
 
-    Stops silently at a trailing partial batch (its header or body is cut
-    off by the buffer's end); the caller decides whether that is a torn
-    write or simply a read limit. Raises InvalidBatch for a header that
-    cannot be valid or, with ``verify``, a CRC mismatch.
+    :func:`liftlog.recordformat.batch_headers` with storage's error: stops
+    silently at a trailing partial batch (its header or body is cut off by
+    the buffer's end); the caller decides whether that is a torn write or
+    simply a read limit. Raises InvalidBatch for a header that cannot be
+    valid or, with ``verify``, a CRC mismatch.
     """
-    end = len(buf)
-    while end - position >= BATCH_HEADER_SIZE:
-        header = parse_batch_header(buf, position)
-        if position + header.size > end:
-            return
-        if verify and not batch_crc_ok(buf, header):
-            raise InvalidBatch(f"batch at position {position} (base offset {header.base_offset}) fails its CRC")
-        yield header
-        position += header.size
+    try:
+        yield from batch_headers(buf, position, verify)
+    except MalformedBatch as exc:
+        raise InvalidBatch(str(exc)) from None
 
 
 def decode_records(
@@ -604,62 +505,25 @@ def decode_records(
     min_offset: int = 0,
     max_offset: int | None = None,
 ) -> list[Record]:
-    """The records of one batch with ``min_offset <= offset < max_offset``; InvalidBatch if they are malformed."""
+    """The records of one batch with ``min_offset <= offset < max_offset``; InvalidBatch if they are malformed.
+
+    The shared walk (:func:`liftlog.recordformat.walk_records`) with a Record each.
+    """
     out: list[Record] = []
-    pos = header.position + BATCH_HEADER_SIZE
-    end = header.position + header.size
-    base = header.base_offset
-    limit = header.next_offset if max_offset is None else max_offset
-    unpack = RECORD_HEADER.unpack_from
     new = tuple.__new__
     append = out.append
     mv = memoryview(buf)
     try:
-        for _ in range(header.record_count):
-            length, delta, ts, key_len, value_len, n_headers = unpack(mv, pos)
-            record_end = pos + 4 + length
-            if length < RECORD_OVERHEAD - 4 or record_end > end:  # else a record could loop or run on
-                raise InvalidBatch(f"batch at base offset {base} has a record of impossible length {length}")
-            offset = base + delta
-            if offset >= limit:
-                break
-            if offset >= min_offset:
-                p = pos + RECORD_OVERHEAD
-                if key_len >= 0:
-                    key: bytes | None = bytes(mv[p : p + key_len])
-                    p += key_len
-                else:
-                    key = None
-                if value_len < 0 or p + value_len > record_end:
-                    raise InvalidBatch(f"batch at base offset {base} has a record that runs past its length")
-                value = bytes(mv[p : p + value_len])
-                headers = _decode_headers(mv, p + value_len, n_headers, record_end) if n_headers else EMPTY_HEADERS
-                append(new(Record, (offset, ts, key, value, headers)))
-            pos = record_end
-    except struct.error as exc:
-        raise InvalidBatch(f"batch at base offset {base} has a record that runs past its end") from exc
-    except UnicodeDecodeError as exc:
-        raise InvalidBatch(f"batch at base offset {base} has a header name that is not UTF-8 ({exc.reason})") from None
-    if pos > end:
-        raise InvalidBatch(f"batch at base offset {base} has records that run past its end")
+        for offset, ts, key_at, key_len, value_at, value_len, n_headers, end in walk_records(
+            mv, header, min_offset, max_offset
+        ):
+            key = bytes(mv[key_at : key_at + key_len]) if key_len >= 0 else None
+            value_end = value_at + value_len
+            headers = decode_headers(mv, value_end, n_headers, end) if n_headers else EMPTY_HEADERS
+            append(new(Record, (offset, ts, key, bytes(mv[value_at:value_end]), headers)))
+    except MalformedBatch as exc:
+        raise InvalidBatch(str(exc)) from None
     return out
-
-
-def _decode_headers(mv: memoryview, pos: int, count: int, end: int) -> dict[str, bytes]:
-    """A record's headers, which end by ``end`` (InvalidBatch otherwise)."""
-    headers: dict[str, bytes] = {}
-    for _ in range(count):
-        (name_len,) = _HEADER_NAME.unpack_from(mv, pos)
-        pos += 2
-        name = str(mv[pos : pos + name_len], "utf-8")
-        pos += name_len
-        (value_len,) = _HEADER_VALUE.unpack_from(mv, pos)
-        pos += 4
-        if value_len < 0 or pos + value_len > end:
-            raise InvalidBatch(f"a record header of length {value_len} runs past its record")
-        headers[name] = bytes(mv[pos : pos + value_len])
-        pos += value_len
-    return headers
 
 
 def retain_records(
@@ -680,21 +544,21 @@ def retain_records(
     if not wanted:
         return None
     mv = memoryview(buf)
-    pos = header.position + BATCH_HEADER_SIZE
+    base = header.base_offset
     parts: list[bytes] = []
     first_ts: int | None = None
     max_ts = -1
     kept = 0
-    unpack = RECORD_HEADER.unpack_from
-    for _ in range(header.record_count):
-        length, delta, ts, _k, _v, _h = unpack(mv, pos)
-        if delta in wanted:
-            parts.append(bytes(mv[pos : pos + 4 + length]))
-            if first_ts is None:
-                first_ts = ts
-            max_ts = max(max_ts, ts)
-            kept += 1
-        pos += 4 + length
+    try:
+        for offset, ts, key_at, _k, _va, _vl, _h, end in walk_records(mv, header):
+            if offset - base in wanted:
+                parts.append(bytes(mv[key_at - RECORD_OVERHEAD : end]))
+                if first_ts is None:
+                    first_ts = ts
+                max_ts = max(max_ts, ts)
+                kept += 1
+    except MalformedBatch as exc:
+        raise InvalidBatch(str(exc)) from None
     if not kept or first_ts is None:
         return None
     lod = header.last_offset_delta if last_offset_delta is None else last_offset_delta
@@ -705,13 +569,10 @@ def retain_records(
 def record_keys(buf: bytes | bytearray | memoryview, header: BatchHeader) -> list[tuple[int, bytes | None]]:
     """(offset, key) of every record of a batch: what compaction needs."""
     mv = memoryview(buf)
-    pos = header.position + BATCH_HEADER_SIZE
-    out: list[tuple[int, bytes | None]] = []
-    unpack = RECORD_HEADER.unpack_from
-    base = header.base_offset
-    for _ in range(header.record_count):
-        length, delta, _ts, key_len, _v, _h = unpack(mv, pos)
-        key = bytes(mv[pos + RECORD_OVERHEAD : pos + RECORD_OVERHEAD + key_len]) if key_len >= 0 else None
-        out.append((base + delta, key))
-        pos += 4 + length
-    return out
+    try:
+        return [
+            (offset, bytes(mv[key_at : key_at + key_len]) if key_len >= 0 else None)
+            for offset, _ts, key_at, key_len, _va, _vl, _h, _end in walk_records(mv, header)
+        ]
+    except MalformedBatch as exc:
+        raise InvalidBatch(str(exc)) from None

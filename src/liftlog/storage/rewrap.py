@@ -28,9 +28,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from liftlog.recordformat import BatchHeader
+
 from .encryption import ATTR_ENCRYPTED, BatchCipher, EncryptionError, envelope_of, partition_context
 from .errors import InvalidBatch, StorageError
-from .records import BatchHeader, iter_batch_headers
+from .records import iter_batch_headers
 
 __all__ = ["PartitionDir", "RewrapReport", "find_partitions", "lock_data_dir", "rewrap_partition"]
 

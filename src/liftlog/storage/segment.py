@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from liftlog.histogram import FSYNC_SECONDS
+from liftlog.recordformat import BATCH_HEADER_SIZE, BatchHeader, batch_crc_ok
 
 from .descriptors import DescriptorBudget
 from .encryption import MissingMasterKey, PartitionCipher, is_encrypted
@@ -34,9 +35,6 @@ from .errors import CorruptBatch, InvalidBatch, StorageError, WriteFailed
 from .fileio import DEFAULT_FILE_IO, FileIO
 from .index import OffsetIndex, TimeIndex
 from .records import (
-    BATCH_HEADER_SIZE,
-    BatchHeader,
-    batch_crc_ok,
     encode_empty_batch,
     iter_batch_headers,
     parse_batch_header,
