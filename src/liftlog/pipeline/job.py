@@ -31,7 +31,7 @@ reach the watermark, so it is left out of the results in ``foreachBatch``:
 a filter in the streaming plan would be pushed below the watermark.
 
 Run it on a cluster with spark-submit (executors need liftlog installed; see
-the README's "Running the pipeline on a Spark cluster")::
+docs/spark.md, "Running the pipeline on a Spark cluster")::
 
     spark-submit --master spark://host:7077 src/liftlog/pipeline/job.py \\
         --servers 10.0.0.5:9292 --parquet-dir s3a://bucket/pipeline --checkpoint-dir s3a://bucket/ckpt
