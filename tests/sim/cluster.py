@@ -18,7 +18,10 @@ asyncio shells drive them:
   ``isr_change`` whether a leader's ISR proposal may go to the controller;
   ``admit`` whether a publish is taken (at the server the client reached, against
   its metadata, then at the leader's intake), and ``fetch_refusal`` /
-  ``epoch_question_refusal`` whether a leader serves a follower.
+  ``epoch_question_refusal`` whether a leader serves a follower;
+- on every follower server, one ``FetchScheduler`` per leader (the replicator's
+  fetch loops): multi-partition fetches, superseded requests, sleep and
+  notification, with the simulation sending, timing out and writing the log.
 
 The shells' own timing is modelled where a decision depends on it: the reconcile
 loop acts on applied metadata a few ticks late (the metadata is changed in place,
@@ -54,8 +57,8 @@ Streams with unclean leader election may lose acknowledged messages by design:
 for them only the leader-per-epoch and metadata checks apply.
 
 Not simulated (yet): readonly streams, Raft membership changes and snapshots,
-power loss (fsync), the multi-partition batching of fetches (each request
-carries one partition; the codec is the same).
+power loss (fsync), a leader holding a caught-up fetch (the simulation's leaders
+answer at once), the response byte budget across partitions.
 
 Replay: ``LIFTLOG_CLUSTER_SIM_SEED=<seed> .venv/bin/pytest tests/sim/test_cluster_sim.py -q``.
 Soak: ``.venv/bin/python -m tests.sim.cluster --seeds 10000`` (``make sim SEEDS=…`` runs both simulations).
@@ -102,25 +105,20 @@ from liftlog.metadata.protocol import (
 from liftlog.metadata.reassignment import reassignment_steps
 from liftlog.raft import EntryKind, MemoryStorage, Message, NotLeader, ProposalDropped, RaftConfig, RaftNode, Role
 from liftlog.replication.admission import AckPolicy, AdmissionRules, admit
+from liftlog.replication.fetching import EpochQuestion, FetchOut, FetchScheduler, Member
 from liftlog.replication.follower import (
     Append,
-    Fetch,
     FollowerAction,
     FollowerReplica,
     ReportLeader,
-    RequestEpochOffset,
     SetHighWatermark,
-    Sleep,
     Truncate,
 )
 from liftlog.replication.leader import HighWatermark, LeaderAction, LeaderReplica, NotifyFollowers, ProposeIsr
 from liftlog.replication.protocol import (
-    EpochOffsetRequest,
     EpochOffsetResponse,
     FetchError,
     FetchErrorCode,
-    FetchRequest,
-    PartitionData,
     PartitionFetch,
     PartitionRefusal,
     decode_epoch_offset_reply,
@@ -132,6 +130,7 @@ from liftlog.replication.protocol import (
     encode_fetch_error,
     encode_fetch_request,
     encode_fetch_response,
+    fetch_entry_size,
 )
 from liftlog.replication.roles import (
     ConfirmCandidacy,
@@ -149,6 +148,9 @@ from liftlog.storage import CommitLog, LogConfig, NewRecord
 from .seeds import soak
 
 TICK_NS = 10_000_000  # one tick is 10 ms of simulated time
+TICK_S = TICK_NS / 1e9
+#: Ticks a follower waits after a failed or refused request before it asks again.
+RETRY_TICKS = 3
 PHASE1_TICKS = 300
 PHASE2_TICKS = 600
 TRACE_EVENTS = 300
@@ -205,7 +207,6 @@ class Request:
 class Answer:
     data: bytes
     req_id: int
-    key: Key
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,20 +222,6 @@ class Envelope:
 
 
 # --- one server ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Following:
-    core: FollowerReplica
-    next: FollowerAction | None = None
-    due: int = 0
-    sleeping: bool = False
-    notified: bool = False
-    in_flight: int = 0
-    sent_at: int = 0
-    #: What the request in flight asked: an epoch question, or a fetch from this offset.
-    epoch_question: bool = False
-    sent_offset: int = 0
 
 
 @dataclass
@@ -255,7 +242,10 @@ class Server:
     #: The creation timestamp of the stream each log belongs to: a deleted and re-created stream is a new log.
     incarnation: dict[Key, int] = field(default_factory=dict)
     leading: dict[Key, LeaderReplica] = field(default_factory=dict)
-    following: dict[Key, Following] = field(default_factory=dict)
+    #: The fetch schedule of the partitions this server follows, by leader (the replicator's fetch loops).
+    fetching: dict[str, FetchScheduler] = field(default_factory=dict)
+    #: Replication requests out, by id: when sent, on whose schedule, and what they carry.
+    outstanding: dict[int, tuple[int, FetchScheduler, FetchOut | EpochQuestion]] = field(default_factory=dict)
     #: What each replica was last set up as, and the partition epoch of its last candidacy confirmation.
     roles: dict[Key, ReplicaRole] = field(default_factory=dict)
     confirmed_at: dict[Key, int] = field(default_factory=dict)
@@ -357,6 +347,10 @@ class Simulation:
         if self.trace is not None:
             self.trace.append(f"[{self.now}] {event}")
 
+    def seconds(self) -> float:
+        """Simulated time as the fetch schedules keep it."""
+        return self.now * TICK_S
+
     def ns(self) -> int:
         return self.now * TICK_NS
 
@@ -422,7 +416,7 @@ class Simulation:
         self.note(f"{server.id} drops its replica of {key}")
         if key in server.leading:
             self.step_down(server, key)
-        server.following.pop(key, None)
+        self.unfollow(server, key)
         server.roles.pop(key, None)
         server.confirmed_at.pop(key, None)
         server.logs.pop(key).close()
@@ -638,7 +632,7 @@ class Simulation:
                 if meta.paused:  # a paused partition has no leader and no fetching: it keeps its log
                     if key in server.leading:
                         self.step_down(server, key)
-                    server.following.pop(key, None)
+                    self.unfollow(server, key)
                     server.roles.pop(key, None)
                     continue
                 core = server.leading.get(key)
@@ -653,15 +647,15 @@ class Simulation:
                 server.confirmed_at[key] = decision.confirmed_at
                 for action in decision.actions:
                     if isinstance(action, ConfirmCandidacy):
-                        server.following.pop(key, None)
+                        self.unfollow(server, key)
                         self.to_controller(server, LeaderConfirmation(meta.stream, meta.id, server.id))
                     elif isinstance(action, Lead):
-                        server.following.pop(key, None)
+                        self.unfollow(server, key)
                         self.become_leader(server, key, meta.replicas, meta.isr, meta.leader_epoch, log)
                     elif isinstance(action, Follow | StandBy):
                         if key in server.leading:
                             self.step_down(server, key)
-                        server.following.pop(key, None)
+                        self.unfollow(server, key)
                         if isinstance(action, Follow):
                             self.follow(server, key, action.leader, action.leader_epoch, log)
                     elif isinstance(action, SyncMembership) and core is not None:
@@ -712,8 +706,16 @@ class Simulation:
             idle_wait_s=self.idle_ticks * TICK_NS / 1e9,
             leader_timeout_ns=self.leader_timeout_ticks * TICK_NS,
         )
-        f = server.following[key] = Following(core)
-        self.follower_did(server, key, f, core.start())
+        self.unfollow(server, key)
+        schedule = server.fetching.get(leader)
+        if schedule is None:
+            schedule = server.fetching[leader] = FetchScheduler(server.id, leader, self.idle_ticks * TICK_S)
+        member = schedule.join(key, core, server.incarnation[key], fetch_entry_size(key[0]))
+        self.follower_did(server, schedule, member, core.start())
+
+    def unfollow(self, server: Server, key: Key) -> None:
+        for schedule in server.fetching.values():
+            schedule.leave(key)
 
     # --- partitions: the leader ---------------------------------------------------------------
 
@@ -817,40 +819,44 @@ class Simulation:
                 self.check_served(server, key, "an epoch question", q.current_epoch, core.leader_epoch, q.created)
                 epoch, end = log.epoch_cache.end_offset_for(q.leader_epoch, log.log_end_offset)
                 reply = encode_epoch_offset_response(EpochOffsetResponse(epoch, end, log.log_start_offset))
-            self.send(server.id, src, Answer(reply, req.req_id, key))
+            self.send(server.id, src, Answer(reply, req.req_id))
             return
         fetch = decode_fetch_request(req.data)
-        (p,) = fetch.partitions
+        answers = [self.answer_fetch(server, fetch.replica_id, p) for p in fetch.partitions]
+        self.send(server.id, src, Answer(encode_fetch_response(answers), req.req_id))
+
+    def answer_fetch(
+        self, server: Server, replica: str, p: PartitionFetch
+    ) -> tuple[str, int, int, int, bytes] | PartitionRefusal:
         key = (p.stream, p.partition)
         core = server.leading.get(key)
         log = server.logs.get(key)
-        answer: tuple[str, int, int, int, bytes] | PartitionRefusal
         if core is None or log is None:
             error = fetch_refusal(server.id, None, 0, 0, 0, p)
         else:
             start, end = log.log_start_offset, log.log_end_offset
             error = fetch_refusal(server.id, core.leader_epoch, server.incarnation[key], start, end, p)
         if error is not None:
-            answer = PartitionRefusal(p.stream, p.partition, error)
-        else:
-            assert core is not None and log is not None
-            self.check_served(server, key, "a fetch", p.leader_epoch, core.leader_epoch, p.created)
-            try:
-                served = core.fetch(fetch.replica_id, p.offset, p.leader_epoch, self.ns())
-            except ValueError as exc:
-                error = FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), core.leader_epoch, 0)
-                answer = PartitionRefusal(p.stream, p.partition, error)
-            else:
-                data = b"" if served.empty else log.read_raw(p.offset, 4096)
-                self.leader_did(server, key, served.actions)
-                answer = (p.stream, p.partition, served.leader_epoch, served.hw, data)
-        self.send(server.id, src, Answer(encode_fetch_response([answer]), req.req_id, key))
+            return PartitionRefusal(p.stream, p.partition, error)
+        assert core is not None and log is not None
+        self.check_served(server, key, "a fetch", p.leader_epoch, core.leader_epoch, p.created)
+        try:
+            served = core.fetch(replica, p.offset, p.leader_epoch, self.ns())
+        except ValueError as exc:
+            error = FetchError(FetchErrorCode.UNKNOWN_PARTITION, str(exc), core.leader_epoch, 0)
+            return PartitionRefusal(p.stream, p.partition, error)
+        data = b"" if served.empty else log.read_raw(p.offset, 4096)
+        self.leader_did(server, key, served.actions)
+        return (p.stream, p.partition, served.leader_epoch, served.hw, data)
 
     # --- partitions: a follower ---------------------------------------------------------------
 
-    def follower_did(self, server: Server, key: Key, f: Following, actions: list[FollowerAction]) -> None:
-        log = server.logs[key]
-        for action in actions:
+    def follower_did(
+        self, server: Server, schedule: FetchScheduler, m: Member, actions: list[FollowerAction], delay: int = 0
+    ) -> None:
+        """What the replicator's ``_carry_out`` does; ``delay`` in ticks."""
+        key, log = m.key, server.logs[m.key]
+        for action in schedule.schedule(m, actions, self.seconds(), delay * TICK_S):
             if isinstance(action, Truncate):
                 self.note(f"{server.id} truncates {key} to {action.offset}")
                 self.stats["truncations"] += 1
@@ -859,10 +865,6 @@ class Simulation:
                 self.note(f"{server.id} follower HW {key} -> {action.hw}")
                 log.set_high_watermark(action.hw)
                 self.check_committed(server, key, log, action.hw)
-            elif isinstance(action, Sleep):
-                f.sleeping = True
-                f.due = self.now if f.notified else self.now + self.idle_ticks
-                f.notified = False
             elif isinstance(action, ReportLeader):
                 try:
                     meta = server.metadata.partition(*key)
@@ -872,66 +874,63 @@ class Simulation:
                 self.to_controller(
                     server, LeaderReport(key[0], key[1], server.id, action.leader, meta.epoch, action.leader_epoch)
                 )
-            elif isinstance(action, Fetch | RequestEpochOffset):
-                f.next = action
-                f.due = self.now
 
     def follower_tick(self, server: Server) -> None:
-        for key, f in list(server.following.items()):
-            if f.in_flight and self.now - f.sent_at > self.fetch_timeout_ticks:
-                f.in_flight = 0
-                self.follower_did(server, key, f, f.core.failed(self.ns()))
-                f.due = self.now + 3
-            if f.sleeping and f.due <= self.now:
-                f.sleeping = False
-                self.follower_did(server, key, f, f.core.wake())
-            if f.in_flight or f.next is None or f.due > self.now:
+        """The replicator's fetch loops: time out what went unanswered, then send what is due."""
+        for req_id, (sent_at, schedule, out) in list(server.outstanding.items()):
+            if self.now - sent_at <= self.fetch_timeout_ticks:
                 continue
-            action, f.next = f.next, None
-            f.in_flight, f.sent_at, f.notified = self.next_id(), self.now, False
-            core = f.core
-            f.epoch_question = not isinstance(action, Fetch)
-            if isinstance(action, Fetch):
-                f.sent_offset = action.offset
-                entry = PartitionFetch(key[0], key[1], action.offset, action.leader_epoch, server.incarnation[key])
-                fetch = FetchRequest(server.id, 0, (entry,))
-                self.send(server.id, core.leader, Request(encode_fetch_request(fetch), f.in_flight, False))
+            del server.outstanding[req_id]
+            if isinstance(out, FetchOut):
+                failed = schedule.failed(out)
             else:
-                assert isinstance(action, RequestEpochOffset)
-                q = EpochOffsetRequest(key[0], key[1], action.epoch, core.leader_epoch, server.incarnation[key])
-                self.send(server.id, core.leader, Request(encode_epoch_offset_request(q), f.in_flight, True))
+                failed = [out.member] if schedule.current(out.member) else []
+            for m in failed:
+                self.follower_did(server, schedule, m, m.core.failed(self.ns()), delay=RETRY_TICKS)
+        for leader, schedule in server.fetching.items():
+            due = schedule.poll(self.seconds())
+            for question in due.questions:
+                req_id = self.next_id()
+                server.outstanding[req_id] = (self.now, schedule, question)
+                self.send(server.id, leader, Request(encode_epoch_offset_request(question.question), req_id, True))
+            for fetch in due.fetches:
+                req_id = self.next_id()
+                server.outstanding[req_id] = (self.now, schedule, fetch)
+                self.send(server.id, leader, Request(encode_fetch_request(fetch.request), req_id, False))
 
     def on_answer(self, server: Server, answer: Answer) -> None:
-        f = server.following.get(answer.key)
-        if f is None or f.in_flight != answer.req_id:
-            return  # late, duplicated, or for a follower that has moved on
-        f.in_flight = 0
-        key, core, log = answer.key, f.core, server.logs[answer.key]
+        entry = server.outstanding.pop(answer.req_id, None)
+        if entry is None:
+            return  # late (timed out), or duplicated
+        _, schedule, out = entry
         now = self.ns()
-        if f.epoch_question:
+        if isinstance(out, EpochQuestion):
+            m = out.member
+            if not schedule.current(m):
+                return  # for a follower that has moved on
             reply = decode_epoch_offset_reply(answer.data)
             if isinstance(reply, FetchError):
-                self.follower_did(server, key, f, core.failed(now))
-                f.due = self.now + 3
+                self.follower_did(server, schedule, m, m.core.failed(now), delay=RETRY_TICKS)
                 return
+            log = server.logs[m.key]
             local = log.epoch_cache.end_offset_for(reply.leader_epoch, log.log_end_offset)[1]
-            self.follower_did(server, key, f, core.epoch_offset(reply.leader_epoch, reply.end_offset, local))
+            self.follower_did(server, schedule, m, m.core.epoch_offset(reply.leader_epoch, reply.end_offset, local))
             return
-        (part,) = decode_fetch_response(answer.data).partitions
-        if isinstance(part, PartitionRefusal):
-            if part.error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
-                self.follow(server, key, core.leader, core.leader_epoch, log)  # truncate by epoch again
-                return
-            self.follower_did(server, key, f, core.failed(now))
-            f.due = self.now + 3
-            return
-        assert isinstance(part, PartitionData)
-        actions = core.fetched(part.leader_epoch, part.hw, f.sent_offset, not part.batches, now)
-        if actions and isinstance(actions[0], Append):
-            self.note(f"{server.id} appends fetched {key} from {f.sent_offset} (leader HW {part.hw})")
-            log.append_raw(bytes(part.batches))
-            actions = actions[1:] + core.appended(log.log_end_offset, now)
-        self.follower_did(server, key, f, actions)
+        for applied in schedule.answered(out, decode_fetch_response(answer.data).partitions):
+            m, part, key = applied.member, applied.answer, applied.member.key
+            core, log = m.core, server.logs[key]
+            if isinstance(part, PartitionRefusal):
+                if part.error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
+                    self.follow(server, key, core.leader, core.leader_epoch, log)  # truncate by epoch again
+                else:
+                    self.follower_did(server, schedule, m, core.failed(now), delay=RETRY_TICKS)
+                continue
+            actions = core.fetched(part.leader_epoch, part.hw, applied.sent.offset, not part.batches, now)
+            if actions and isinstance(actions[0], Append):
+                self.note(f"{server.id} appends fetched {key} from {applied.sent.offset} (leader HW {part.hw})")
+                log.append_raw(bytes(part.batches))
+                actions = actions[1:] + core.appended(log.log_end_offset, now)
+            self.follower_did(server, schedule, m, actions)
 
     # --- receiving ---------------------------------------------------------------------------
 
@@ -947,14 +946,8 @@ class Simulation:
         elif isinstance(body, Answer):
             self.on_answer(server, body)
         elif isinstance(body, Notify):
-            for key in body.keys:
-                f = server.following.get(key)
-                if f is None:
-                    continue
-                if f.sleeping:
-                    f.due = self.now
-                else:
-                    f.notified = True
+            for schedule in server.fetching.values():
+                schedule.notify(body.keys)
         elif isinstance(body, LogEndAsk):
             log = server.logs.get(body.key)
             leo = log.log_end_offset if log is not None else -1
@@ -1127,6 +1120,10 @@ class Simulation:
             self.heal()
             self.require_progress()
             return self.stats
+        except SimFailure:
+            raise
+        except Exception as exc:  # a core or a log refused what the shells gave it: replayable like the rest
+            raise self.fail(f"raised {exc!r}") from exc
         finally:
             for server in self.servers.values():
                 for log in server.logs.values():

@@ -20,6 +20,7 @@ from typing import Any
 from liftlog.metadata.model import PartitionMeta
 from liftlog.metadata.protocol import IsrChange
 from liftlog.replication import admission, roles, serving
+from liftlog.replication.fetching import FetchScheduler, Member
 from liftlog.replication.leader import ProposeIsr
 from liftlog.replication.protocol import EpochOffsetRequest, FetchError, PartitionFetch
 
@@ -28,7 +29,8 @@ from . import cluster
 
 @dataclass(frozen=True)
 class Mutation:
-    #: The name ``cluster`` imported the decision under, and what replaces it.
+    #: The name ``cluster`` imported the decision under (or ``Class.method`` of such a class), and what
+    #: replaces it.
     target: str
     replacement: Callable[..., Any]
     #: The first seed known to catch it (checked first; a search follows if the simulation drifted).
@@ -67,6 +69,10 @@ def _isr_change_without_membership(server_id: str, meta: PartitionMeta, proposal
     return IsrChange(meta.stream, meta.id, proposal.isr, meta.epoch)
 
 
+def _counts_without_request_number(self: FetchScheduler, member: Member, number: int) -> bool:
+    return self.current(member) and member.sent is not None
+
+
 def _decide_role_without_confirmation(*args: Any, **kwargs: Any) -> roles.RoleDecision:
     decision = roles.decide_role(*args, **kwargs)
     kept = tuple(a for a in decision.actions if not isinstance(a, roles.ConfirmCandidacy))
@@ -77,30 +83,37 @@ MUTATIONS: dict[str, Mutation] = {
     "min-isr admission": Mutation(
         "admit",
         _admit_without_min_isr,
-        13,
+        18,
         r"ack ALL given for .* in-sync replicas: min.insync.replicas is",
         "a leader takes ack ALL with fewer in-sync replicas than min.insync.replicas and acks it",
     ),
     "a fetch's leader epoch": Mutation(
         "fetch_refusal",
         _fetch_refusal_without_epoch,
-        10,
+        87,
         r"answered a fetch in leader epoch",
         "a leader serves a fetch sent in another leader epoch (checked on the wire, by the simulation)",
     ),
     "an epoch question's leader epoch": Mutation(
         "epoch_question_refusal",
         _question_refusal_without_epoch,
-        10,
+        92,
         r"answered an epoch question in leader epoch",
         "a leader answers where an epoch ends for a follower in another leader epoch",
     ),
     "an ISR proposal's membership": Mutation(
         "isr_change",
         _isr_change_without_membership,
-        148,
+        337,
         r"is in the ISR of .* messages up to \d+ are committed",
         "a core that has not heard of a shrink admits a replica the HW then passed (seed 148 before min ISR)",
+    ),
+    "a superseded fetch's answer": Mutation(
+        "FetchScheduler._counts",
+        _counts_without_request_number,
+        9,
+        r"raised NonMonotonicOffset",
+        "a follower applies the answer to a fetch a newer one replaced, at the newer one's offset",
     ),
     "a candidate's confirmation": Mutation(
         "decide_role",
@@ -126,12 +139,16 @@ NOT_REACHED: dict[str, str] = {
 @contextmanager
 def mutated(name: str) -> Iterator[None]:
     m = MUTATIONS[name]
-    real = getattr(cluster, m.target)
-    setattr(cluster, m.target, m.replacement)
+    *path, attribute = m.target.split(".")
+    owner: Any = cluster
+    for part in path:  # "Class.method": the class cluster imported, patched in place
+        owner = getattr(owner, part)
+    real = getattr(owner, attribute)
+    setattr(owner, attribute, m.replacement)
     try:
         yield
     finally:
-        setattr(cluster, m.target, real)
+        setattr(owner, attribute, real)
 
 
 def first_catch(name: str, seeds: range) -> tuple[int, str] | None:

@@ -73,7 +73,7 @@ def test_same_seed_same_run() -> None:
 
 def test_the_checker_catches_seed_003s_truncation_to_the_high_watermark(monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulation would notice if followers truncated to their HW instead of by leader epoch (seed 003):
-    some seed loses or replaces committed messages. (With this build the first such seed is 29.)"""
+    some seed loses or replaces committed messages. (With this build the first such seed is 17.)"""
     from ..replication.test_epoch_scenarios import HwTruncatingFollower
     from . import cluster
 

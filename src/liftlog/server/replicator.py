@@ -34,25 +34,21 @@ from dataclasses import dataclass, field
 
 from liftlog.api.envelope import Buffer
 from liftlog.metadata.protocol import IsrChange
+from liftlog.replication.fetching import Applied, EpochQuestion, FetchOut, FetchScheduler, Member
 from liftlog.replication.follower import (
     Append,
-    Fetch,
     FollowerAction,
     FollowerReplica,
     ReportLeader,
-    RequestEpochOffset,
     SetHighWatermark,
-    Sleep,
     Truncate,
 )
 from liftlog.replication.leader import LeaderAction, NotifyFollowers, ProposeIsr
 from liftlog.replication.protocol import (
-    EpochOffsetRequest,
     EpochOffsetResponse,
     FetchError,
     FetchErrorCode,
     FetchRequest,
-    PartitionData,
     PartitionFetch,
     PartitionRefusal,
     ProtocolError,
@@ -98,8 +94,6 @@ _DataAnswer = tuple[str, int, int, int, Buffer]
 _RESPONSE_OVERHEAD = 12 + 5
 #: Followers whose answer rotation is remembered (more than any cluster has servers).
 _MAX_FOLLOWERS = 1024
-#: A fetch request stays under this many bytes; the follower splits its partitions over several if needed.
-_REQUEST_MAX_BYTES = 256 << 10
 
 
 class _StorageFailed(Exception):
@@ -135,23 +129,6 @@ class ReplicatorSettings:
     #: Bytes per second this server sends to replicas a reassignment is adding, all of them together
     #: (0: no limit). Followers in the ISR are never held back.
     reassignment_rate: int = 0
-
-
-@dataclass(slots=True)
-class _Following:
-    part: Partition
-    core: FollowerReplica
-    #: The request to send next (RequestEpochOffset or Fetch), None while asleep or in flight.
-    pending: FollowerAction | None = None
-    sleeping: bool = False
-    #: A notification arrived while a request was in flight: do not sleep after its (empty) answer.
-    notified: bool = False
-    due: float = 0.0
-    #: The Fetch out for this partition and the number of the newest fetch request carrying it.
-    sent: Fetch | None = None
-    request: int = 0
-    #: Which of the loop's fetch requests carries this partition (all of them unless they do not fit one).
-    session: int = 0
 
 
 class _Wakeup:
@@ -198,31 +175,16 @@ def _resolve(waiter: asyncio.Future[None]) -> None:
 
 @dataclass(slots=True)
 class _Loop:
-    """Fetching from one leader server: its partitions and the task that serves them."""
+    """Fetching from one leader server: its schedule, the partitions in it and the task that serves them."""
 
-    leader: str
-    members: dict[PartitionKey, _Following] = field(default_factory=dict)
+    schedule: FetchScheduler
+    parts: dict[PartitionKey, Partition] = field(default_factory=dict)
     wake: _Wakeup = field(default_factory=_Wakeup)
     task: asyncio.Task[None] | None = None
-    #: Numbers the fetch requests; an answer counts only for partitions whose newest request it answers.
-    requests: int = 0
-    #: Bytes each session's request takes (``_REQUEST_MAX_BYTES`` at most, unless one partition is larger).
-    session_bytes: list[int] = field(default_factory=list)
-
-    def join(self, member: _Following) -> None:
-        size = fetch_entry_size(member.part.stream)
-        session = next((i for i, used in enumerate(self.session_bytes) if used + size <= _REQUEST_MAX_BYTES), None)
-        if session is None:
-            session = len(self.session_bytes)
-            self.session_bytes.append(0)
-        self.session_bytes[session] += size
-        member.session = session
-        self.members[(member.part.stream, member.part.id)] = member
 
     def leave(self, key: PartitionKey) -> None:
-        member = self.members.pop(key, None)
-        if member is not None:
-            self.session_bytes[member.session] -= fetch_entry_size(member.part.stream)
+        self.schedule.leave(key)
+        self.parts.pop(key, None)
 
 
 @dataclass(slots=True)
@@ -521,11 +483,13 @@ class Replicator:
         part.follower = core
         loop = self._loops.get(meta.leader)
         if loop is None:
-            loop = self._loops[meta.leader] = _Loop(meta.leader)
+            schedule = FetchScheduler(self.server_id, meta.leader, self.settings.idle_wait_s)
+            loop = self._loops[meta.leader] = _Loop(schedule)
             loop.task = asyncio.get_running_loop().create_task(self._fetch_loop(loop), name=f"fetch-from-{meta.leader}")
-        member = _Following(part, core)
-        loop.join(member)
-        self._carry_out(member, core.start())
+        key = (part.stream, part.id)
+        member = loop.schedule.join(key, core, part.options.created, fetch_entry_size(part.stream))
+        loop.parts[key] = part
+        self._carry_out(loop, member, core.start())
         loop.wake.set()
 
     def unfollow(self, part: Partition) -> None:
@@ -541,19 +505,7 @@ class Replicator:
             _warn.warning("malformed notification on %s: %s", msg.subject, exc)
             return
         for loop in self._loops.values():
-            woke = False
-            for key in pairs:
-                member = loop.members.get(key)
-                if member is None:
-                    continue
-                if member.sleeping:
-                    member.due = 0.0
-                    woke = True
-                else:
-                    # The leader notifies once per wait; an empty answer already on its way must not
-                    # put us to sleep past the data this notification announces.
-                    member.notified = True
-            if woke:
+            if loop.schedule.notify(pairs):
                 loop.wake.set()
 
     async def _fetch_loop(self, loop: _Loop) -> None:
@@ -562,15 +514,11 @@ class Replicator:
         except asyncio.CancelledError:
             raise
         except BaseException:
-            log.exception("the fetch loop from %s stopped", loop.leader)
+            log.exception("the fetch loop from %s stopped", loop.schedule.leader)
             raise
 
     async def _fetch_rounds(self, loop: _Loop) -> None:
-        """Send a fetch for every partition as soon as one of them has a new request due.
-
-        Fetches already out are superseded rather than waited for: the leader may be holding them
-        (nothing new yet), and a partition that just joined must not wait for that.
-        """
+        """Send what the schedule says is due; wait until it is woken or the next partition is due."""
         clock = asyncio.get_running_loop().time
         in_flight: set[asyncio.Task[None]] = set()
 
@@ -582,68 +530,23 @@ class Replicator:
         try:
             while True:
                 loop.wake.clear()  # before looking: an answer that lands meanwhile sets it again
-                now = clock()
-                for m in loop.members.values():
-                    if m.sleeping and m.due <= now:
-                        m.sleeping = False
-                        self._carry_out(m, m.core.wake())
-                fetch_due = False
-                for m in list(loop.members.values()):
-                    if m.pending is None or m.due > now:
-                        continue
-                    if isinstance(m.pending, RequestEpochOffset):
-                        action, m.pending = m.pending, None
-                        run(self._request_epoch(m, action, loop))
-                    else:
-                        fetch_due = True
-                if fetch_due:
-                    for members, request, number in self._next_fetches(loop, now):
-                        run(self._fetch(loop, members, request, number))
-                else:
-                    waits = [m.due - now for m in loop.members.values() if m.due > now]
-                    await loop.wake.wait(min(waits, default=self.settings.idle_wait_s))
+                due = loop.schedule.poll(clock())
+                for question in due.questions:
+                    run(self._request_epoch(loop, question))
+                for out in due.fetches:
+                    run(self._fetch(loop, out))
+                if due.wait is not None:
+                    await loop.wake.wait(due.wait)
         finally:
             for task in in_flight:
                 task.cancel()
 
-    def _next_fetches(self, loop: _Loop, now: float) -> list[tuple[list[_Following], FetchRequest, int]]:
-        """A fetch request for each session with a partition due: it carries every partition of the
-        session that is due, asleep (so the leader can answer as soon as it has data for one) or
-        already out (that earlier request is superseded)."""
-        due: set[int] = set()
-        for m in loop.members.values():
-            if isinstance(m.pending, Fetch) and m.due <= now:
-                due.add(m.session)
-        sessions: dict[int, list[_Following]] = {}
-        for m in loop.members.values():
-            if m.session not in due:
-                continue
-            woke = m.sleeping
-            if woke:
-                m.sleeping = False
-                self._carry_out(m, m.core.wake())
-            if isinstance(m.pending, Fetch) and (woke or m.due <= now):
-                m.sent, m.pending = m.pending, None
-                m.notified = False  # this request sees whatever was announced before it
-            if m.sent is not None:
-                sessions.setdefault(m.session, []).append(m)
-        fetches = []
-        for session, members in sessions.items():
-            loop.requests += 1
-            entries = []
-            for m in members:
-                assert m.sent is not None
-                m.request = loop.requests
-                entries.append(
-                    PartitionFetch(m.part.stream, m.part.id, m.sent.offset, m.sent.leader_epoch, m.part.options.created)
-                )
-            fetches.append((members, FetchRequest(self.server_id, session, tuple(entries)), loop.requests))
-        return fetches
-
-    async def _fetch(self, loop: _Loop, members: list[_Following], req: FetchRequest, number: int) -> None:
+    async def _fetch(self, loop: _Loop, out: FetchOut) -> None:
         try:
             msg = await self._nats.request(
-                fetch_subject(self._ns, loop.leader), encode_fetch_request(req), timeout=self.settings.fetch_timeout_s
+                fetch_subject(self._ns, loop.schedule.leader),
+                encode_fetch_request(out.request),
+                timeout=self.settings.fetch_timeout_s,
             )
             resp = decode_fetch_response(msg.data)
             self.fetches += 1
@@ -651,34 +554,21 @@ class Replicator:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.debug("a fetch of %d partitions from %s failed: %r", len(members), loop.leader, exc)
-            for m in members:
-                if self._current(m, number):
-                    m.sent = None
-                    self._carry_out(m, m.core.failed(self._clock()), delay=self.settings.retry_s)
+            log.debug("a fetch of %d partitions from %s failed: %r", len(out.members), loop.schedule.leader, exc)
+            for m in loop.schedule.failed(out):
+                self._carry_out(loop, m, m.core.failed(self._clock()), delay=self.settings.retry_s)
             return
         finally:
             loop.wake.set()  # the next requests (if any) are due now or later
-        answers = {(a.stream, a.partition): a for a in resp.partitions}
-        for m in members:
-            if not self._current(m, number):
-                continue  # unfollowed, or carried by a newer request whose answer counts instead
-            sent, m.sent = m.sent, None
-            assert sent is not None
-            answer = answers.get((m.part.stream, m.part.id))
-            if answer is None:
-                m.pending, m.due = sent, 0.0  # left out of this answer for its size: ask again now
-                continue
-            self._apply(m, sent, answer)
+        for applied in loop.schedule.answered(out, resp.partitions):
+            self._apply(loop, applied)
 
-    def _current(self, member: _Following, request: int) -> bool:
-        return member.part.follower is member.core and member.request == request and member.sent is not None
-
-    def _apply(self, member: _Following, sent: Fetch, answer: PartitionData | PartitionRefusal) -> None:
+    def _apply(self, loop: _Loop, applied: Applied) -> None:
+        member, sent, answer = applied.member, applied.sent, applied.answer
         if isinstance(answer, PartitionRefusal):
-            self._refused(member, answer.error)
+            self._refused(loop, member, answer.error)
             return
-        part, core = member.part, member.core
+        part, core = loop.parts[member.key], member.core
         try:
             actions = core.fetched(answer.leader_epoch, answer.hw, sent.offset, not answer.batches, self._clock())
             if actions and isinstance(actions[0], Append):
@@ -691,14 +581,14 @@ class Replicator:
                 part.write_succeeded()
                 part.appended()
                 actions = actions[1:] + core.appended(part.log.log_end_offset, self._clock())
-            self._carry_out(member, actions)
+            self._carry_out(loop, member, actions)
         except _StorageFailed as failed:
             self._storage_failed(part, failed.cause)
 
-    def _refused(self, member: _Following, error: FetchError) -> None:
-        part, core = member.part, member.core
+    def _refused(self, loop: _Loop, member: Member, error: FetchError) -> None:
+        part, core = loop.parts[member.key], member.core
         if error.code is FetchErrorCode.THROTTLED:
-            self._carry_out(member, core.throttled(self._clock()), delay=self.settings.retry_s)
+            self._carry_out(loop, member, core.throttled(self._clock()), delay=self.settings.retry_s)
             return
         if error.code is FetchErrorCode.OFFSET_OUT_OF_RANGE:
             try:
@@ -707,41 +597,34 @@ class Replicator:
                 self._storage_failed(part, failed.cause)
             return
         log.debug("%s: %s refused a request: %s: %s", part, core.leader, error.code.name, error.message)
-        self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+        self._carry_out(loop, member, core.failed(self._clock()), delay=self.settings.retry_s)
 
-    async def _request_epoch(self, member: _Following, action: RequestEpochOffset, loop: _Loop) -> None:
-        part, core = member.part, member.core
+    async def _request_epoch(self, loop: _Loop, question: EpochQuestion) -> None:
+        member = question.member
+        part, core = loop.parts[member.key], member.core
         try:
             msg = await self._nats.request(
                 offset_subject(self._ns, core.leader),
-                encode_epoch_offset_request(
-                    EpochOffsetRequest(
-                        part.stream,
-                        part.id,
-                        action.epoch,
-                        current_epoch=core.leader_epoch,
-                        created=part.options.created,
-                    )
-                ),
+                encode_epoch_offset_request(question.question),
                 timeout=self.settings.fetch_timeout_s,
             )
             reply = decode_epoch_offset_reply(msg.data)
-            if part.follower is not core or part.log is None:
+            if not loop.schedule.current(member) or part.log is None:
                 return
             if isinstance(reply, FetchError):
-                self._refused(member, reply)
+                self._refused(loop, member, reply)
                 return
             local = part.epoch_end(reply.leader_epoch)[1]  # unused by the core when the epoch is -1
-            self._carry_out(member, core.epoch_offset(reply.leader_epoch, reply.end_offset, local))
+            self._carry_out(loop, member, core.epoch_offset(reply.leader_epoch, reply.end_offset, local))
         except asyncio.CancelledError:
             raise
         except _StorageFailed as failed:
-            if part.follower is core:
+            if loop.schedule.current(member):
                 self._storage_failed(part, failed.cause)
         except Exception as exc:
-            if part.follower is core:
+            if loop.schedule.current(member):
                 log.debug("%s: epoch offset request to %s failed: %r", part, core.leader, exc)
-                self._carry_out(member, core.failed(self._clock()), delay=self.settings.retry_s)
+                self._carry_out(loop, member, core.failed(self._clock()), delay=self.settings.retry_s)
         finally:
             loop.wake.set()
 
@@ -777,11 +660,10 @@ class Replicator:
         # Otherwise we are past the leader's end: truncating by epoch (a restarted core) finds where we agree.
         self.follow(part)
 
-    def _carry_out(self, member: _Following, actions: list[FollowerAction], delay: float = 0.0) -> None:
-        """Do the local actions; keep the next request (RequestEpochOffset/Fetch) for the loop."""
-        part = member.part
-        now = asyncio.get_running_loop().time()
-        for action in actions:
+    def _carry_out(self, loop: _Loop, member: Member, actions: list[FollowerAction], delay: float = 0.0) -> None:
+        """Do what the core asks of the log; the schedule keeps its next request or sleep."""
+        part = loop.parts[member.key]
+        for action in loop.schedule.schedule(member, actions, asyncio.get_running_loop().time(), delay):
             if isinstance(action, Truncate):
                 assert part.log is not None
                 log.info("%s: truncating to offset %d (leader epoch check)", part, action.offset)
@@ -789,14 +671,6 @@ class Replicator:
                     part.log.truncate_to(action.offset)
             elif isinstance(action, SetHighWatermark):
                 part.set_high_watermark(action.hw)
-            elif isinstance(action, Sleep):
-                member.sleeping = True
-                member.due = 0.0 if member.notified else now + action.seconds
-                member.notified = False
-                return
             elif isinstance(action, ReportLeader):
                 log.warning("%s: leader %s silent for %d ms", part, action.leader, action.silent_ns // 1_000_000)
                 self._spawn(self._report_leader(part, action))
-            elif isinstance(action, Fetch | RequestEpochOffset):
-                member.pending = action
-                member.due = now + delay if delay else 0.0  # 0: due in the round that looks next
