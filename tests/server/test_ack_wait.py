@@ -9,13 +9,13 @@ import pytest
 from liftlog.api import api_pb2
 from liftlog.api.errors import Reason
 from liftlog.rpc import StatusCode
-from liftlog.server.api_service import ApiService
 from liftlog.server.failures import RpcFailure
+from liftlog.server.publisher import Publisher
 
 
-def api(ack_timeout: float = 5.0) -> ApiService:
-    """An ApiService with only what waiting for acks reads (its ack timeout)."""
-    service = ApiService.__new__(ApiService)
+def api(ack_timeout: float = 5.0) -> Publisher:
+    """A Publisher with only what waiting for acks reads (its ack timeout)."""
+    service = Publisher.__new__(Publisher)
     service._ack_timeout = ack_timeout
     return service
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +18,8 @@ import pytest
 from liftlog.api import api_pb2
 from liftlog.api.batch_envelope import decode_record_batch
 from liftlog.server import publish_async
-from liftlog.server.api_service import ApiLimits, ApiService
+from liftlog.server.api_service import ApiLimits
+from liftlog.server.publisher import Publisher
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,7 +47,7 @@ class Requests:
 
 
 class Api:
-    """What serve_publish_async calls; every publish's size and ack future are kept."""
+    """What a PublishAsyncCall calls; every publish's size and ack future are kept."""
 
     limits = ApiLimits()
     max_message_bytes = 1 << 20
@@ -119,9 +121,22 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def serve(api: Api, requests: Requests, context: Context) -> Coroutine[Any, Any, None]:
+    """A PublishAsyncCall over the fakes, with the server's default limits, run."""
+    limits = api.limits
+    call = publish_async.PublishAsyncCall(
+        api,  # type: ignore[arg-type]
+        requests,  # type: ignore[arg-type]
+        context,  # type: ignore[arg-type]
+        max_inflight=limits.max_publish_inflight,
+        coalesce=limits.coalesce_publishes,
+    )
+    return call.run()
+
+
 async def test_requests_read_while_two_batches_are_unacked_wait_and_go_as_one() -> None:
     api, requests, context = Api(), Requests(), Context()
-    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    call = asyncio.create_task(serve(api, requests, context))
     try:
         requests.push(request(0))
         await settle()
@@ -144,7 +159,7 @@ async def test_requests_read_while_two_batches_are_unacked_wait_and_go_as_one() 
 async def test_the_hold_is_brief_when_no_ack_comes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(publish_async, "HOLD_S", 0.05)
     api, requests, context = Api(), Requests(), Context()
-    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    call = asyncio.create_task(serve(api, requests, context))
     try:
         for i in range(2):
             requests.push(request(i))
@@ -163,7 +178,7 @@ async def test_the_hold_is_brief_when_no_ack_comes(monkeypatch: pytest.MonkeyPat
 async def test_without_coalescing_nothing_is_held() -> None:
     api, requests, context = Api(), Requests(), Context()
     api.limits = ApiLimits(coalesce_publishes=False)
-    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    call = asyncio.create_task(serve(api, requests, context))
     try:
         for i in range(4):
             requests.push(request(i))
@@ -184,7 +199,7 @@ async def test_only_answers_a_leader_here_acked_keep_the_loop_polling_for_the_ne
 ) -> None:
     api, requests, context = Api(), Requests(), Context()
     api.leader = leader
-    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    call = asyncio.create_task(serve(api, requests, context))
     try:
         req = request(0)
         req.ackPolicy = policy  # type: ignore[assignment]
@@ -203,7 +218,7 @@ async def test_only_answers_a_leader_here_acked_keep_the_loop_polling_for_the_ne
 
 async def test_the_publishes_of_one_read_are_sent_at_once_after_the_last_of_them() -> None:
     api, requests, context = Api(), Requests(), Context()
-    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    call = asyncio.create_task(serve(api, requests, context))
     try:
         reqs = [request(i) for i in range(3)]
         reqs[1].stream = "other"  # two partitions: two publishes
@@ -226,13 +241,13 @@ class AckTimeoutApi(Api):
     """Acks that never come, waited for the way the server waits (its ack timeout, 50 ms here)."""
 
     _ack_timeout = 0.05
-    until_acked = ApiService.until_acked
-    ack_result = ApiService.ack_result
+    until_acked = Publisher.until_acked
+    ack_result = Publisher.ack_result
 
 
 async def test_every_request_of_a_batch_whose_ack_never_came_is_told_so() -> None:
     api, requests, context = AckTimeoutApi(), Requests(), Context()
-    call = asyncio.create_task(publish_async.serve_publish_async(api, requests, context))  # type: ignore[arg-type]
+    call = asyncio.create_task(serve(api, requests, context))
     try:
         requests.push(*(request(i) for i in range(3)))
         await until(lambda: len(context.answers) == 3)

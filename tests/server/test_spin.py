@@ -13,8 +13,8 @@ import pytest
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.server.acks import AckRouter
-from liftlog.server.api_service import ApiService
 from liftlog.server.failures import RpcFailure
+from liftlog.server.publisher import Publisher
 from liftlog.server.spin import LoopSpinner
 
 from .conftest import in_process_server
@@ -76,9 +76,9 @@ async def test_cool_stops_the_spinning_at_the_next_turn() -> None:
     assert not spinner.spinning
 
 
-def api_publishing(publish: Any, spinner: LoopSpinner) -> ApiService:
-    """An ApiService with only what publish_payload reads."""
-    service = ApiService.__new__(ApiService)
+def api_publishing(publish: Any, spinner: LoopSpinner) -> Publisher:
+    """A Publisher with only what publish_payload reads."""
+    service = Publisher.__new__(Publisher)
     service._publish = publish
     service._keep_hot = spinner.keep_hot
     service._acks = AckRouter("server")

@@ -5,10 +5,11 @@ which has the controller apply them through Raft; FetchMetadata answers from
 this server's committed metadata; subscriptions and partition metadata need
 the partition's leader (Liftbridge's "Server not partition leader" otherwise).
 
-Publishes go through NATS, as in Liftbridge: the server wraps the request in
-a Publish envelope and publishes it on the partition's subject, so every
-stream on that subject (and every plain NATS subscriber) sees it; the ack
-comes back from the partition through the :class:`AckRouter`.
+The handlers only check and translate: publishing is the ``Publishing`` collaborator's
+(``publisher.Publisher``, with PublishAsync's call object in ``publish_async``), finding the
+replica that may serve a read is ``PartitionReading``'s (``reads``), cursors and consumer
+groups are ``CursorKeeping``'s and ``GroupKeeping``'s; all four are Protocols (``ports``),
+so none of them imports this module back.
 
 Errors keep Liftbridge's status codes and carry a ``liftlog-error`` reason
 (see ``liftlog.api.errors``). Handlers run on the event loop; none blocks.
@@ -16,44 +17,33 @@ Errors keep Liftbridge's status codes and carry a ``liftlog-error`` reason
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from nats.errors import MaxPayloadError
-
 from liftlog.api import api_pb2, subscribe_batches
-from liftlog.api.envelope import encode_publish_message
-from liftlog.api.errors import NOT_LEADER_MESSAGE, Reason
-from liftlog.api.stored import varint as _varint
+from liftlog.api.errors import Reason
 from liftlog.metadata import (
     EventTimestamps,
     InvalidStreamError,
     MetadataError,
     PartitionMeta,
     StreamSettings,
-    is_internal_stream,
     partition_subject,
     validate_new_stream,
-    validate_stream_subject,
 )
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.natswire import MaxPayloadError as LeanMaxPayloadError
-from liftlog.replication.admission import AckPolicy, AdmissionRules, Refusal, admit
 from liftlog.rpc import RequestStream, ServerContext, StatusCode
 from liftlog.storage.encryption import EncryptionError
 
 from .access import AccessControl
-from .acks import AckRouter
 from .cluster import MetadataService
-from .cursors import CursorService
-from .failures import RpcFailure, abort_with, async_error, encryption_failure, failure_from
-from .groups import GroupService
+from .failures import RpcFailure, abort_with, encryption_failure, failure_from
 from .partition import Partition
-from .publish_async import serve_publish_async
+from .ports import CursorKeeping, GroupKeeping, PartitionReading, Publishing
+from .publish_async import PublishAsyncCall
 from .streams import StreamManager
 from .subscribe import (
     BUFFER_MAX_BYTES,
@@ -108,48 +98,31 @@ class ApiLimits:
 
 
 class ApiService:
+    """``proto.API``: each handler checks its request and hands it to the collaborator that does the work."""
+
     def __init__(
         self,
         *,
         server_id: str,
-        host: str,
-        port: int,
         streams: StreamManager,
         cluster: MetadataService,
-        acks: AckRouter,
-        publish: Publish,
-        ack_timeout: float,
-        keep_hot: Callable[[], None] | None = None,
-        send_publishes: Callable[[], None] | None = None,
-        max_message_bytes: int,
+        publisher: Publishing,
+        reads: PartitionReading,
+        cursors: CursorKeeping,
+        groups: GroupKeeping,
         limits: ApiLimits = ApiLimits(),
-        nats_max_payload: Callable[[], int] = lambda: 1 << 20,
         access: AccessControl | None = None,
-        cursors_enabled: bool = False,
-        group_timeouts: tuple[float, float] = (15.0, 15.0),
     ) -> None:
         #: Authorization: the guard checks whole calls; PublishAsync asks it for each request.
         self.access = access
         self.server_id = server_id
-        self.host = host
-        self.port = port
         self._streams = streams
         self._cluster = cluster
-        self._acks = acks
-        self.cursors = CursorService(self, enabled=cursors_enabled)
-        #: (groups.consumer.timeout, groups.coordinator.timeout) in seconds
-        self.groups = GroupService(self, consumer_timeout=group_timeouts[0], coordinator_timeout=group_timeouts[1])
-        self._publish = publish
-        #: After publishing for a partition led here: keep the loop polling for the message's return (spin.py).
-        self._keep_hot = keep_hot
-        #: Writes the NATS publishes queued so far now, not at the end of the loop turn (None: no such thing).
-        self._send_publishes = send_publishes
-        self._ack_timeout = ack_timeout
-        self._max_message_bytes = max_message_bytes
-        self._size_rules = AdmissionRules(max_payload=max_message_bytes)
+        self.publisher = publisher
+        self.reads = reads
+        self.cursors = cursors
+        self.groups = groups
         self.limits = limits
-        #: The largest NATS message the connected nats-server takes now (its INFO's max_payload).
-        self.nats_max_payload = nats_max_payload
         #: Open Subscribe calls, in all and per client connection (grpc's peer: "ipv4:host:port").
         self.subscriptions = 0
         self.subscriptions_by_peer: Counter[str] = Counter()
@@ -258,7 +231,9 @@ class ApiService:
     ) -> AsyncIterator[api_pb2.Message | list[bytes]]:
         req: api_pb2.SubscribeRequest = request
         try:
-            part = await self.readable(req.stream, req.partition, resume=req.resume, allow_replica=req.readISRReplica)
+            part = await self.reads.readable(
+                req.stream, req.partition, resume=req.resume, allow_replica=req.readISRReplica
+            )
         except RpcFailure as failure:
             await abort_with(context, failure)
         refusal = self.groups.check_subscription(req)
@@ -288,7 +263,7 @@ class ApiService:
             async for message in messages:
                 yield message
         except PartitionGone as exc:
-            await abort_with(context, self.gone(req.stream, req.partition, str(exc)))
+            await abort_with(context, self.reads.gone(req.stream, req.partition, str(exc)))
         except EndOfReadonly as exc:
             await abort_with(context, RpcFailure(Code.FAILED_PRECONDITION, Reason.READONLY, str(exc)))
         except Revoked as exc:
@@ -321,66 +296,6 @@ class ApiService:
                 f"{limits.max_subscriptions_per_connection} (setting subscribe.max.concurrent.per.connection)",
             )
         return None
-
-    async def readable(self, stream: str, partition: int, *, resume: bool, allow_replica: bool) -> Partition:
-        """The replica here that may serve reads of a partition (resuming it first if asked to).
-
-        Raises RpcFailure: NOT_FOUND, PAUSED (paused and not ``resume``), NOT_LEADER, UNAVAILABLE.
-        """
-        try:
-            meta = self._streams.metadata.partition(stream, partition)
-            if meta.paused:
-                if not resume:
-                    raise RpcFailure(
-                        Code.FAILED_PRECONDITION,
-                        Reason.PAUSED,
-                        f"partition {stream}/{partition} is paused; subscribe with resume to resume it",
-                    )
-                await self._cluster.resume(stream, partition)
-            return self.hosted(stream, partition, allow_replica=allow_replica)
-        except MetadataError as exc:
-            raise failure_from(exc) from exc
-
-    def gone(self, stream: str, partition: int, reason: str) -> RpcFailure:
-        try:
-            meta = self._streams.metadata.partition(stream, partition)
-        except MetadataError:
-            return RpcFailure(Code.NOT_FOUND, Reason.STREAM_DELETED, f"stream {stream!r} was deleted")
-        if meta.paused:
-            return RpcFailure(Code.FAILED_PRECONDITION, Reason.PAUSED, f"partition {stream}/{partition} was paused")
-        return RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, reason)
-
-    @property
-    def streams(self) -> StreamManager:
-        return self._streams
-
-    @property
-    def cluster(self) -> MetadataService:
-        return self._cluster
-
-    def hosted(self, stream: str, partition: int, allow_replica: bool = False) -> Partition:
-        """This server's replica of a partition it leads (or, with ``allow_replica``, is in the ISR of).
-
-        Raises NoSuchStream/NoSuchPartition for unknown ones, RpcFailure NOT_LEADER otherwise.
-        """
-        meta = self._streams.metadata.partition(stream, partition)
-        part = self._streams.partitions.get((stream, partition))
-        if part is not None and part.log is None and part.fenced is not None:
-            # Not NOT_LEADER: clients would re-route to this same server until their deadline.
-            raise self._unavailable(part)
-        # Named leader is not enough: right after a restart or mid-election this server has not taken up
-        # the leadership, and its HW may be behind what the partition committed.
-        leading = self._streams.is_leading(stream, partition)
-        if part is None or not (leading or (allow_replica and self.server_id in meta.isr)):
-            raise RpcFailure(Code.FAILED_PRECONDITION, Reason.NOT_LEADER, NOT_LEADER_MESSAGE)
-        return part
-
-    def _unavailable(self, part: Partition) -> RpcFailure:
-        return RpcFailure(
-            Code.UNAVAILABLE,
-            Reason.UNAVAILABLE,
-            f"partition {part.stream}/{part.id} is unavailable on server {self.server_id}: {part.fenced}",
-        )
 
     # -- metadata ----------------------------------------------------------
 
@@ -462,7 +377,7 @@ class ApiService:
         self, request: api_pb2.FetchPartitionMetadataRequest, context: ServerContext
     ) -> api_pb2.FetchPartitionMetadataResponse:
         try:
-            part = self.hosted(request.stream, request.partition)
+            part = self.reads.hosted(request.stream, request.partition)
         except MetadataError as exc:
             await abort_with(context, failure_from(exc))
         except RpcFailure as failure:
@@ -471,242 +386,12 @@ class ApiService:
 
     # -- publish -----------------------------------------------------------
 
-    async def publishable(self, stream: str, partition: int, ack_policy: int) -> tuple[PartitionMeta, bool]:
-        """The partition's metadata and whether its stream checks expected offsets, once it may take a publish.
-
-        Resumes a paused partition. Raises RpcFailure: NOT_FOUND, READONLY, UNAVAILABLE (a fenced leader
-        here), FAILED_PRECONDITION (ack ALL with too few in-sync replicas).
-        """
-        try:
-            meta = self._streams.metadata.partition(stream, partition)
-            if is_internal_stream(stream):
-                raise RpcFailure(
-                    Code.INVALID_ARGUMENT,
-                    Reason.INVALID_ARGUMENT,
-                    f"stream {stream!r} is the servers' own: only they write it (SetCursor for cursors)",
-                )
-            if meta.readonly:
-                raise RpcFailure(
-                    Code.FAILED_PRECONDITION, Reason.READONLY, f"partition {stream}/{partition} is readonly"
-                )
-            if meta.paused:
-                await self._cluster.resume(stream, partition)
-            local = self._streams.partitions.get((stream, partition))
-            if local is not None and local.fenced is not None and meta.leader == self.server_id:
-                # Its leader is here and takes no writes: the publish would only wait out its ack timeout.
-                raise self._unavailable(local)
-            if local is not None and meta.leader == self.server_id and not local.accepting:
-                await self.until_listening(local)
-            # Any server may publish: the message goes to the partition's subject, the leader acks.
-            occ = self._streams.occ_enabled(stream)
-            min_isr = self._streams.min_isr(stream)
-            refusal = admit(AdmissionRules(min_isr, occ=occ), ack_policy, len(meta.isr), 0, -1, None)
-            if refusal is Refusal.UNACKED_OCC:
-                # Liftbridge's words.
-                raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, refusal.value)
-            if refusal is Refusal.TOO_FEW_IN_SYNC:
-                raise RpcFailure(
-                    Code.FAILED_PRECONDITION,
-                    Reason.INTERNAL,
-                    f"partition {stream}/{partition} has {len(meta.isr)} in-sync replicas "
-                    f"({', '.join(meta.isr)}), fewer than min.insync.replicas {min_isr}: "
-                    "ack ALL cannot be promised",
-                )
-        except MetadataError as exc:
-            raise failure_from(exc) from exc
-        return meta, occ
-
-    async def send(self, req: api_pb2.PublishRequest) -> asyncio.Future[api_pb2.Ack] | None:
-        """Validate and publish one request; the future resolves with its ack (None for AckPolicy NONE)."""
-        meta, occ = await self.publishable(req.stream, req.partition, req.ackPolicy)
-        return await self.send_checked(req, meta, occ)
-
-    async def send_checked(
-        self, req: api_pb2.PublishRequest, meta: PartitionMeta, occ: bool
-    ) -> asyncio.Future[api_pb2.Ack] | None:
-        """:meth:`send` for a request whose partition ``publishable`` just answered (``meta``, ``occ``)."""
-        self.check_size(req)
-        policy = req.ackPolicy
-        message = api_pb2.Message(key=req.key, value=req.value, offset=req.expectedOffset if occ else -1)
-        if req.headers:  # copying an empty map field still costs a MutableMapping.update
-            message.headers.update(req.headers)
-        future = None
-        led_here = self.leads(meta)
-        if policy != api_pb2.NONE:
-            forward = self.client_route(req.ackInbox, req.correlationId)
-            message.ackInbox, message.correlationId, future = self._acks.expect(
-                meta.subject, policy, req.stream, forward, local=led_here
-            )
-            message.ackPolicy = policy
-        await self._publish_envelope(meta.subject, message, future is not None and led_here)
-        return future
-
-    def leads(self, meta: PartitionMeta) -> bool:
-        """Whether this server leads the partition (its messages come back to this process's intake)."""
-        return meta.leader == self.server_id
-
-    async def until_listening(self, part: Partition) -> None:
-        """Wait (up to the ack timeout) until a partition named to lead here listens on its subject.
-
-        Right after an election or a resume the metadata names this server before its intake subscribes;
-        a message published then reaches no one on NATS, and its publisher would wait out the ack timeout.
-        """
-        await part.intake_changes.until(lambda: part.accepting or part.closed_reason is not None, self._ack_timeout)
-
-    def client_route(self, inbox: str, correlation_id: str) -> tuple[str, str]:
-        """The caller's own (ack inbox, correlation id), for its ack; with an inbox, the ack goes there too.
-
-        The message itself always names this server's inbox and a route id of its own (``AckRouter``), so
-        no ack can reach the call but its own; the answer carries the caller's inbox and id (or none).
-        RpcFailure INVALID_ARGUMENT for an inbox the server may not publish to on the caller's behalf.
-        """
-        if not inbox:
-            return inbox, correlation_id
-        try:
-            self._acks.check_inbox(inbox)
-        except InvalidStreamError as exc:
-            raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc)) from exc
-        return inbox, correlation_id
-
-    def check_size(self, req: api_pb2.PublishRequest | api_pb2.PublishToSubjectRequest) -> None:
-        size = len(req.value) + len(req.key)
-        if admit(self._size_rules, AckPolicy.LEADER, 1, size, -1, None) is Refusal.TOO_LARGE:
-            raise RpcFailure(
-                Code.INVALID_ARGUMENT,
-                Reason.TOO_LARGE,
-                f"message of {size} bytes is larger than streams.max.message.bytes ({self._max_message_bytes})",
-            )
-
-    async def _publish_envelope(self, subject: str, message: api_pb2.Message, led_here: bool = False) -> None:
-        payload = encode_publish_message(message)
-        await self.publish_payload(subject, payload, message.correlationId, led_here)
-
-    async def publish_payload(
-        self, subject: str, payload: bytes, correlation_id: str = "", led_here: bool = False
-    ) -> None:
-        """Publish on NATS; on failure, forget the ack awaited with ``correlation_id``: RpcFailure.
-
-        ``led_here``: the partition's leader is this server, so the message comes back to this process
-        within a NATS round trip, and the loop polls for it instead of sleeping. For a partition led
-        elsewhere the answer is the leader's ack, a round trip and a write later: not worth the CPU.
-        """
-        try:
-            await self._publish(subject, payload)
-            if led_here and self._keep_hot is not None:
-                self._keep_hot()
-        except (MaxPayloadError, LeanMaxPayloadError) as exc:
-            self._acks.forget(correlation_id)
-            raise RpcFailure(
-                Code.INVALID_ARGUMENT, Reason.TOO_LARGE, f"message is larger than the NATS max payload: {exc}"
-            ) from exc
-        except Exception as exc:
-            self._acks.forget(correlation_id)
-            raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, f"cannot publish to NATS: {exc}") from exc
-
-    def send_publishes_now(self) -> None:
-        """A handler published all it had: write it to NATS now rather than a loop turn later.
-
-        One publisher at a time: the reader's pass is done, and waiting for the next loop turn's
-        write cost about 4% of its rate (2,890 against 3,000 msgs/s, docs/performance.md).
-        """
-        if self._send_publishes is not None:
-            self._send_publishes()
-
-    def expect_next_publish(self) -> None:
-        """A client was just answered for a partition led here: poll for its next request a moment.
-
-        A client publishing one message at a time sends the next within about 100 us of reading its ack;
-        waking from epoll for it costs about half that (docs/performance.md). Not after ack ALL answers:
-        the followers then still have work to do, and the CPU is theirs.
-        """
-        if self._keep_hot is not None:
-            self._keep_hot()
-
-    def expect_ack(
-        self, subject: str, policy: int, stream: str | None, *, local: bool = False
-    ) -> tuple[str, str, asyncio.Future[api_pb2.Ack]]:
-        """(ack inbox, correlation id, future of the ack) for a message about to be published on ``subject``
-        for ``stream`` (None: any stream on the subject), ``local`` if led here; see ``AckRouter.expect``."""
-        return self._acks.expect(subject, policy, stream, local=local)
-
-    @property
-    def max_message_bytes(self) -> int:
-        return self._max_message_bytes
-
-    async def await_ack(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> api_pb2.Ack:
-        """The ack, or the RpcFailure its error (or its absence after ``timeout``, at most the ack timeout
-        ten times; None: the ack timeout) means."""
-        if not future.done():  # acks come in batches: most are here before anyone waits
-            await self.until_acked(future, timeout)
-        return self.ack_result(future)
-
-    async def until_acked(self, future: asyncio.Future[api_pb2.Ack], timeout: float | None) -> None:
-        """Wait for ``future``; RpcFailure DEADLINE_EXCEEDED if it is not done within ``timeout``."""
-        timeout = self._ack_timeout if timeout is None else min(timeout, self._ack_timeout * 10)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        # One timer that cancels the future: asyncio.timeout() costs a dozen calls per message.
-        timer = loop.call_at(deadline, future.cancel)
-        try:
-            await future
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this call was cancelled, not the ack
-            if loop.time() >= deadline:
-                raise RpcFailure(
-                    Code.DEADLINE_EXCEEDED,
-                    Reason.ACK_TIMEOUT,
-                    f"no ack within {timeout:.3g}s; the message may not be stored",
-                ) from None
-            # Otherwise the router cancelled it (the server stops): ack_result says so.
-        finally:
-            timer.cancel()
-
-    def ack_result(self, future: asyncio.Future[api_pb2.Ack]) -> api_pb2.Ack:
-        """A received ack, or the RpcFailure its error means."""
-        if future.cancelled():
-            raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, "the server is shutting down")
-        ack = future.result()
-        error = ack.ackError
-        if error == api_pb2.Ack.INCORRECT_OFFSET:
-            raise RpcFailure(
-                Code.FAILED_PRECONDITION, Reason.INCORRECT_OFFSET, f"incorrect expected offset for {ack.stream}"
-            )
-        if error == api_pb2.Ack.TOO_LARGE:
-            raise RpcFailure(
-                Code.INVALID_ARGUMENT, Reason.TOO_LARGE, "message is larger than streams.max.message.bytes"
-            )
-        if error == api_pb2.Ack.ENCRYPTION:
-            raise RpcFailure(
-                Code.INTERNAL,
-                Reason.ENCRYPTION,
-                self._write_error(ack)
-                or f"stream {ack.stream!r}: the message could not be encrypted; nothing was written",
-            )
-        if error != api_pb2.Ack.OK:
-            reason = self._write_error(ack) or (
-                f"stream {ack.stream!r} could not commit the message on {ack.partitionSubject!r} (ack error {error}):"
-                " its leader changed or too few replicas are in sync, so it may or may not be stored"
-            )
-            raise RpcFailure(Code.INTERNAL, Reason.INTERNAL, reason)
-        return ack
-
-    def _write_error(self, ack: api_pb2.Ack) -> str | None:
-        """Why a local partition could not write (e.g. a full disk), for the error message."""
-        stream = self._streams.metadata.streams.get(ack.stream)
-        for meta in stream.partitions.values() if stream else ():
-            if meta.subject == ack.partitionSubject:
-                part = self._streams.partitions.get((ack.stream, meta.id))
-                return part.write_error if part else None
-        return None
-
     async def Publish(self, request: api_pb2.PublishRequest, context: ServerContext) -> api_pb2.PublishResponse:
         try:
-            future = await self.send(request)
+            future = await self.publisher.send(request)
             if future is None:
                 return api_pb2.PublishResponse()
-            ack = await self.await_ack(future, context.time_remaining())
+            ack = await self.publisher.await_ack(future, context.time_remaining())
         except RpcFailure as failure:
             await abort_with(context, failure)
         return api_pb2.PublishResponse(ack=ack)
@@ -716,17 +401,7 @@ class ApiService:
     ) -> api_pb2.PublishToSubjectResponse:
         req: api_pb2.PublishToSubjectRequest = request
         try:
-            try:
-                # Not the cluster's own subjects (Raft, replication, __activity, inboxes): clients do not speak there.
-                validate_stream_subject(req.subject, self._cluster.namespace)
-            except InvalidStreamError as exc:
-                raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, str(exc)) from exc
-            if "*" in req.subject.split(".") or req.subject.endswith(">"):
-                raise RpcFailure(
-                    Code.INVALID_ARGUMENT,
-                    Reason.INVALID_ARGUMENT,
-                    f"cannot publish to wildcard subject {req.subject!r}",
-                )
+            self.publisher.check_subject(req.subject)  # before the rights: a bad subject is named as such
             if self.access is not None:
                 failure = self.access.subject_refusal(
                     context,
@@ -737,19 +412,10 @@ class ApiService:
                 )
                 if failure is not None:
                     raise failure
-            self.check_size(req)
-            message = api_pb2.Message(key=req.key, value=req.value, headers=req.headers, offset=-1)
-            future = None
-            if req.ackPolicy != api_pb2.NONE:
-                forward = self.client_route(req.ackInbox, req.correlationId)
-                message.ackInbox, message.correlationId, future = self._acks.expect(
-                    req.subject, req.ackPolicy, None, forward
-                )
-                message.ackPolicy = req.ackPolicy
-            await self._publish_envelope(req.subject, message)
+            future = await self.publisher.send_to_subject(req)
             if future is None:
                 return api_pb2.PublishToSubjectResponse()
-            ack = await self.await_ack(future, context.time_remaining())
+            ack = await self.publisher.await_ack(future, context.time_remaining())
         except RpcFailure as failure:
             await abort_with(context, failure)
         return api_pb2.PublishToSubjectResponse(ack=ack)
@@ -757,24 +423,15 @@ class ApiService:
     async def PublishAsync(
         self, request_iterator: RequestStream[api_pb2.PublishRequest], context: ServerContext
     ) -> None:
-        await serve_publish_async(self, request_iterator, context)
-
-    def answer(self, future: asyncio.Future[api_pb2.Ack], cid: str) -> bytes:
-        """The encoded PublishResponse for a done ack: the ack, or the asyncError its failure means."""
-        try:
-            ack = self.ack_result(future)
-        except RpcFailure as failure:
-            return async_error(cid, failure)
-        # The ack carries the caller's own inbox and id already (AckRouter); cid is the request's.
-        # PublishResponse{ack = 1, correlationId = 3}, written here: no response message and no copy of the ack.
-        encoded = ack.SerializeToString()
-        out = b"\x0a" + _varint(len(encoded)) + encoded
-        if cid:
-            raw = cid.encode()
-            out += b"\x1a" + _varint(len(raw)) + raw
-        return out
-
-    async_error = staticmethod(async_error)
+        call = PublishAsyncCall(
+            self.publisher,
+            request_iterator,
+            context,
+            max_inflight=self.limits.max_publish_inflight,
+            coalesce=self.limits.coalesce_publishes,
+            access=self.access,
+        )
+        await call.run()
 
     # -- later issues --------------------------------------------------------
 

@@ -27,8 +27,8 @@ from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
 from liftlog.storage.encryption import EncryptionError
 from liftlog.storage.records import check_records
 
-from .api_service import ApiService, RpcFailure, abort_with
-from .failures import encryption_failure
+from .failures import RpcFailure, abort_with, encryption_failure
+from .ports import PartitionReading, Publishing
 
 __all__ = ["DEFAULT_FETCH_BYTES", "MAX_FETCH_BYTES", "BatchesService"]
 
@@ -39,10 +39,11 @@ MAX_WAIT_MS = 60_000
 
 
 class BatchesService:
-    """``liftlog.Batches``; partitions are found (and leadership checked) through the API service."""
+    """``liftlog.Batches``: reads from the replica ``reads`` finds, publishes through ``publisher``."""
 
-    def __init__(self, api: ApiService) -> None:
-        self._api = api
+    def __init__(self, publisher: Publishing, reads: PartitionReading) -> None:
+        self._publisher = publisher
+        self._reads = reads
 
     async def Fetch(self, request: batches_pb2.FetchRequest, context: ServerContext) -> batches_pb2.FetchResponse:
         req: batches_pb2.FetchRequest = request
@@ -53,7 +54,7 @@ class BatchesService:
                     Reason.INVALID_ARGUMENT,
                     "offset, endOffset, maxBytes and maxWaitMs must not be negative",
                 )
-            part = await self._api.readable(
+            part = await self._reads.readable(
                 req.stream, req.partition, resume=req.resume, allow_replica=req.readISRReplica
             )
             max_bytes = min(req.maxBytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES)
@@ -67,7 +68,7 @@ class BatchesService:
             while True:
                 log = part.log
                 if log is None or part.closed_reason is not None:
-                    raise self._api.gone(req.stream, req.partition, part.closed_reason or "closed")
+                    raise self._reads.gone(req.stream, req.partition, part.closed_reason or "closed")
                 hw = log.high_watermark
                 start = log.log_start_offset
                 if offset < start:
@@ -91,7 +92,7 @@ class BatchesService:
                     except OffsetOutOfRange:
                         continue  # retention moved the start meanwhile: the checks above name it
                     except LogClosed as exc:
-                        raise self._api.gone(req.stream, req.partition, str(exc)) from exc
+                        raise self._reads.gone(req.stream, req.partition, str(exc)) from exc
                     except EncryptionError as exc:
                         raise encryption_failure(req.stream, req.partition, exc) from exc
                     next_offset = batches_end(data, offset, end)
@@ -118,7 +119,7 @@ class BatchesService:
 
     async def Publish(self, request: batches_pb2.PublishRequest, context: ServerContext) -> batches_pb2.PublishResponse:
         req: batches_pb2.PublishRequest = request
-        api = self._api
+        api = self._publisher
         try:
             if req.ackPolicy not in (api_pb2.LEADER, api_pb2.ALL, api_pb2.NONE):
                 raise RpcFailure(

@@ -42,7 +42,9 @@ from .logformat import about
 from .partition import Partition, PartitionClosed
 
 if TYPE_CHECKING:
-    from .api_service import ApiService
+    from .cluster import MetadataService
+    from .ports import PartitionReading, Publishing
+    from .streams import StreamManager
 
 __all__ = ["CursorService"]
 
@@ -72,8 +74,21 @@ class _Table:
 
 
 class CursorService:
-    def __init__(self, api: ApiService, *, enabled: bool) -> None:
-        self._api = api
+    def __init__(
+        self,
+        *,
+        server_id: str,
+        streams: StreamManager,
+        cluster: MetadataService,
+        publisher: Publishing,
+        reads: PartitionReading,
+        enabled: bool,
+    ) -> None:
+        self._server_id = server_id
+        self._streams = streams
+        self._cluster = cluster
+        self._publisher = publisher
+        self._reads = reads
         #: cursors.stream.partitions > 0 here: only changes what a missing __cursors is reported as.
         self._enabled = enabled
         self._tables: dict[int, _Table] = {}
@@ -86,7 +101,8 @@ class CursorService:
         key = cursor_key(req.cursorId, req.stream, req.partition)
         pid, part = await self._leader(key)  # first: "cursors are off" says more than anything about the stream
         self._check_target(req.stream, req.partition)
-        inbox, correlation_id, future = self._api.expect_ack(part.subject, api_pb2.ALL, CURSORS_STREAM, local=True)
+        expected = self._publisher.expect_ack(part.subject, api_pb2.ALL, CURSORS_STREAM, local=True)
+        inbox, correlation_id, future = expected
         message = api_pb2.Message(
             key=key,
             value=encode_cursor(req.cursorId, req.stream, req.partition, req.offset),
@@ -99,7 +115,7 @@ class CursorService:
         except PartitionClosed as exc:
             future.cancel()
             raise RpcFailure(Code.UNAVAILABLE, Reason.UNAVAILABLE, f"cursors partition {pid}: {exc}") from exc
-        ack = await self._api.await_ack(future, None)
+        ack = await self._publisher.await_ack(future, None)
         table = self._tables.get(pid)
         if table is not None and table.log is part.log:
             table.put(key, ack.offset, req.offset)
@@ -119,13 +135,13 @@ class CursorService:
         """A cursor names a partition that exists (Liftbridge does not check: a typo would be kept forever, and
         read back as -1)."""
         try:
-            self._api.streams.metadata.partition(stream, partition)
+            self._streams.metadata.partition(stream, partition)
         except MetadataError as exc:
             raise failure_from(exc) from exc
 
     async def _leader(self, key: bytes) -> tuple[int, Partition]:
         """The ``__cursors`` partition of ``key`` and this server's replica of it, which must lead it."""
-        metadata = self._api.streams.metadata
+        metadata = self._streams.metadata
         stream = metadata.streams.get(CURSORS_STREAM)
         if stream is None or not stream.partitions:
             if not self._enabled:
@@ -142,10 +158,10 @@ class CursorService:
         meta = stream.partitions[pid]
         try:
             if meta.paused:
-                await self._api.cluster.resume(CURSORS_STREAM, pid)
-            if meta.leader == self._api.server_id:
+                await self._cluster.resume(CURSORS_STREAM, pid)
+            if meta.leader == self._server_id:
                 await self._until_leading(pid)  # named, but maybe still taking the leadership up
-            part = self._api.hosted(CURSORS_STREAM, pid)
+            part = self._reads.hosted(CURSORS_STREAM, pid)
         except MetadataError as exc:
             raise failure_from(exc) from exc
         except RpcFailure as failure:
@@ -155,19 +171,19 @@ class CursorService:
                 ) from None
             raise
         if not part.accepting:
-            await self._api.until_listening(part)
+            await self._publisher.until_listening(part)
         return pid, part
 
     async def _until_leading(self, pid: int) -> None:
         """Wait (up to CATCH_UP_S) until this server, named leader of a cursors partition, leads it."""
-        streams = self._api.streams
+        streams = self._streams
 
         def leading_or_not_named() -> bool:
             if streams.is_leading(CURSORS_STREAM, pid):
                 return True
             meta = streams.metadata.streams.get(CURSORS_STREAM)
             # Not named any more: hosted() answers NOT_LEADER, the client goes elsewhere.
-            return meta is None or pid not in meta.partitions or meta.partitions[pid].leader != self._api.server_id
+            return meta is None or pid not in meta.partitions or meta.partitions[pid].leader != self._server_id
 
         await streams.changes.until(leading_or_not_named, CATCH_UP_S)
 

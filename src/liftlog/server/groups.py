@@ -27,7 +27,8 @@ from liftlog.rpc import StatusCode as Code
 from .failures import RpcFailure, failure_from
 
 if TYPE_CHECKING:
-    from .api_service import ApiService
+    from .cluster import MetadataService
+    from .streams import StreamManager
 
 __all__ = ["GroupService"]
 
@@ -42,13 +43,17 @@ EXPIRY_CHECK_S = 0.5
 class GroupService:
     def __init__(
         self,
-        api: ApiService,
         *,
+        server_id: str,
+        streams: StreamManager,
+        cluster: MetadataService,
         consumer_timeout: float,
         coordinator_timeout: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._api = api
+        self._server_id = server_id
+        self._streams = streams
+        self._cluster = cluster
         self.consumer_timeout = consumer_timeout
         self.coordinator_timeout = coordinator_timeout
         self._clock = clock
@@ -64,8 +69,8 @@ class GroupService:
         if not req.streams:
             raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, "No streams provided")
         try:
-            await self._api.cluster.join_group(req.groupId, req.consumerId, tuple(req.streams))
-            group = self._api.streams.metadata.group(req.groupId)
+            await self._cluster.join_group(req.groupId, req.consumerId, tuple(req.streams))
+            group = self._streams.metadata.group(req.groupId)
         except MetadataError as exc:
             raise failure_from(exc) from exc
         return api_pb2.JoinConsumerGroupResponse(
@@ -78,7 +83,7 @@ class GroupService:
     async def leave(self, req: api_pb2.LeaveConsumerGroupRequest) -> None:
         _check_ids(req.groupId, req.consumerId)
         try:
-            await self._api.cluster.leave_group(req.groupId, req.consumerId)
+            await self._cluster.leave_group(req.groupId, req.consumerId)
         except MetadataError as exc:
             raise failure_from(exc) from exc
 
@@ -86,12 +91,12 @@ class GroupService:
         self, req: api_pb2.FetchConsumerGroupAssignmentsRequest
     ) -> api_pb2.FetchConsumerGroupAssignmentsResponse:
         _check_ids(req.groupId, req.consumerId)
-        metadata = self._api.streams.metadata
+        metadata = self._streams.metadata
         try:
             group = metadata.group(req.groupId)
         except MetadataError as exc:
             raise failure_from(exc) from exc
-        if group.coordinator != self._api.server_id:
+        if group.coordinator != self._server_id:
             raise RpcFailure(Code.FAILED_PRECONDITION, Reason.REFUSED, "broker is not the consumer group coordinator")
         if req.epoch != group.epoch:
             raise RpcFailure(
@@ -113,7 +118,7 @@ class GroupService:
         if not req.coordinator:
             raise RpcFailure(Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, "No coordinator provided")
         try:
-            await self._api.cluster.report_group_coordinator(req.groupId, req.consumerId, req.coordinator, req.epoch)
+            await self._cluster.report_group_coordinator(req.groupId, req.consumerId, req.coordinator, req.epoch)
         except MetadataError as exc:
             raise failure_from(exc) from exc
 
@@ -134,7 +139,7 @@ class GroupService:
             return RpcFailure(
                 Code.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT, "Consumer groups not compatible with ReadISRReplica"
             )
-        metadata = self._api.streams.metadata
+        metadata = self._streams.metadata
         group = metadata.groups.get(consumer.groupId)
         held = (
             group is not None
@@ -160,9 +165,9 @@ class GroupService:
 
     def expire_silent(self) -> None:
         now = self._clock()
-        me = self._api.server_id
+        me = self._server_id
         current: set[tuple[str, str]] = set()
-        for group in self._api.streams.metadata.groups.values():
+        for group in self._streams.metadata.groups.values():
             if group.coordinator != me:
                 continue
             for consumer in group.members:
@@ -181,7 +186,7 @@ class GroupService:
     async def _expire(self, group: str, consumer: str) -> None:
         log.info("consumer %s of group %s is silent for %.3g s: removing it", consumer, group, self.consumer_timeout)
         try:
-            await self._api.cluster.leave_group(group, consumer, expired=True)
+            await self._cluster.leave_group(group, consumer, expired=True)
         except MetadataError as exc:
             log.info("expiring consumer %s of group %s: %s", consumer, group, exc)
         finally:

@@ -26,6 +26,7 @@ false`` keeps one envelope per message.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -43,9 +44,9 @@ if TYPE_CHECKING:
     from liftlog.rpc import RequestStream, ServerContext
 
     from .access import AccessControl
-    from .api_service import ApiService
+    from .ports import Publishing
 
-__all__ = ["serve_publish_async"]
+__all__ = ["CallState", "PublishAsyncCall"]
 
 #: A batch stays well under NATS's default max payload (1 MiB), and under the server's if it is smaller.
 MAX_BATCH_BYTES = 256 * 1024
@@ -102,212 +103,250 @@ class _Batch:
 _Entry = tuple[str, "asyncio.Future[api_pb2.Ack] | RpcFailure | _Batch", int]
 
 
-async def serve_publish_async(
-    api: ApiService, request_iterator: RequestStream[api_pb2.PublishRequest], context: ServerContext
-) -> None:
-    """Answer every request, in request order, with its ack or an asyncError.
+class CallState(enum.Enum):
+    """Where a PublishAsync call is; only ``run`` and the reader move it on."""
 
-    At most ``publish.async.max.inflight`` requests are read and not yet answered; past that the
-    reader waits, gRPC's flow control stops the client, and an answer the client does not read holds
-    up the next ones.
+    READING = "reading"  # requests come in and are published; answers go out as their acks arrive
+    DRAINING = "draining"  # the requests ended (or failed): what is queued is answered, then the call ends
+    DONE = "done"  # every answer written, or the caller went away and the acks waited for were given up
+
+
+class PublishAsyncCall:
+    """One PublishAsync call: answer every request, in request order, with its ack or an asyncError.
+
+    A reader task takes the requests a socket read at a time and publishes them (``_read``); the call's
+    own task writes the answers (``run``). At most ``max_inflight`` requests are read and not yet
+    answered; past that the reader waits, gRPC's flow control stops the client, and an answer the client
+    does not read holds up the next ones.
     """
-    limit = api.limits.max_publish_inflight
-    access: AccessControl | None = getattr(api, "access", None)
-    if access is not None and not access.enabled:
-        access = None
-    coalesce = api.limits.coalesce_publishes
-    max_bytes = api.max_message_bytes
-    queue: deque[_Entry] = deque()
-    wake = asyncio.Event()
-    room = asyncio.Event()
-    reading_done = False
-    #: The latest requests were LEADER-acked for a partition led here: after answering, the client's next
-    #: request is likely a loop turn or two away (one publisher at a time), so the loop polls for it.
-    answers_hot = False
-    take = request_iterator.next_batch
-    #: Requests received and not yet taken.
-    buffered = request_iterator.items
-    #: The ack futures of this call's latest published messages and batches.
-    in_flight: deque[asyncio.Future[api_pb2.Ack]] = deque(maxlen=HELD_BATCHES)
 
-    async def publish(batch: _Batch) -> None:
+    def __init__(
+        self,
+        publisher: Publishing,
+        requests: RequestStream[api_pb2.PublishRequest],
+        context: ServerContext,
+        *,
+        max_inflight: int,
+        coalesce: bool,
+        access: AccessControl | None = None,
+    ) -> None:
+        self.state = CallState.READING
+        self._publisher = publisher
+        self._requests = requests
+        self._context = context
+        self._limit = max_inflight
+        self._coalesce = coalesce
+        self._access = access if access is not None and access.enabled else None
+        self._queue: deque[_Entry] = deque()
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        #: The latest requests were LEADER-acked for a partition led here: after answering, the client's next
+        #: request is likely a loop turn or two away (one publisher at a time), so the loop polls for it.
+        self._answers_hot = False
+        #: The ack futures of this call's latest published messages and batches.
+        self._in_flight: deque[asyncio.Future[api_pb2.Ack]] = deque(maxlen=HELD_BATCHES)
+
+    async def run(self) -> None:
+        queue, publisher = self._queue, self._publisher
+        reader = asyncio.get_running_loop().create_task(self._read(), name="PublishAsync reader")
+        try:
+            while True:
+                while not queue:
+                    if self.state is CallState.DRAINING:
+                        await reader  # surfaces a failed request stream
+                        return
+                    await self._wake.wait()
+                    self._wake.clear()
+                answers = await self._ready_answers()
+                # Completes once gRPC's window has room: a client that does not read its acks stalls here.
+                await self._context.write(answers)
+                for _ in answers:
+                    queue.popleft()
+                self._room.set()
+                if self._answers_hot:
+                    publisher.expect_next_publish()
+        finally:
+            self.state = CallState.DONE
+            reader.cancel()
+            for _, item, _ in queue:  # the caller went away: stop waiting for these acks
+                awaited = item.future if isinstance(item, _Batch) else item
+                if isinstance(awaited, asyncio.Future):
+                    awaited.cancel()
+
+    # -- reading and publishing ------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        try:
+            while requests := await self._take():
+                entries = await self._publish_read(requests)
+                self._publisher.send_publishes_now()  # this read's publishes leave in one write, now
+                if entries:
+                    self._queue.extend(entries)
+                    self._wake.set()
+        finally:
+            if self.state is CallState.READING:
+                self.state = CallState.DRAINING
+            self._wake.set()
+
+    async def _take(self) -> list[api_pb2.PublishRequest]:
+        """The requests of the next read (none: the client is done), once there is room for them."""
+        queue, limit, in_flight = self._queue, self._limit, self._in_flight
+        while len(queue) >= limit:
+            self._room.clear()
+            await self._room.wait()
+        requests = await self._requests.next_batch(limit - len(queue))
+        if requests and self._coalesce and len(in_flight) >= HELD_BATCHES and not in_flight[0].done():
+            # Enough of this call's batches are on their way: wait (briefly) for the oldest, and the next
+            # batch grows meanwhile. Clients with many publishers, each with one message in flight, send
+            # a few requests per read; answering them a few at a time costs the same per batch.
+            await asyncio.wait([in_flight[0]], timeout=HOLD_S)
+            room_left = limit - len(queue) - len(requests)
+            if self._requests.items and room_left > 0:
+                requests += await self._requests.next_batch(room_left)
+        return requests
+
+    async def _admit(self, stream: str, partition: int, policy: int) -> tuple[PartitionMeta, bool] | RpcFailure:
+        access = self._access
+        try:
+            refusal = access.refusal(self._context, stream, "Publish") if access is not None else None
+            state = refusal or await self._publisher.publishable(stream, partition, policy)
+        except RpcFailure as failure:
+            state = failure
+        self._answers_hot = policy == LEADER and not isinstance(state, RpcFailure) and self._publisher.leads(state[0])
+        return state
+
+    async def _publish_read(self, requests: list[api_pb2.PublishRequest]) -> list[_Entry]:
+        """Publish one read's requests: for each partition, those that may share a batch as one."""
+        publisher, coalesce = self._publisher, self._coalesce
+        max_bytes = publisher.max_message_bytes
+        # The nats-server's limit can change with a reconnect: a batch it refused would fail every
+        # request in it, though each alone fits.
+        batch_max = min(MAX_BATCH_BYTES, publisher.nats_max_payload() - ENVELOPE_ROOM)
+        coalesce_max = min(MAX_COALESCED_MESSAGE, max_bytes, batch_max)
+        entries: list[_Entry] = []
+        batches: dict[tuple[str, int], _Batch] = {}
+        checked: dict[tuple[str, int, int], tuple[PartitionMeta, bool] | RpcFailure] = {}
+        for req in requests:
+            cid = req.correlationId
+            key = (req.stream, req.partition, req.ackPolicy)
+            state = checked.get(key)
+            if state is None:
+                state = checked[key] = await self._admit(*key)
+            if isinstance(state, RpcFailure):
+                entries.append((cid, state, 0))
+                continue
+            meta, occ = state
+            value = req.value
+            msg_key = req.key
+            size = len(value) + len(msg_key)
+            if size > max_bytes:
+                try:
+                    publisher.check_size(req)
+                except RpcFailure as failure:
+                    entries.append((cid, failure, 0))
+                    continue
+            headers = req.headers
+            user = None
+            if headers:
+                user = {
+                    k: v for k, v in headers.items() if not k.startswith(RESERVED) or k in PUBLISHER_RESERVED
+                } or None
+                size += sum(6 + len(k) + len(v) for k, v in user.items()) if user else 0
+            # With room for the record's own fields: one record over the log's limit would fail its batch.
+            size += RECORD_ROOM
+            if coalesce and not occ and size <= coalesce_max and not req.ackInbox:
+                # One batch per partition: its messages are stored in request order.
+                where = (key[0], key[1])
+                batch = batches.get(where)
+                if batch is not None and (batch.policy != key[2] or batch.size + size > batch_max):
+                    await self._publish(batches.pop(where))
+                    batch = None
+                if batch is None:
+                    batch = batches[where] = _Batch(meta, key[2], req)
+                records = batch.records
+                records.append((value, msg_key or None, user))
+                batch.size += size
+                if key[2] != NONE:
+                    entries.append((cid, batch, len(records) - 1))
+                continue
+            # Alone, after what came before it: a partition stores its messages in request order.
+            for pending in batches.values():
+                await self._publish(pending)
+            batches.clear()
+            try:
+                future = await publisher.send_checked(req, meta, occ)
+            except RpcFailure as failure:
+                entries.append((cid, failure, 0))
+            else:
+                if future is not None:  # AckPolicy NONE: nothing to answer
+                    entries.append((cid, future, 0))
+        for pending in batches.values():
+            await self._publish(pending)
+        return entries
+
+    async def _publish(self, batch: _Batch) -> None:
         try:
             if len(batch.records) == 1:
-                batch.future = await api.send_checked(batch.first, batch.meta, False)  # batched: no OCC
+                batch.future = await self._publisher.send_checked(batch.first, batch.meta, False)  # batched: no OCC
             else:
-                batch.future = await _publish_batch(api, batch)
+                batch.future = await _publish_batch(self._publisher, batch)
         except RpcFailure as failure:
             batch.failure = failure
         if batch.future is not None:
-            in_flight.append(batch.future)
+            self._in_flight.append(batch.future)
 
-    async def read() -> None:
-        nonlocal reading_done, answers_hot
-        try:
-            while True:
-                while len(queue) >= limit:
-                    room.clear()
-                    await room.wait()
-                requests = await take(limit - len(queue))
-                if not requests:
-                    return
-                if coalesce and len(in_flight) >= HELD_BATCHES and not in_flight[0].done():
-                    # Enough of this call's batches are on their way: wait (briefly) for the oldest, and the next
-                    # batch grows meanwhile. Clients with many publishers, each with one message in flight, send
-                    # a few requests per read; answering them a few at a time costs the same per batch.
-                    await asyncio.wait([in_flight[0]], timeout=HOLD_S)
-                    room_left = limit - len(queue) - len(requests)
-                    if buffered and room_left > 0:
-                        requests += await take(room_left)
-                # The nats-server's limit can change with a reconnect: a batch it refused would fail every
-                # request in it, though each alone fits.
-                batch_max = min(MAX_BATCH_BYTES, api.nats_max_payload() - ENVELOPE_ROOM)
-                coalesce_max = min(MAX_COALESCED_MESSAGE, max_bytes, batch_max)
-                entries: list[_Entry] = []
-                batches: dict[tuple[str, int], _Batch] = {}
-                checked: dict[tuple[str, int, int], tuple[PartitionMeta, bool] | RpcFailure] = {}
-                for req in requests:
-                    cid = req.correlationId
-                    key = (req.stream, req.partition, req.ackPolicy)
-                    state = checked.get(key)
-                    if state is None:
-                        try:
-                            state = (
-                                await api.publishable(*key)
-                                if access is None
-                                else access.refusal(context, key[0], "Publish") or await api.publishable(*key)
-                            )
-                        except RpcFailure as failure:
-                            state = failure
-                        checked[key] = state
-                        answers_hot = key[2] == LEADER and not isinstance(state, RpcFailure) and api.leads(state[0])
-                    if isinstance(state, RpcFailure):
-                        entries.append((cid, state, 0))
-                        continue
-                    meta, occ = state
-                    value = req.value
-                    msg_key = req.key
-                    size = len(value) + len(msg_key)
-                    if size > max_bytes:
-                        try:
-                            api.check_size(req)
-                        except RpcFailure as failure:
-                            entries.append((cid, failure, 0))
-                            continue
-                    headers = req.headers
-                    user = None
-                    if headers:
-                        user = {
-                            k: v for k, v in headers.items() if not k.startswith(RESERVED) or k in PUBLISHER_RESERVED
-                        } or None
-                        size += sum(6 + len(k) + len(v) for k, v in user.items()) if user else 0
-                    # With room for the record's own fields: one record over the log's limit would fail its batch.
-                    size += RECORD_ROOM
-                    if coalesce and not occ and size <= coalesce_max and not req.ackInbox:
-                        # One batch per partition: its messages are stored in request order.
-                        where = (key[0], key[1])
-                        batch = batches.get(where)
-                        if batch is not None and (batch.policy != key[2] or batch.size + size > batch_max):
-                            await publish(batches.pop(where))
-                            batch = None
-                        if batch is None:
-                            batch = batches[where] = _Batch(meta, key[2], req)
-                        records = batch.records
-                        records.append((value, msg_key or None, user))
-                        batch.size += size
-                        index = len(records) - 1
-                        if key[2] != NONE:
-                            entries.append((cid, batch, index))
-                        continue
-                    # Alone, after what came before it: a partition stores its messages in request order.
-                    for pending in batches.values():
-                        await publish(pending)
-                    batches.clear()
+    # -- answering -------------------------------------------------------------------------------
+
+    async def _ready_answers(self) -> list[bytes]:
+        """Every answer at the head of the queue that is ready (one write); a pending ack is waited for only
+        when it is the first."""
+        queue, publisher = self._queue, self._publisher
+        answers: list[bytes] = []
+        i = 0
+        while i < len(queue) and i < _MAX_ANSWERS:  # the reader appends meanwhile
+            cid, item, _ = queue[i]
+            if isinstance(item, _Batch):
+                future = item.future
+                if item.failure is None and future is not None and not future.done():
+                    if answers:
+                        break
                     try:
-                        future = await api.send_checked(req, meta, occ)
-                    except RpcFailure as failure:
-                        entries.append((cid, failure, 0))
-                    else:
-                        if future is not None:  # AckPolicy NONE: nothing to answer
-                            entries.append((cid, future, 0))
-                for pending in batches.values():
-                    await publish(pending)
-                api.send_publishes_now()  # this read's publishes leave in one write, now
-                if entries:
-                    queue.extend(entries)
-                    wake.set()
-        finally:
-            reading_done = True
-            wake.set()
-
-    reader = asyncio.get_running_loop().create_task(read(), name="PublishAsync reader")
-    try:
-        while True:
-            while not queue:
-                if reading_done:
-                    await reader  # surfaces a failed request stream
-                    return
-                await wake.wait()
-                wake.clear()
-            # Every answer that is ready goes out in one write; a pending ack is waited for only at the head.
-            answers: list[bytes] = []
-            i = 0
-            while i < len(queue) and i < _MAX_ANSWERS:  # the reader appends meanwhile
-                cid, item, _ = queue[i]
-                if isinstance(item, _Batch):
-                    future = item.future
-                    if item.failure is None and future is not None and not future.done():
-                        if answers:
-                            break
-                        try:
-                            await api.until_acked(future, None)
-                        except RpcFailure as failure:  # no ack in time: the answer for all of the batch
-                            item.failure = failure
-                    if item.failure is not None:  # not published, or no ack in time
-                        answers.append(async_error(cid, item.failure))
-                        i += 1
-                    elif len(item.records) == 1:
-                        assert future is not None
-                        answers.append(api.answer(future, cid))
-                        i += 1
-                    else:  # this request and the batch's next ones, answered together
-                        j = i + 1
-                        last = min(len(queue), _MAX_ANSWERS)
-                        while j < last and queue[j][1] is item:
-                            j += 1
-                        answers += _batch_answers(api, item, [queue[k] for k in range(i, j)])
-                        i = j
-                elif isinstance(item, RpcFailure):
-                    answers.append(async_error(cid, item))
+                        await publisher.until_acked(future, None)
+                    except RpcFailure as failure:  # no ack in time: the answer for all of the batch
+                        item.failure = failure
+                if item.failure is not None:  # not published, or no ack in time
+                    answers.append(async_error(cid, item.failure))
                     i += 1
-                else:  # a request published alone
-                    if not item.done():
-                        if answers:
-                            break
-                        try:
-                            await api.until_acked(item, None)
-                        except RpcFailure as failure:  # no ack in time
-                            answers.append(async_error(cid, failure))
-                            i += 1
-                            continue
-                    answers.append(api.answer(item, cid))
+                elif len(item.records) == 1:
+                    assert future is not None
+                    answers.append(publisher.answer(future, cid))
                     i += 1
-            # Completes once gRPC's window has room: a client that does not read its acks stalls here.
-            await context.write(answers)
-            for _ in answers:
-                queue.popleft()
-            room.set()
-            if answers_hot:
-                api.expect_next_publish()
-    finally:
-        reader.cancel()
-        for _, item, _ in queue:  # the caller went away: stop waiting for these acks
-            awaited = item.future if isinstance(item, _Batch) else item
-            if isinstance(awaited, asyncio.Future):
-                awaited.cancel()
+                else:  # this request and the batch's next ones, answered together
+                    j = i + 1
+                    last = min(len(queue), _MAX_ANSWERS)
+                    while j < last and queue[j][1] is item:
+                        j += 1
+                    answers += _batch_answers(publisher, item, [queue[k] for k in range(i, j)])
+                    i = j
+            elif isinstance(item, RpcFailure):
+                answers.append(async_error(cid, item))
+                i += 1
+            else:  # a request published alone
+                if not item.done():
+                    if answers:
+                        break
+                    try:
+                        await publisher.until_acked(item, None)
+                    except RpcFailure as failure:  # no ack in time
+                        answers.append(async_error(cid, failure))
+                        i += 1
+                        continue
+                answers.append(publisher.answer(item, cid))
+                i += 1
+        return answers
 
 
-async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_pb2.Ack] | None:
+async def _publish_batch(api: Publishing, batch: _Batch) -> asyncio.Future[api_pb2.Ack] | None:
     """Publish a batch's records as one record batch envelope; the future resolves with its one ack."""
     envelope = RecordBatchEnvelope(count=len(batch.records), ackPolicy=batch.policy)
     if batch.policy == api_pb2.NONE:
@@ -332,7 +371,7 @@ async def _publish_batch(api: ApiService, batch: _Batch) -> asyncio.Future[api_p
 _DUPLICATE = api_pb2.Ack(duplicate=True).SerializeToString()
 
 
-def _batch_answers(api: ApiService, batch: _Batch, entries: list[_Entry]) -> list[bytes]:
+def _batch_answers(api: Publishing, batch: _Batch, entries: list[_Entry]) -> list[bytes]:
     """The encoded PublishResponses of some of a batch's requests: the batch's ack with each one's offset."""
     if not batch.ack_body:
         assert batch.future is not None

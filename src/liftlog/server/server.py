@@ -69,14 +69,18 @@ from .batches_service import BatchesService
 from .cluster import ActivityWiring, MetadataService
 from .cluster_service import ClusterService
 from .config import SETTING_HELP, ServerConfig, ignored_settings
+from .cursors import CursorService
 from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
 from .errors import ServerStartError
+from .groups import GroupService
 from .metadata_raft import RaftSettings
 from .metrics import LoopLagMonitor, ServerCollector, new_registry
 from .nats_types import NatsClient
 from .ops_http import Check, OpsEndpoint
 from .partition import Partition
+from .publisher import Publisher
 from .ratelimit import LogLimiter
+from .reads import PartitionReads
 from .replicator import Replicator, ReplicatorSettings
 from .spin import LoopSpinner
 from .streams import StreamManager
@@ -947,36 +951,11 @@ class Server:
         self._grpc = server
         self.access = AccessControl(self._authorizer())
         self.port = port
-        service = ApiService(
-            server_id=self.server_id,
-            host=self.config.host,
-            port=port,
-            streams=self.streams,
-            cluster=self.cluster,
-            acks=self._acks,
-            publish=self._publish_for_clients,
-            keep_hot=self.spinner.keep_hot if self.spinner is not None else None,
-            send_publishes=self._lean.send_now if self._lean is not None else None,
-            ack_timeout=DEFAULT_ACK_TIMEOUT_S,
-            max_message_bytes=self.config.streams.max_message_bytes,
-            limits=ApiLimits(
-                fetch_max_messages=self.config.subscribe.fetch_max_messages,
-                buffer_max_bytes=self.config.subscribe.buffer_max_bytes,
-                max_subscriptions=self.config.subscribe.max_concurrent,
-                max_subscriptions_per_connection=self.config.subscribe.max_concurrent_per_connection,
-                max_publish_inflight=self.config.publish.async_max_inflight,
-                coalesce_publishes=self.config.publish.async_coalesce,
-            ),
-            nats_max_payload=lambda: int(self._hot_nats.max_payload),
-            access=self.access,
-            cursors_enabled=int(self.config.cursors.partitions) > 0,
-            group_timeouts=(self.config.groups.consumer_timeout / 1000, self.config.groups.coordinator_timeout / 1000),
-        )
-        self._tasks.append(asyncio.get_running_loop().create_task(service.groups.run(), name="group-expiry"))
+        publisher, reads, service = self._api_services()
         guard = self.access.guard
         server.add_methods(guard(service_methods(api_pb2.DESCRIPTOR.services_by_name["API"], service)))
         server.add_methods(
-            guard(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(service)))
+            guard(service_methods(batches_pb2.DESCRIPTOR.services_by_name["Batches"], BatchesService(publisher, reads)))
         )
         server.add_methods(
             guard(
@@ -986,6 +965,59 @@ class Server:
                 )
             )
         )
+
+    def _api_services(self) -> tuple[Publisher, PartitionReads, ApiService]:
+        """The API service and the collaborators it and the Batches service share (the composition root)."""
+        assert self.streams is not None and self._acks is not None and self.cluster is not None
+        reads = PartitionReads(server_id=self.server_id, streams=self.streams, cluster=self.cluster)
+        publisher = Publisher(
+            server_id=self.server_id,
+            streams=self.streams,
+            cluster=self.cluster,
+            reads=reads,
+            acks=self._acks,
+            publish=self._publish_for_clients,
+            ack_timeout=DEFAULT_ACK_TIMEOUT_S,
+            max_message_bytes=self.config.streams.max_message_bytes,
+            keep_hot=self.spinner.keep_hot if self.spinner is not None else None,
+            send_publishes=self._lean.send_now if self._lean is not None else None,
+            nats_max_payload=lambda: int(self._hot_nats.max_payload),
+        )
+        groups = GroupService(
+            server_id=self.server_id,
+            streams=self.streams,
+            cluster=self.cluster,
+            consumer_timeout=self.config.groups.consumer_timeout / 1000,
+            coordinator_timeout=self.config.groups.coordinator_timeout / 1000,
+        )
+        cursors = CursorService(
+            server_id=self.server_id,
+            streams=self.streams,
+            cluster=self.cluster,
+            publisher=publisher,
+            reads=reads,
+            enabled=int(self.config.cursors.partitions) > 0,
+        )
+        service = ApiService(
+            server_id=self.server_id,
+            streams=self.streams,
+            cluster=self.cluster,
+            publisher=publisher,
+            reads=reads,
+            cursors=cursors,
+            groups=groups,
+            limits=ApiLimits(
+                fetch_max_messages=self.config.subscribe.fetch_max_messages,
+                buffer_max_bytes=self.config.subscribe.buffer_max_bytes,
+                max_subscriptions=self.config.subscribe.max_concurrent,
+                max_subscriptions_per_connection=self.config.subscribe.max_concurrent_per_connection,
+                max_publish_inflight=self.config.publish.async_max_inflight,
+                coalesce_publishes=self.config.publish.async_coalesce,
+            ),
+            access=self.access,
+        )
+        self._tasks.append(asyncio.get_running_loop().create_task(groups.run(), name="group-expiry"))
+        return publisher, reads, service
 
     def _authorizer(self) -> Authorizer | None:
         """The policy decisions of ``tls.client.authz.*``: from its files, else from the metadata."""
