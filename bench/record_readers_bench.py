@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from liftlog.api.stored import encode_fields
 from liftlog.client.batches import decode_batches
-from liftlog.server.messages import encode_messages
+from liftlog.server.partitions.messages import encode_messages
 from liftlog.storage import NewRecord
 from liftlog.storage.records import decode_records, encode_batch, iter_batch_headers
 

@@ -40,6 +40,18 @@ LAYERS: dict[str, set[str]] = {
     "cli": WIRE | {"client", "spark", "pipeline", "security", "server", "metadata", "rpc"},
 }
 
+#: The server's subpackages, and what each may import besides itself and the shared modules beside them
+#: (``SERVER_SHARED``); ``server.server`` and ``server.runner``, the composition root, may import them all.
+SERVER_LAYERS: dict[str, set[str]] = {
+    "nats": set(),
+    "partitions": {"nats"},
+    "control": {"partitions", "nats"},
+    "ops": {"control", "partitions", "nats"},
+    "api": {"ops", "control", "partitions", "nats"},
+}
+SERVER_SHARED = {"config", "config_reference", "errors", "changes", "ratelimit", "throttle", "rlimits", "spin"}
+SERVER_ROOT = {"server", "runner"}
+
 #: Import circles not yet broken: each is a set of modules, with the reason it still stands.
 KNOWN_CIRCLES: dict[frozenset[str], str] = {
     frozenset({"client.client", "client.consumer", "client.merged", "client.subscription"}): (
@@ -58,9 +70,12 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "pipeline/generator.py:publish_events": (111, "to split: pacing, publishing and progress in one loop"),
     "cli/bench_cluster.py:_failover": (111, "one scenario's script, step by step"),
     "client/batches.py:_decode_records": (99, "per-record hot loop, inlined on purpose (docs/performance.md)"),
-    "server/messages.py:encode_messages": (84, "per-record hot loop, inlined on purpose (docs/performance.md)"),
-    "server/partition.py:Partition.append": (83, "intake, duplicate screening, admission, writing and acks"),
-    "server/partition.py:Partition.__init__": (89, "wiring of a partition's collaborators"),
+    "server/partitions/messages.py:encode_messages": (
+        84,
+        "per-record hot loop, inlined on purpose (docs/performance.md)",
+    ),
+    "server/partitions/partition.py:Partition.append": (83, "intake, duplicate screening, admission, writing and acks"),
+    "server/partitions/partition.py:Partition.__init__": (89, "wiring of a partition's collaborators"),
     "cli/encryption.py:rewrap": (89, "one command's steps with their progress display"),
     "rpc/connection.py:Connection._receive": (88, "the HTTP/2 frame loop, one branch per frame type"),
     "client/client.py:Client.publish_many": (86, "batching, pipelining and retries of one call"),
@@ -134,6 +149,36 @@ def test_packages_import_only_the_layers_below_them() -> None:
         assert own in LAYERS, f"package {own} has no place in LAYERS"
         upward += [f"{module} -> {t}" for t in sorted(targets) if package_of(t) not in LAYERS[own] | {own}]
     assert upward == [], "imports against the layering:\n" + "\n".join(upward)
+
+
+def server_part(module: str) -> str | None:
+    """``api`` for ``server.api.publisher``, the module's own name for the server's top-level modules."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "server" and len(parts) > 1 else None
+
+
+def test_the_servers_subpackages_import_only_the_layers_below_them() -> None:
+    top = {p.stem for p in (SRC / "server").glob("*.py")} - {"__init__"}
+    subpackages = {p.name for p in (SRC / "server").iterdir() if (p / "__init__.py").exists()}
+    assert subpackages == SERVER_LAYERS.keys(), "every subpackage has its place in SERVER_LAYERS"
+    assert top == SERVER_SHARED | SERVER_ROOT, "every top-level server module is shared or the composition root"
+    upward = []
+    for module, targets in graph().items():
+        own = server_part(module)
+        if own is None or own in SERVER_ROOT:
+            continue
+        allowed = SERVER_LAYERS.get(own, set()) | {own} | SERVER_SHARED
+        for target in sorted(targets):
+            other = server_part(target)
+            if other is not None and other not in allowed:
+                upward.append(f"{module} -> {target}")
+    assert upward == [], "imports against the server's layering:\n" + "\n".join(upward)
+
+
+def test_each_server_subpackage_says_what_lives_there_and_what_it_may_import() -> None:
+    for name in SERVER_LAYERS:
+        doc = ast.get_docstring(ast.parse((SRC / "server" / name / "__init__.py").read_text())) or ""
+        assert "May import:" in doc, f"server/{name}/__init__.py: its docstring names what it may import"
 
 
 def circles(edges: dict[str, set[str]]) -> list[frozenset[str]]:

@@ -34,7 +34,7 @@ import render
 
 from liftlog.client import AckPolicy, Client, StartPosition
 from liftlog.security.cluster_auth import generate_key_file
-from liftlog.server.embedded_nats import find_nats_server_binary
+from liftlog.server.nats.embedded_nats import find_nats_server_binary
 
 IDS = ("a", "b", "c")
 

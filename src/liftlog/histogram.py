@@ -3,7 +3,7 @@
 prometheus-client's ``Histogram.observe`` takes a lock and costs about 0.9 µs;
 these cost about 0.17 µs and take a count, so one observation can stand for a
 whole batch acknowledged together. They are plain counters read by the
-metrics collector (``liftlog.server.metrics``); nothing here imports
+metrics collector (``liftlog.server.ops.metrics``); nothing here imports
 prometheus-client, so storage can time its fsyncs without depending on it.
 """
 

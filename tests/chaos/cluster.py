@@ -27,7 +27,7 @@ import grpc
 
 from liftlog.api import api_pb2, api_pb2_grpc, cluster_pb2, cluster_pb2_grpc
 from liftlog.security.cluster_auth import generate_key_file
-from liftlog.server.embedded_nats import find_nats_server_binary
+from liftlog.server.nats.embedded_nats import find_nats_server_binary
 from liftlog.storage.faults import power_loss_from_journal
 from tests.integration.harness import LiftlogProcess, NatsProcess, eventually, wait_for_port
 

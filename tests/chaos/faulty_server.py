@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from liftlog.server import runner
     from liftlog.server.errors import ServerStartError
-    from liftlog.server.logformat import setup_logging
+    from liftlog.server.ops.logformat import setup_logging
 
     cli = importlib.import_module("liftlog.cli.main")
 

@@ -358,11 +358,12 @@ def test_the_checker_excuses_lost_ack_leader_messages_only_in_the_window_around_
 def test_a_fence_the_log_shows_is_found_with_its_duration() -> None:
     log = "\n".join(
         [
-            "2026-01-01 10:00:00,000 ERROR liftlog.server.partition: partition s/0 is fenced: EIO",
-            "2026-01-01 10:00:03,500 WARNING liftlog.server.partition: partition s/0 takes writes again (...)",
-            "2026-01-01 10:00:04,000 ERROR liftlog.server.streams: partition s/1 is unavailable: EMFILE",
+            "2026-01-01 10:00:00,000 ERROR liftlog.server.partitions.partition: partition s/0 is fenced: EIO",
+            "2026-01-01 10:00:03,500 WARNING liftlog.server.partitions.partition: "
+            "partition s/0 takes writes again (...)",
+            "2026-01-01 10:00:04,000 ERROR liftlog.server.partitions.streams: partition s/1 is unavailable: EMFILE",
             "2026-01-01 10:00:05,000 WARNING liftlog.faulty: faulty server starting (control x)",
-            "2026-01-01 10:00:06,000 ERROR liftlog.server.partition: partition t/2 is fenced: ENOSPC",
+            "2026-01-01 10:00:06,000 ERROR liftlog.server.partitions.partition: partition t/2 is fenced: ENOSPC",
         ]
     )
     fences = fences_in_log(log)

@@ -13,7 +13,7 @@ from liftlog.api.stored import StoredFields, decode_fields, encode_fields, store
 from liftlog.client import CorruptDataError, Message
 from liftlog.client.batches import Columns, decode_batches
 from liftlog.recordformat import batches_end
-from liftlog.server.messages import record_to_message
+from liftlog.server.partitions.messages import record_to_message
 from liftlog.storage import NewRecord
 from liftlog.storage.records import decode_records, encode_batch, encode_empty_batch, parse_batch_header
 

@@ -800,7 +800,7 @@ async def test_nats_publish_needs_servers(client: Client) -> None:
 @pytest.fixture
 def nats_url() -> Any:
     try:
-        from liftlog.server.embedded_nats import find_nats_server_binary
+        from liftlog.server.nats.embedded_nats import find_nats_server_binary
 
         binary = find_nats_server_binary()
     except Exception as exc:  # pragma: no cover - depends on the environment

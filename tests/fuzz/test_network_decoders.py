@@ -45,7 +45,7 @@ from liftlog.rpc.server_connection import (
     WindowOpened,
 )
 from liftlog.rpc.wire import END_HEADERS, END_STREAM, FrameType, Setting
-from liftlog.server.messages import Incoming, incoming_from_nats
+from liftlog.server.partitions.messages import Incoming, incoming_from_nats
 from liftlog.storage import NewRecord
 from liftlog.storage.records import encode_records
 
@@ -225,7 +225,7 @@ def test_server_connection_on_mutated_client_streams(
     assert serve(chunks, limits) == serve(chunks, limits)
 
 
-# -- liftlog.server.messages.incoming_from_nats ---------------------------------------
+# -- liftlog.server.partitions.messages.incoming_from_nats ---------------------------------------
 
 PARTITION_SUBJECT = "orders.new"
 SUBJECTS = st.sampled_from([PARTITION_SUBJECT, "orders.other"])

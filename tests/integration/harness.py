@@ -20,7 +20,7 @@ from nats.aio.client import Client as NatsClient
 
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.security.cluster_auth import generate_key_file
-from liftlog.server.embedded_nats import find_nats_server_binary
+from liftlog.server.nats.embedded_nats import find_nats_server_binary
 
 T = TypeVar("T")
 

@@ -30,6 +30,8 @@ def test_raft_and_nats_logging_show_the_metadata_group_and_the_embedded_nats_ser
     assert "nats-server: " in loud and "[INF]" in loud, "the embedded nats-server's banner, at info"
     debug_from = {line.split()[3].rstrip(":") for line in loud.splitlines() if " DEBUG " in line}
     assert debug_from and all(
-        name.startswith(("liftlog.server.embedded_nats", "liftlog.server.metadata_raft", "liftlog.natswire", "nats"))
+        name.startswith(
+            ("liftlog.server.nats.embedded_nats", "liftlog.server.control.metadata_raft", "liftlog.natswire", "nats")
+        )
         for name in debug_from
     ), debug_from

@@ -19,9 +19,9 @@ from liftlog.api.envelope import encode_ack
 from liftlog.natswire import LeanNats
 from liftlog.natswire.client import LeanMessage, LeanNatsClient, NatsNoResponders, NatsRequestTimeout
 from liftlog.security.cluster_auth import ClusterAuth
-from liftlog.server.acks import AckRouter
-from liftlog.server.authenticated_nats import AuthenticatedNats, internal_subjects
-from liftlog.server.nats_types import NatsMessage
+from liftlog.server.nats.authenticated_nats import AuthenticatedNats, internal_subjects
+from liftlog.server.nats.nats_types import NatsMessage
+from liftlog.server.partitions.acks import AckRouter
 from tests.integration.harness import NatsProcess
 
 KEY = b"0123456789abcdef0123456789abcdef"

@@ -28,7 +28,7 @@ from liftlog.api import api_pb2
 from liftlog.api.stored import StoredFields, decode_fields, encode_fields
 from liftlog.client.batches import decode_batches
 from liftlog.recordformat import BatchHeader, batch_headers, batches_end, decode_headers, walk_records
-from liftlog.server.messages import encode_messages
+from liftlog.server.partitions.messages import encode_messages
 from liftlog.storage import NewRecord
 from liftlog.storage.records import decode_records, encode_batch, encode_empty_batch, iter_batch_headers, retain_records
 

@@ -23,7 +23,7 @@ from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.api.envelope import decode_ack, decode_publish_message, encode_publish_message
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.security.cluster_auth import generate_key_file
-from liftlog.server.metrics import LoopLagMonitor, ServerCollector
+from liftlog.server.ops.metrics import LoopLagMonitor, ServerCollector
 from liftlog.server.server import Server
 from liftlog.storage.faults import FaultyFileIO
 

@@ -9,8 +9,8 @@ import pytest
 from liftlog.api import api_pb2
 from liftlog.api.errors import Reason
 from liftlog.rpc import StatusCode
-from liftlog.server.failures import RpcFailure
-from liftlog.server.publisher import Publisher
+from liftlog.server.api.failures import RpcFailure
+from liftlog.server.api.publisher import Publisher
 
 
 def api(ack_timeout: float = 5.0) -> Publisher:

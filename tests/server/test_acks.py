@@ -12,7 +12,7 @@ from liftlog.api import api_pb2
 from liftlog.api.envelope import decode_ack, encode_ack
 from liftlog.metadata import InvalidStreamError, validate_ack_inbox
 from liftlog.security.ack_routes import RouteIds
-from liftlog.server.acks import AckRouter, DuplicateRoute
+from liftlog.server.partitions.acks import AckRouter, DuplicateRoute
 
 pytestmark = pytest.mark.timeout(10)
 ALL, LEADER = api_pb2.ALL, api_pb2.LEADER

@@ -14,8 +14,8 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.security.cluster_auth import TRAILER_SIZE, ClusterAuth, ReplayGuard
-from liftlog.server.authenticated_nats import AuthenticatedNats, internal_subjects
-from liftlog.server.nats_types import NatsMessage
+from liftlog.server.nats.authenticated_nats import AuthenticatedNats, internal_subjects
+from liftlog.server.nats.nats_types import NatsMessage
 from tests.integration.harness import nats_settled
 
 KEY = b"0123456789abcdef0123456789abcdef"

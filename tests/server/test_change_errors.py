@@ -17,8 +17,8 @@ from liftlog.metadata import StreamExistsError
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.metadata.protocol import CreateStreamChange, decode_reply, encode_reply
 from liftlog.rpc import StatusCode
-from liftlog.server.api_service import failure_from
-from liftlog.server.cluster import (
+from liftlog.server.api.api_service import failure_from
+from liftlog.server.control.cluster import (
     ChangeNotAppliedError,
     ChangeOutcomeUnknownError,
     ControllerFailedError,

@@ -33,7 +33,7 @@ from liftlog.raft.codec import encode_message
 from liftlog.raft.types import Entry, Message, MessageType
 from liftlog.replication.protocol import FetchRequest, PartitionFetch, encode_fetch_request, fetch_subject
 from liftlog.security.cluster_auth import ClusterAuth, generate_key_file, load_key
-from liftlog.server.authenticated_nats import AuthenticatedNats, internal_subjects
+from liftlog.server.nats.authenticated_nats import AuthenticatedNats, internal_subjects
 from liftlog.server.server import Server
 from liftlog.storage.faults import FaultyFileIO
 from tests.server.conftest import start_cluster, stop_all

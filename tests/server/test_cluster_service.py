@@ -18,7 +18,7 @@ from liftlog.metadata import (
     StreamMeta,
     StreamSettings,
 )
-from liftlog.server.cluster_service import ClusterService
+from liftlog.server.api.cluster_service import ClusterService
 from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.encryption import BatchCipher, MasterKey
 

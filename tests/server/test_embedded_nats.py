@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from liftlog.server.embedded_nats import (
+from liftlog.server.nats.embedded_nats import (
     EmbeddedNats,
     EmbeddedNatsConfig,
     EmbeddedNatsError,
@@ -166,7 +166,9 @@ async def test_killed_child_is_restarted_on_the_same_port(caplog: pytest.LogCapt
         assert embedded.url == url
         assert delays == [0.05]
         await _roundtrip(url)
-    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "liftlog.server.embedded_nats"]
+    [warning] = [
+        r for r in caplog.records if r.levelno == logging.WARNING and r.name == "liftlog.server.nats.embedded_nats"
+    ]
     message = warning.getMessage()
     assert f"pid {first_pid}" in message and "exit code -9 (SIGKILL)" in message
     assert "Server is ready" in message  # the last stderr lines are quoted

@@ -15,7 +15,7 @@ import pytest
 
 from liftlog.client import AckPolicy, Client, StartPosition, StopPosition
 from liftlog.metadata import PartitionState
-from liftlog.server.partition import Partition
+from liftlog.server.partitions.partition import Partition
 from liftlog.storage import StorageError
 from liftlog.storage.faults import FaultyFileIO
 

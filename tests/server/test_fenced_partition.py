@@ -84,7 +84,7 @@ async def test_a_partition_the_server_cannot_set_up_is_fenced_and_holds_back_no_
     tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug (here: intake that cannot start) in one partition used to stall reconcile for every stream."""
-    from liftlog.server.partition import Partition
+    from liftlog.server.partitions.partition import Partition
 
     real_start = Partition.start_intake
     broken = {"yes": True}

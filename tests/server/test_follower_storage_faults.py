@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from liftlog.client import AckPolicy, Client
-from liftlog.server.partition import Partition
+from liftlog.server.partitions.partition import Partition
 from liftlog.storage import NewRecord
 from liftlog.storage.faults import FaultyFileIO
 

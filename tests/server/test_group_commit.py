@@ -9,9 +9,9 @@ from pathlib import Path
 
 from liftlog.api import api_pb2
 from liftlog.metadata import PartitionMeta
-from liftlog.server.group_commit import GroupCommitter
-from liftlog.server.messages import Incoming
-from liftlog.server.partition import Partition, PartitionOptions
+from liftlog.server.partitions.group_commit import GroupCommitter
+from liftlog.server.partitions.messages import Incoming
+from liftlog.server.partitions.partition import Partition, PartitionOptions
 from liftlog.storage import FsyncPolicy, LogConfig, NewRecord
 from liftlog.storage.faults import FaultyFileIO
 

@@ -10,8 +10,8 @@ from liftlog.api import api_pb2
 from liftlog.metadata import PartitionMeta
 from liftlog.metadata.protocol import ControlRequest, IsrChange
 from liftlog.replication.leader import ProposeIsr
-from liftlog.server.partition import Partition, PartitionOptions
-from liftlog.server.replicator import Replicator, ReplicatorSettings
+from liftlog.server.partitions.partition import Partition, PartitionOptions
+from liftlog.server.partitions.replicator import Replicator, ReplicatorSettings
 from liftlog.server.server import Server
 from liftlog.storage import LogConfig
 

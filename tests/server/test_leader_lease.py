@@ -8,8 +8,8 @@ import pytest
 
 from liftlog.api import api_pb2
 from liftlog.metadata import PartitionMeta
-from liftlog.server import partition
-from liftlog.server.partition import PARK_LEASES, Partition, PartitionOptions
+from liftlog.server.partitions import partition
+from liftlog.server.partitions.partition import PARK_LEASES, Partition, PartitionOptions
 from liftlog.storage import FsyncPolicy, LogConfig
 
 from .test_partition import incoming

@@ -56,7 +56,7 @@ async def _create(server: Server, name: str) -> None:
 async def test_legacy_streams_are_skipped_and_metadata_changes_keep_working(
     tmp_path: Path, nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="liftlog.server.streams")
+    caplog.set_level(logging.WARNING, logger="liftlog.server.partitions.streams")
     namespace = f"legacy-{secrets.token_hex(4)}"
     server = _server(tmp_path / "data", nats_url, namespace)
     await server.start()

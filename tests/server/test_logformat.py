@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from liftlog.server.logformat import JsonFormatter, PartitionFields, about
+from liftlog.server.ops.logformat import JsonFormatter, PartitionFields, about
 
 
 def record(msg: str, *args: object, name: str = "liftlog.test", **extra: object) -> logging.LogRecord:
@@ -44,7 +44,7 @@ def test_partition_fields_from_extra_a_named_message_and_a_storage_path() -> Non
 
 def test_a_partition_among_the_arguments_names_itself() -> None:
     from liftlog.metadata import PartitionMeta
-    from liftlog.server.partition import Partition, PartitionOptions
+    from liftlog.server.partitions.partition import Partition, PartitionOptions
     from liftlog.storage import LogConfig
 
     part = Partition(

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
-from liftlog.server.messages import encode_messages, incoming_from_nats, record_to_message
+from liftlog.server.partitions.messages import encode_messages, incoming_from_nats, record_to_message
 from liftlog.storage import NewRecord, Record
 from liftlog.storage.records import decode_records, encode_batch, parse_batch_header
 

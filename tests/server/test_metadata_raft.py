@@ -12,7 +12,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from liftlog.raft import NotLeader, Role
-from liftlog.server.metadata_raft import MetadataRaft, RaftSettings
+from liftlog.server.control.metadata_raft import MetadataRaft, RaftSettings
 
 pytestmark = pytest.mark.slow
 

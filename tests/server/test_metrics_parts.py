@@ -7,8 +7,8 @@ import threading
 
 from liftlog.histogram import Histogram, ThreadSafeHistogram
 from liftlog.raft import Role
-from liftlog.server.metadata_raft import RaftStats
-from liftlog.server.metrics import LoopLagMonitor
+from liftlog.server.control.metadata_raft import RaftStats
+from liftlog.server.ops.metrics import LoopLagMonitor
 
 
 def test_histogram_buckets_are_cumulative_with_inf_last() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from liftlog.api import api_pb2
 from liftlog.metadata import PartitionMeta
-from liftlog.server.messages import Incoming
-from liftlog.server.partition import Partition, PartitionOptions
+from liftlog.server.partitions.messages import Incoming
+from liftlog.server.partitions.partition import Partition, PartitionOptions
 from liftlog.storage import LogConfig, NewRecord
 
 
@@ -165,7 +165,7 @@ def encoded_batch(values: list[bytes], cid: str, expected: int = -1) -> Incoming
     """A batched publish as the intake gets it from NATS: its records stored as they came."""
     from liftlog.api import batches_pb2
     from liftlog.api.batch_envelope import encode_record_batch
-    from liftlog.server.messages import incoming_from_nats
+    from liftlog.server.partitions.messages import incoming_from_nats
     from liftlog.storage.records import encode_records
 
     envelope = batches_pb2.RecordBatchEnvelope(

@@ -13,8 +13,8 @@ from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.metadata import PartitionMeta
 from liftlog.recordformat import ATTR_MSG_IDS
-from liftlog.server.messages import Incoming, incoming_from_nats
-from liftlog.server.partition import Partition, PartitionOptions
+from liftlog.server.partitions.messages import Incoming, incoming_from_nats
+from liftlog.server.partitions.partition import Partition, PartitionOptions
 from liftlog.storage import LogConfig, NewRecord
 from liftlog.storage.records import encode_records
 

@@ -17,9 +17,9 @@ import pytest
 
 from liftlog.api import api_pb2
 from liftlog.api.batch_envelope import decode_record_batch
-from liftlog.server import publish_async
-from liftlog.server.api_service import ApiLimits
-from liftlog.server.publisher import Publisher
+from liftlog.server.api import publish_async
+from liftlog.server.api.api_service import ApiLimits
+from liftlog.server.api.publisher import Publisher
 
 pytestmark = pytest.mark.timeout(30)
 

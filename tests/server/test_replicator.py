@@ -32,9 +32,9 @@ from liftlog.replication.protocol import (
     offset_subject,
 )
 from liftlog.security.cluster_auth import TRAILER_SIZE
-from liftlog.server.messages import Incoming
-from liftlog.server.partition import Partition, PartitionOptions
-from liftlog.server.replicator import Replicator, ReplicatorSettings
+from liftlog.server.partitions.messages import Incoming
+from liftlog.server.partitions.partition import Partition, PartitionOptions
+from liftlog.server.partitions.replicator import Replicator, ReplicatorSettings
 from liftlog.storage import LogConfig, NewRecord
 from liftlog.storage.faults import FaultyFileIO
 
@@ -295,7 +295,7 @@ async def test_a_follower_server_fetches_all_its_partitions_from_a_leader_in_one
 
 
 async def test_the_fetch_loops_wakeup_wakes_on_set_or_timeout_and_survives_cancelling() -> None:
-    from liftlog.server.replicator import _Wakeup
+    from liftlog.server.partitions.replicator import _Wakeup
 
     loop = asyncio.get_running_loop()
     wake = _Wakeup()

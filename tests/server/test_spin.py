@@ -12,9 +12,9 @@ import pytest
 
 from liftlog.api import api_pb2, api_pb2_grpc
 from liftlog.metadata.controller import CreateStreamRequest
-from liftlog.server.acks import AckRouter
-from liftlog.server.failures import RpcFailure
-from liftlog.server.publisher import Publisher
+from liftlog.server.api.failures import RpcFailure
+from liftlog.server.api.publisher import Publisher
+from liftlog.server.partitions.acks import AckRouter
 from liftlog.server.spin import LoopSpinner
 
 from .conftest import in_process_server

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from liftlog.api import api_pb2
 from liftlog.metadata import PartitionMeta
-from liftlog.server.partition import Partition, PartitionOptions
-from liftlog.server.subscribe import read_subscription, start_offset
+from liftlog.server.api.subscribe import read_subscription, start_offset
+from liftlog.server.partitions.partition import Partition, PartitionOptions
 from liftlog.storage import LogConfig, NewRecord
 
 

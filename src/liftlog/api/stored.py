@@ -10,7 +10,7 @@ Records written before kept each field in its own header (``\\x00subject``,
 Header names starting with NUL are reserved; the subject is stored only when
 it differs from the partition's (wildcard streams).
 
-The server writes these headers and serves them (``liftlog.server.messages``);
+The server writes these headers and serves them (``liftlog.server.partitions.messages``);
 the client reads them back from fetched batches (``liftlog.client.batches``).
 """
 

@@ -221,7 +221,7 @@ async def spawned_cluster(
     children run in sessions of their own, so a Ctrl-C reaches only this process, which stops them).
     """
     from liftlog.security.cluster_auth import generate_key_file
-    from liftlog.server.embedded_nats import find_nats_server_binary
+    from liftlog.server.nats.embedded_nats import find_nats_server_binary
 
     root = Path(tempfile.mkdtemp(prefix="liftlog-bench-cluster-"))
     procs: list[subprocess.Popen[bytes]] = []

@@ -18,7 +18,7 @@ step is an epoch-checked metadata operation, so a stale step fails harmlessly.
 Separately, leadership goes back to a partition's preferred replica once that
 replica has been alive and in sync for ``rebalance_after_ns`` (seed 004).
 
-The driver (``server/failover.py`` on a real server, the simulation in tests)
+The driver (``server/control/failover.py`` on a real server, the simulation in tests)
 carries out the actions: :class:`Propose` goes through Raft and its result comes
 back through :meth:`FailoverCore.proposed`; :class:`AskLogEnds` asks the replicas
 and their answers come back through :meth:`FailoverCore.log_ends`. No clocks, no

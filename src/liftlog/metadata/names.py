@@ -59,7 +59,7 @@ def internal_stream_subject(name: str, namespace: str) -> str:
 
 #: Where NATS clients (nats-py's new_inbox, this server's AckRouter) put ack and reply inboxes.
 INBOX_PREFIX = "_INBOX"
-#: The servers' private ack inboxes (``liftlog.server.acks``): only servers send there, sealed.
+#: The servers' private ack inboxes (``liftlog.server.partitions.acks``): only servers send there, sealed.
 SERVER_INBOX_PREFIX = "_INBOX.liftlog."
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_\-.]+")

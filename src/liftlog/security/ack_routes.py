@@ -19,7 +19,7 @@ copies an inbox and id out of an envelope it saw on NATS cannot have a
 leader send an ack for its own message (on another subject, or with ack
 LEADER where the original asked for ALL) to the waiting call. The waiting
 server checks the ack's stream, subjects and policy itself as well
-(``liftlog.server.acks``).
+(``liftlog.server.partitions.acks``).
 
 Sans-IO but for the random bytes (``os.urandom``, read in blocks: one system call per 256 ids).
 """

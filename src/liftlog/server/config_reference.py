@@ -10,9 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from liftlog.server.config import ENV_PREFIX, NO_EFFECT, SETTINGS, Setting
 from liftlog.units import parse_duration_ms, parse_size
-
-from .config import ENV_PREFIX, NO_EFFECT, SETTINGS, Setting
 
 __all__ = ["reference_markdown"]
 

@@ -7,11 +7,11 @@ import logging
 import signal
 import sys
 
-from .config import ServerConfig
-from .errors import ServerStartError
-from .logformat import setup_logging
-from .rlimits import check_partition_budget, raise_open_files_limit
-from .server import Server
+from liftlog.server.config import ServerConfig
+from liftlog.server.errors import ServerStartError
+from liftlog.server.ops.logformat import setup_logging
+from liftlog.server.rlimits import check_partition_budget, raise_open_files_limit
+from liftlog.server.server import Server
 
 __all__ = ["run_server"]
 

@@ -55,36 +55,35 @@ from liftlog.security.ack_routes import RouteIds
 from liftlog.security.authz import Authorizer
 from liftlog.security.cluster_auth import ClusterAuth, KeyFileError, generate_key_file, load_key
 from liftlog.security.master_key import MasterKeyError, load_master_keys
+from liftlog.server import ratelimit
+from liftlog.server.api.access import AccessControl
+from liftlog.server.api.api_service import ApiLimits, ApiService
+from liftlog.server.api.batches_service import BatchesService
+from liftlog.server.api.cluster_service import ClusterService
+from liftlog.server.api.cursors import CursorService
+from liftlog.server.api.groups import GroupService
+from liftlog.server.api.publisher import Publisher
+from liftlog.server.api.reads import PartitionReads
+from liftlog.server.config import SETTING_HELP, ServerConfig, ignored_settings
+from liftlog.server.control.activity import ActivitySettings
+from liftlog.server.control.cluster import ActivityWiring, MetadataService
+from liftlog.server.control.metadata_raft import RaftSettings
+from liftlog.server.errors import ServerStartError
+from liftlog.server.nats.authenticated_nats import AuthenticatedNats, internal_subjects
+from liftlog.server.nats.embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
+from liftlog.server.nats.nats_types import NatsClient
+from liftlog.server.ops.metrics import LoopLagMonitor, ServerCollector, new_registry
+from liftlog.server.ops.ops_http import Check, OpsEndpoint
+from liftlog.server.ops.tls_files import ReloadingTls, TlsFiles
+from liftlog.server.partitions.acks import AckRouter
+from liftlog.server.partitions.partition import Partition
+from liftlog.server.partitions.replicator import Replicator, ReplicatorSettings
+from liftlog.server.partitions.streams import StreamManager
+from liftlog.server.ratelimit import LogLimiter
+from liftlog.server.spin import LoopSpinner
 from liftlog.storage import FileIO, StorageError
 from liftlog.storage.encryption import BatchCipher, MasterKey
 from liftlog.storage.fileio import DEFAULT_FILE_IO
-
-from . import ratelimit
-from .access import AccessControl
-from .acks import AckRouter
-from .activity import ActivitySettings
-from .api_service import ApiLimits, ApiService
-from .authenticated_nats import AuthenticatedNats, internal_subjects
-from .batches_service import BatchesService
-from .cluster import ActivityWiring, MetadataService
-from .cluster_service import ClusterService
-from .config import SETTING_HELP, ServerConfig, ignored_settings
-from .cursors import CursorService
-from .embedded_nats import EmbeddedNats, EmbeddedNatsConfig, EmbeddedNatsError
-from .errors import ServerStartError
-from .groups import GroupService
-from .metadata_raft import RaftSettings
-from .metrics import LoopLagMonitor, ServerCollector, new_registry
-from .nats_types import NatsClient
-from .ops_http import Check, OpsEndpoint
-from .partition import Partition
-from .publisher import Publisher
-from .ratelimit import LogLimiter
-from .reads import PartitionReads
-from .replicator import Replicator, ReplicatorSettings
-from .spin import LoopSpinner
-from .streams import StreamManager
-from .tls_files import ReloadingTls, TlsFiles
 
 __all__ = ["Server"]
 

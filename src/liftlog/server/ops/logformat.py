@@ -18,7 +18,7 @@ import time
 from pathlib import PurePath
 from typing import Any
 
-from .partition import Partition
+from liftlog.server.partitions.partition import Partition
 
 __all__ = ["JsonFormatter", "PartitionFields", "about", "setup_logging"]
 
@@ -81,8 +81,8 @@ class JsonFormatter(logging.Formatter):
 
 
 #: What logging.raft and logging.nats turn to debug whatever logging.level says.
-RAFT_LOGGERS = ("liftlog.raft", "liftlog.server.metadata_raft")
-NATS_LOGGERS = ("liftlog.server.embedded_nats", "liftlog.natswire", "nats")
+RAFT_LOGGERS = ("liftlog.raft", "liftlog.server.control.metadata_raft")
+NATS_LOGGERS = ("liftlog.server.nats.embedded_nats", "liftlog.natswire", "nats")
 
 
 def setup_logging(level: str, fmt: str = "text", *, raft: bool = False, nats: bool = False) -> None:

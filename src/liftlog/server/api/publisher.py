@@ -28,13 +28,12 @@ from liftlog.metadata import (
 from liftlog.natswire import MaxPayloadError as LeanMaxPayloadError
 from liftlog.replication.admission import AckPolicy, AdmissionRules, Refusal, admit
 from liftlog.rpc import StatusCode as Code
-
-from .acks import AckRouter
-from .cluster import MetadataService
-from .failures import RpcFailure, async_error, failure_from
-from .partition import Partition
-from .reads import PartitionReads
-from .streams import StreamManager
+from liftlog.server.api.failures import RpcFailure, async_error, failure_from
+from liftlog.server.api.reads import PartitionReads
+from liftlog.server.control.cluster import MetadataService
+from liftlog.server.partitions.acks import AckRouter
+from liftlog.server.partitions.partition import Partition
+from liftlog.server.partitions.streams import StreamManager
 
 __all__ = ["Publisher"]
 

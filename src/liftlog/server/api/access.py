@@ -31,9 +31,8 @@ from liftlog.api.errors import Reason
 from liftlog.metadata import StreamMeta, subjects_overlap
 from liftlog.rpc import Method, ServerContext, StatusCode
 from liftlog.security.authz import Authorizer, identity_of
-
-from .failures import RpcFailure, abort_with
-from .ratelimit import LogLimiter
+from liftlog.server.api.failures import RpcFailure, abort_with
+from liftlog.server.ratelimit import LogLimiter
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message as ProtoMessage

@@ -35,16 +35,14 @@ from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.stored import RESERVED, varint
 from liftlog.replication.duplicates import PUBLISHER_RESERVED
+from liftlog.server.api.failures import RpcFailure, async_error
 from liftlog.storage.records import encode_headers, encode_prepared
-
-from .failures import RpcFailure, async_error
 
 if TYPE_CHECKING:
     from liftlog.metadata import PartitionMeta
     from liftlog.rpc import RequestStream, ServerContext
-
-    from .access import AccessControl
-    from .ports import Publishing
+    from liftlog.server.api.access import AccessControl
+    from liftlog.server.api.ports import Publishing
 
 __all__ = ["CallState", "PublishAsyncCall"]
 

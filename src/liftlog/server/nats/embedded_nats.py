@@ -7,7 +7,7 @@ with backoff if it dies, and stops it on shutdown::
     async with EmbeddedNats(EmbeddedNatsConfig(port=0)) as nats_server:
         nc = await nats.connect(nats_server.url)
 
-The server's log lines are relayed to the ``liftlog.server.embedded_nats.output``
+The server's log lines are relayed to the ``liftlog.server.nats.embedded_nats.output``
 logger; the last of them are quoted in errors and restart warnings.
 """
 

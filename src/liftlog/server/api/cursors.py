@@ -35,16 +35,15 @@ from liftlog.api.envelope import encode_publish_message
 from liftlog.api.errors import Reason
 from liftlog.metadata import MetadataError
 from liftlog.rpc import StatusCode as Code
+from liftlog.server.api.failures import RpcFailure, failure_from
+from liftlog.server.ops.logformat import about
+from liftlog.server.partitions.partition import Partition, PartitionClosed
 from liftlog.storage import CommitLog, LogClosed, OffsetOutOfRange
 
-from .failures import RpcFailure, failure_from
-from .logformat import about
-from .partition import Partition, PartitionClosed
-
 if TYPE_CHECKING:
-    from .cluster import MetadataService
-    from .ports import PartitionReading, Publishing
-    from .streams import StreamManager
+    from liftlog.server.api.ports import PartitionReading, Publishing
+    from liftlog.server.control.cluster import MetadataService
+    from liftlog.server.partitions.streams import StreamManager
 
 __all__ = ["CursorService"]
 

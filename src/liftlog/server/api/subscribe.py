@@ -31,10 +31,9 @@ from typing import Any
 from liftlog.api import api_pb2
 from liftlog.api.subscribe_batches import batches_message
 from liftlog.recordformat import batches_end
+from liftlog.server.partitions.messages import encode_messages, record_to_message
+from liftlog.server.partitions.partition import Partition
 from liftlog.storage import CommitLog, LogClosed, OffsetOutOfRange, Record
-
-from .messages import encode_messages, record_to_message
-from .partition import Partition
 
 __all__ = ["EndOfReadonly", "PartitionGone", "read_subscription", "start_offset"]
 

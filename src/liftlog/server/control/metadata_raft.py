@@ -43,10 +43,9 @@ from liftlog.raft import (
 )
 from liftlog.raft.codec import CodecError, decode_message, encode_message
 from liftlog.raft.disk import DiskStorage
-
-from .changes import Changes
-from .nats_types import NatsClient, NatsMessage, NatsSubscription
-from .ratelimit import LogLimiter
+from liftlog.server.changes import Changes
+from liftlog.server.nats.nats_types import NatsClient, NatsMessage, NatsSubscription
+from liftlog.server.ratelimit import LogLimiter
 
 __all__ = ["MetadataRaft", "RaftSettings", "StateMachine"]
 

@@ -23,12 +23,11 @@ from liftlog.api.errors import Reason
 from liftlog.metadata import MetadataError
 from liftlog.metadata.groups import assign
 from liftlog.rpc import StatusCode as Code
-
-from .failures import RpcFailure, failure_from
+from liftlog.server.api.failures import RpcFailure, failure_from
 
 if TYPE_CHECKING:
-    from .cluster import MetadataService
-    from .streams import StreamManager
+    from liftlog.server.control.cluster import MetadataService
+    from liftlog.server.partitions.streams import StreamManager
 
 __all__ = ["GroupService"]
 

@@ -20,7 +20,7 @@ import asyncio
 import concurrent.futures
 import logging
 
-from .partition import Partition
+from liftlog.server.partitions.partition import Partition
 
 __all__ = ["GroupCommitter"]
 

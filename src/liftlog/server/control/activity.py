@@ -23,9 +23,8 @@ from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
 from liftlog.metadata import ACTIVITY_STREAM, Metadata, partition_subject
 from liftlog.metadata.model import MarkActivityPublished, Operation
-
-from .acks import AckRouter
-from .nats_types import NatsClient
+from liftlog.server.nats.nats_types import NatsClient
+from liftlog.server.partitions.acks import AckRouter
 
 __all__ = ["ActivityPublisher", "ActivitySettings"]
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from liftlog.replication.duplicates import DuplicateWindow, batch_key
+from liftlog.server.partitions.messages import Incoming
 from liftlog.storage import NewRecord
 from liftlog.storage.records import decode_new_records
-
-from .messages import Incoming
 
 __all__ = ["Screened", "record_offsets", "screen"]
 

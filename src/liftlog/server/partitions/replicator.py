@@ -70,12 +70,11 @@ from liftlog.replication.protocol import (
 )
 from liftlog.replication.roles import isr_change
 from liftlog.replication.serving import epoch_question_refusal, fetch_refusal
+from liftlog.server.nats.nats_types import NatsClient, NatsMessage, NatsSubscription
+from liftlog.server.partitions.partition import Partition
+from liftlog.server.ratelimit import LogLimiter
+from liftlog.server.throttle import ByteRate
 from liftlog.storage import StorageError
-
-from .nats_types import NatsClient, NatsMessage, NatsSubscription
-from .partition import Partition
-from .ratelimit import LogLimiter
-from .throttle import ByteRate
 
 __all__ = ["Replicator", "ReplicatorSettings"]
 

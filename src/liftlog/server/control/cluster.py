@@ -109,14 +109,13 @@ from liftlog.metadata.reassignment import (
     reassignment_steps,
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
-
-from .acks import AckRouter
-from .activity import ActivityPublisher, ActivitySettings
-from .failover import Failover
-from .metadata_raft import MetadataRaft, RaftSettings
-from .nats_types import NatsClient, NatsMessage, NatsSubscription
-from .ratelimit import LogLimiter
-from .streams import StreamManager
+from liftlog.server.control.activity import ActivityPublisher, ActivitySettings
+from liftlog.server.control.failover import Failover
+from liftlog.server.control.metadata_raft import MetadataRaft, RaftSettings
+from liftlog.server.nats.nats_types import NatsClient, NatsMessage, NatsSubscription
+from liftlog.server.partitions.acks import AckRouter
+from liftlog.server.partitions.streams import StreamManager
+from liftlog.server.ratelimit import LogLimiter
 
 __all__ = [
     "ChangeNotAppliedError",

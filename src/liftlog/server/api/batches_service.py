@@ -23,12 +23,11 @@ from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.api.errors import Reason
 from liftlog.recordformat import batches_end
 from liftlog.rpc import ServerContext, StatusCode
+from liftlog.server.api.failures import RpcFailure, abort_with, encryption_failure
+from liftlog.server.api.ports import PartitionReading, Publishing
 from liftlog.storage import InvalidBatch, LogClosed, OffsetOutOfRange
 from liftlog.storage.encryption import EncryptionError
 from liftlog.storage.records import check_records
-
-from .failures import RpcFailure, abort_with, encryption_failure
-from .ports import PartitionReading, Publishing
 
 __all__ = ["DEFAULT_FETCH_BYTES", "MAX_FETCH_BYTES", "BatchesService"]
 

@@ -18,9 +18,8 @@ from liftlog.api import api_pb2
 
 if TYPE_CHECKING:
     from liftlog.metadata import PartitionMeta
-
-    from .failures import RpcFailure
-    from .partition import Partition
+    from liftlog.server.api.failures import RpcFailure
+    from liftlog.server.partitions.partition import Partition
 
 __all__ = ["AckFuture", "CursorKeeping", "GroupKeeping", "PartitionReading", "Publishing"]
 

@@ -50,19 +50,18 @@ from liftlog.replication.roles import (
     SyncMembership,
     decide_role,
 )
+from liftlog.server.changes import Changes
 from liftlog.server.config import StreamsConfig
+from liftlog.server.nats.nats_types import IntakeNats, NatsClient
+from liftlog.server.partitions.group_commit import GroupCommitter
+from liftlog.server.partitions.partition import AckSink, Partition, PartitionOptions, new_ack_latency
+from liftlog.server.partitions.replicator import Replicator
+from liftlog.server.ratelimit import LogLimiter
+from liftlog.server.rlimits import segment_files_budget
 from liftlog.storage import FileIO, FsyncPolicy, LogConfig, StorageError
 from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.encryption import BatchCipher
 from liftlog.storage.fileio import DEFAULT_FILE_IO
-
-from .changes import Changes
-from .group_commit import GroupCommitter
-from .nats_types import IntakeNats, NatsClient
-from .partition import AckSink, Partition, PartitionOptions, new_ack_latency
-from .ratelimit import LogLimiter
-from .replicator import Replicator
-from .rlimits import segment_files_budget
 
 __all__ = ["StreamManager"]
 

@@ -15,14 +15,13 @@ from liftlog.metadata import (
     StreamExistsError,
 )
 from liftlog.rpc import ServerContext, StatusCode
-from liftlog.storage.encryption import EncryptionError
-
-from .cluster import (
+from liftlog.server.control.cluster import (
     ChangeNotAppliedError,
     ChangeOutcomeUnknownError,
     ControllerFailedError,
     NoMetadataLeaderError,
 )
+from liftlog.storage.encryption import EncryptionError
 
 __all__ = ["RpcFailure", "abort_with", "async_error", "failure_from"]
 

@@ -30,7 +30,7 @@ Rules (each is a promise a publisher relies on):
 
 The inbox and route id are the server's business: answers carry the caller's
 own inbox and correlation id (or none), and the leader stores neither with
-the record (``liftlog.server.messages``).
+the record (``liftlog.server.partitions.messages``).
 
 Publishing is batched: ``deliver`` is synchronous (partitions call it from
 their write path), so outgoing acks queue up and one task publishes them.
@@ -51,9 +51,8 @@ from liftlog.api import api_pb2
 from liftlog.api.envelope import EnvelopeError, decode_ack, encode_ack
 from liftlog.metadata import SERVER_INBOX_PREFIX, InvalidStreamError
 from liftlog.security.ack_routes import RouteIds
-
-from .nats_types import NatsClient, NatsMessage, NatsSubscription
-from .ratelimit import LogLimiter
+from liftlog.server.nats.nats_types import NatsClient, NatsMessage, NatsSubscription
+from liftlog.server.ratelimit import LogLimiter
 
 __all__ = ["DROP_REASONS", "AckRouter", "DuplicateRoute", "Expected"]
 

@@ -22,8 +22,7 @@ from liftlog.metadata.protocol import (
     decode_log_end,
     encode_log_end_query,
 )
-
-from .nats_types import NatsClient
+from liftlog.server.nats.nats_types import NatsClient
 
 __all__ = ["Failover"]
 

@@ -30,22 +30,20 @@ from liftlog import __version__
 from liftlog.api import api_pb2
 from liftlog.histogram import FSYNC_SECONDS, Histogram
 from liftlog.metadata import PartitionState
-
-from .acks import DROP_REASONS
-from .rlimits import open_files_limit
+from liftlog.server.partitions.acks import DROP_REASONS
+from liftlog.server.rlimits import open_files_limit
 
 if TYPE_CHECKING:
     import nats.aio.client
 
     from liftlog.natswire import LeanNats
     from liftlog.rpc import RpcServer
-
-    from .acks import AckRouter
-    from .cluster import MetadataService
-    from .ops_http import Check
-    from .partition import Partition
-    from .replicator import Replicator
-    from .streams import StreamManager
+    from liftlog.server.control.cluster import MetadataService
+    from liftlog.server.ops.ops_http import Check
+    from liftlog.server.partitions.acks import AckRouter
+    from liftlog.server.partitions.partition import Partition
+    from liftlog.server.partitions.replicator import Replicator
+    from liftlog.server.partitions.streams import StreamManager
 
 __all__ = ["LoopLagMonitor", "MetricsView", "ServerCollector", "new_registry"]
 

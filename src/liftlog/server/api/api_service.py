@@ -36,16 +36,11 @@ from liftlog.metadata import (
 )
 from liftlog.metadata.controller import CreateStreamRequest
 from liftlog.rpc import RequestStream, ServerContext, StatusCode
-from liftlog.storage.encryption import EncryptionError
-
-from .access import AccessControl
-from .cluster import MetadataService
-from .failures import RpcFailure, abort_with, encryption_failure, failure_from
-from .partition import Partition
-from .ports import CursorKeeping, GroupKeeping, PartitionReading, Publishing
-from .publish_async import PublishAsyncCall
-from .streams import StreamManager
-from .subscribe import (
+from liftlog.server.api.access import AccessControl
+from liftlog.server.api.failures import RpcFailure, abort_with, encryption_failure, failure_from
+from liftlog.server.api.ports import CursorKeeping, GroupKeeping, PartitionReading, Publishing
+from liftlog.server.api.publish_async import PublishAsyncCall
+from liftlog.server.api.subscribe import (
     BUFFER_MAX_BYTES,
     FETCH_MAX_MESSAGES,
     EndOfReadonly,
@@ -53,6 +48,10 @@ from .subscribe import (
     Revoked,
     read_subscription,
 )
+from liftlog.server.control.cluster import MetadataService
+from liftlog.server.partitions.partition import Partition
+from liftlog.server.partitions.streams import StreamManager
+from liftlog.storage.encryption import EncryptionError
 
 __all__ = ["ApiLimits", "ApiService", "RpcFailure", "abort_with", "failure_from"]
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from liftlog.api.errors import NOT_LEADER_MESSAGE, Reason
 from liftlog.metadata import MetadataError
 from liftlog.rpc import StatusCode as Code
-
-from .cluster import MetadataService
-from .failures import RpcFailure, failure_from
-from .partition import Partition
-from .streams import StreamManager
+from liftlog.server.api.failures import RpcFailure, failure_from
+from liftlog.server.control.cluster import MetadataService
+from liftlog.server.partitions.partition import Partition
+from liftlog.server.partitions.streams import StreamManager
 
 __all__ = ["PartitionReads"]
 

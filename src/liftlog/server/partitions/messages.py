@@ -162,7 +162,7 @@ def _incoming_batch(batch: RecordBatchEnvelope, subject: str, own_subject: str, 
     A batch's ack fields are stored with its records only when the records carry them already (one
     ``\x00fields`` header, the same in every record) and the inbox is not a server's private one; a
     ``liftlog.Batches/Publish`` batch's are the publisher's business, not stored. Coalesced PublishAsync
-    batches (``liftlog.server.publish_async``) carry none: their inbox is the server's.
+    batches (``liftlog.server.api.publish_async``) carry none: their inbox is the server's.
     """
     inbox = batch.ackInbox
     stored = inbox and not inbox.startswith(SERVER_INBOX_PREFIX)  # a server's inbox is not stored (above)

@@ -35,9 +35,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
 from liftlog.security.cluster_auth import TRAILER_SIZE, AuthError, ClusterAuth, ReplayGuard
-
-from .nats_types import MessageHandler, NatsClient, NatsMessage, NatsSubscription
-from .ratelimit import LogLimiter
+from liftlog.server.nats.nats_types import MessageHandler, NatsClient, NatsMessage, NatsSubscription
+from liftlog.server.ratelimit import LogLimiter
 
 __all__ = ["SERVER_INBOX_PREFIX", "AuthenticatedNats", "internal_subjects"]
 

@@ -18,12 +18,11 @@ from liftlog.metadata.groups import assign
 from liftlog.metadata.protocol import PartitionMove
 from liftlog.metadata.reassignment import preferred_leader_changes
 from liftlog.rpc import ServerContext, StatusCode
-
-from .access import AccessControl
-from .cluster import MetadataService
-from .failures import RpcFailure, abort_with, failure_from
-from .rlimits import open_files_limit
-from .streams import StreamManager
+from liftlog.server.api.access import AccessControl
+from liftlog.server.api.failures import RpcFailure, abort_with, failure_from
+from liftlog.server.control.cluster import MetadataService
+from liftlog.server.partitions.streams import StreamManager
+from liftlog.server.rlimits import open_files_limit
 
 __all__ = ["ClusterService"]
 

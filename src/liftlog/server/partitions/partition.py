@@ -51,6 +51,11 @@ from liftlog.replication.duplicates import (
 )
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
+from liftlog.server.changes import Changes
+from liftlog.server.nats.nats_types import IntakeNats, NatsMessage, NatsSubscription
+from liftlog.server.partitions.duplicates import Screened, record_offsets, screen
+from liftlog.server.partitions.messages import Incoming, incoming_from_nats, msg_id_in_nats_headers, record_size
+from liftlog.server.ratelimit import LogLimiter
 from liftlog.storage import (
     CommitLog,
     FileIO,
@@ -65,12 +70,6 @@ from liftlog.storage.descriptors import DescriptorBudget
 from liftlog.storage.encryption import BatchCipher, EncryptionError, PartitionCipher, partition_context
 from liftlog.storage.fileio import DEFAULT_FILE_IO
 from liftlog.storage.records import decode_records
-
-from .changes import Changes
-from .duplicates import Screened, record_offsets, screen
-from .messages import Incoming, incoming_from_nats, msg_id_in_nats_headers, record_size
-from .nats_types import IntakeNats, NatsMessage, NatsSubscription
-from .ratelimit import LogLimiter
 
 #: Write-to-ack seconds per ack policy (LEADER, ALL).
 AckLatency = dict[int, Histogram]
