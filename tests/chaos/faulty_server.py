@@ -138,6 +138,7 @@ async def _follow(control_path: Path, file_io: Any, clock: OffsetClock) -> None:
 async def serve(config: Any, control_path: Path, journal: Path) -> int:
     """``liftlog.server.runner.serve`` on a server with our FileIO and clock, plus the control-file task."""
     from liftlog.server import runner
+    from liftlog.server.clock import Clock
     from liftlog.server.server import Server
     from liftlog.storage.faults import FaultyFileIO
 
@@ -146,7 +147,7 @@ async def serve(config: Any, control_path: Path, journal: Path) -> int:
     clock = OffsetClock()
     follower = asyncio.ensure_future(_follow(control_path, file_io, clock))
     try:
-        return await runner.serve(config, Server(config, clock=clock, file_io=file_io))
+        return await runner.serve(config, Server(config, clock=Clock(wall_ns=clock), file_io=file_io))
     finally:
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):

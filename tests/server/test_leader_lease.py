@@ -8,6 +8,7 @@ import pytest
 
 from liftlog.api import api_pb2
 from liftlog.metadata import PartitionMeta
+from liftlog.server.clock import Clock as ServerClock
 from liftlog.server.partitions import partition
 from liftlog.server.partitions.partition import PARK_LEASES, Partition, PartitionOptions
 from liftlog.storage import FsyncPolicy, LogConfig
@@ -35,7 +36,7 @@ def leading(tmp_path: Path, acks: list[api_pb2.Ack], clock: Clock, synced: list[
         queue_group="",
         ack_sink=acks.append,
         group_commit=synced.append if synced is not None else None,
-        monotonic=clock,
+        clock=ServerClock(monotonic_ns=clock),
     )
     part.open_log()
     part.become_leader("s1", 0, max_lag_ns=10 * S, lease_ns=S, lease_until=clock.now + S)
@@ -121,7 +122,7 @@ def test_a_new_leader_starts_from_the_servers_last_renewal(tmp_path: Path) -> No
         options=PartitionOptions(LogConfig()),
         queue_group="",
         ack_sink=acks.append,
-        monotonic=clock,
+        clock=ServerClock(monotonic_ns=clock),
     )
     part.open_log()
     part.become_leader("s1", 0, max_lag_ns=10 * S, lease_ns=S, lease_until=clock.now - 1)  # the server's lapsed

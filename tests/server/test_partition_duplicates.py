@@ -13,6 +13,7 @@ from liftlog.api._gen.batches_pb2 import RecordBatchEnvelope
 from liftlog.api.batch_envelope import encode_record_batch
 from liftlog.metadata import PartitionMeta
 from liftlog.recordformat import ATTR_MSG_IDS
+from liftlog.server.clock import Clock as ServerClock
 from liftlog.server.partitions.messages import Incoming, incoming_from_nats
 from liftlog.server.partitions.partition import Partition, PartitionOptions
 from liftlog.storage import LogConfig, NewRecord
@@ -49,7 +50,12 @@ def partition(tmp_path: Path, acks: list[api_pb2.Ack], clock: Clock, max_ids: in
     meta = PartitionMeta("orders", 0, "orders", "s1", ["s1"], ["s1"])
     options = PartitionOptions(LogConfig(), duplicate_window_ns=WINDOW, duplicate_max_ids=max_ids)
     part = Partition(
-        meta, directory=tmp_path / "p0", options=options, queue_group="", ack_sink=acks.append, clock=clock
+        meta,
+        directory=tmp_path / "p0",
+        options=options,
+        queue_group="",
+        ack_sink=acks.append,
+        clock=ServerClock(wall_ns=clock),
     )
     part.open_log()
     return part
@@ -121,7 +127,12 @@ def test_a_duplicate_with_ack_all_waits_for_its_originals_commit(tmp_path: Path,
     options = PartitionOptions(LogConfig(), duplicate_window_ns=WINDOW, duplicate_max_ids=100)
     clock = Clock()
     part = Partition(
-        meta, directory=tmp_path / "p0", options=options, queue_group="", ack_sink=acks.append, clock=clock
+        meta,
+        directory=tmp_path / "p0",
+        options=options,
+        queue_group="",
+        ack_sink=acks.append,
+        clock=ServerClock(wall_ns=clock),
     )
     part.open_log()
     part.become_leader("s1", clock.now, max_lag_ns=10**12)

@@ -8,6 +8,6 @@
 - ``partitions``: the data plane, every replica's log, intake, replication and acks;
 - ``nats``: NATS plumbing.
 
-The modules beside them (``config``, ``errors``, ``changes``, ``ratelimit``, ``throttle``, ``rlimits``,
-``spin``, ``config_reference``) are shared by all and import none of the subpackages.
+The modules beside them (``config``, ``errors``, ``changes``, ``clock``, ``ratelimit``, ``throttle``,
+``rlimits``, ``spin``, ``config_reference``) are shared by all and import none of the subpackages.
 """

@@ -25,7 +25,6 @@ import logging
 import os
 import secrets
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
@@ -64,6 +63,7 @@ from liftlog.server.api.cursors import CursorService
 from liftlog.server.api.groups import GroupService
 from liftlog.server.api.publisher import Publisher
 from liftlog.server.api.reads import PartitionReads
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.config import SETTING_HELP, ServerConfig, ignored_settings
 from liftlog.server.control.activity import ActivitySettings
 from liftlog.server.control.cluster import ActivityWiring, MetadataService
@@ -105,9 +105,7 @@ REQUEST_FRAMING_BYTES = 64 << 10
 class Server:
     """One liftlog server. Not thread-safe; ``start`` and ``stop`` await."""
 
-    def __init__(
-        self, config: ServerConfig, *, clock: Callable[[], int] = time.time_ns, file_io: FileIO = DEFAULT_FILE_IO
-    ) -> None:
+    def __init__(self, config: ServerConfig, *, clock: Clock = SYSTEM_CLOCK, file_io: FileIO = DEFAULT_FILE_IO) -> None:
         self.config = config
         self._clock = clock
         #: The partition logs' file operations (the fault suite passes one that fails on purpose).
@@ -347,7 +345,9 @@ class Server:
             return None
         else:
             key = self._default_key()
-        return ClusterAuth(key, boot=secrets.token_bytes(8), started=time.time_ns(), max_age=c.auth_max_age * 1_000_000)
+        return ClusterAuth(
+            key, boot=secrets.token_bytes(8), started=self._clock.wall_ns(), max_age=c.auth_max_age * 1_000_000
+        )
 
     def _default_key(self) -> bytes:
         """The secret of a server configured with none: ``<data.dir>/cluster.key``, written when this server
@@ -435,10 +435,11 @@ class Server:
         client = LeanNatsClient(self._lean)
         if auth is None:
             return client
-        return AuthenticatedNats(client, auth, internal_subjects(self.config.clustering.namespace))
+        return AuthenticatedNats(client, auth, internal_subjects(self.config.clustering.namespace), self._clock)
 
     def _authenticated(self, auth: ClusterAuth) -> AuthenticatedNats:
-        return AuthenticatedNats(self._connected_nats, auth, internal_subjects(self.config.clustering.namespace))
+        namespace = self.config.clustering.namespace
+        return AuthenticatedNats(self._connected_nats, auth, internal_subjects(namespace), self._clock)
 
     async def _start_nats(self) -> None:
         cfg = self.config.nats
@@ -861,7 +862,7 @@ class Server:
             if not self._nats_connected():
                 await asyncio.sleep(0.1)
                 continue
-            asked_at = time.monotonic_ns()
+            asked_at = self._clock.monotonic_ns()
             try:
                 index = await cluster.raft.read_barrier(timeout=timeout)
             except (NotLeader, ProposalDropped, TimeoutError) as exc:
@@ -897,7 +898,7 @@ class Server:
             streams.check_lease()
             if streams.may_lead and self._nats_connected():
                 outages = self._nats_outages
-                asked_at = time.monotonic_ns()
+                asked_at = self._clock.monotonic_ns()
                 try:
                     index = await cluster.raft.read_barrier(timeout=2 * period)
                 except (NotLeader, ProposalDropped, TimeoutError) as exc:
@@ -988,6 +989,7 @@ class Server:
             cluster=self.cluster,
             consumer_timeout=self.config.groups.consumer_timeout / 1000,
             coordinator_timeout=self.config.groups.coordinator_timeout / 1000,
+            clock=self._clock,
         )
         cursors = CursorService(
             server_id=self.server_id,

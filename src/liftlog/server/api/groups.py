@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from liftlog.api import api_pb2
@@ -24,6 +22,7 @@ from liftlog.metadata import MetadataError
 from liftlog.metadata.groups import assign
 from liftlog.rpc import StatusCode as Code
 from liftlog.server.api.failures import RpcFailure, failure_from
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from liftlog.server.control.cluster import MetadataService
@@ -48,14 +47,14 @@ class GroupService:
         cluster: MetadataService,
         consumer_timeout: float,
         coordinator_timeout: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._server_id = server_id
         self._streams = streams
         self._cluster = cluster
         self.consumer_timeout = consumer_timeout
         self.coordinator_timeout = coordinator_timeout
-        self._clock = clock
+        self._clock = clock.monotonic
         #: (group, consumer) -> when this server (as coordinator) last heard from it
         self._seen: dict[tuple[str, str], float] = {}
         self._expiring: set[tuple[str, str]] = set()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +108,7 @@ from liftlog.metadata.reassignment import (
     reassignment_steps,
 )
 from liftlog.raft import NotLeader, ProposalDropped, Role
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.control.activity import ActivityPublisher, ActivitySettings
 from liftlog.server.control.failover import Failover
 from liftlog.server.control.metadata_raft import MetadataRaft, RaftSettings
@@ -291,8 +291,7 @@ class MetadataService:
         streams: StreamManager,
         heartbeat_interval: float = 1.0,
         liveness_timeout: float = 5.0,
-        clock: Callable[[], int] = time.time_ns,
-        monotonic: Callable[[], int] = time.monotonic_ns,
+        clock: Clock = SYSTEM_CLOCK,
         on_failure: Callable[[BaseException], None] | None = None,
         unclean_leader_election: bool = False,
         rebalance_delay: float = 10.0,
@@ -310,9 +309,10 @@ class MetadataService:
         self.namespace = namespace
         self._prefix = f"{namespace}.raft.metadata."
         self._streams = streams
-        self._clock = clock
-        #: Liveness is a duration: measured on this clock, which no NTP step moves.
-        self._monotonic = monotonic
+        self._clock = clock.wall_ns
+        #: Liveness is a duration: measured on the monotonic clock, which no NTP step moves.
+        self._monotonic = clock.monotonic_ns
+        self.clock = clock
         self._heartbeat_interval = heartbeat_interval
         self._liveness = LivenessTracker(int(liveness_timeout * 1e9))
         self._unclean = unclean_leader_election
@@ -332,6 +332,7 @@ class MetadataService:
             bootstrap_peers=bootstrap_peers,
             on_failure=on_failure,
             on_read_request=self._on_read_request,
+            clock=clock,
         )
         self._nats: NatsClient
         self._subs: list[NatsSubscription] = []

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from liftlog.raft import (
 from liftlog.raft.codec import CodecError, decode_message, encode_message
 from liftlog.raft.disk import DiskStorage
 from liftlog.server.changes import Changes
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.nats.nats_types import NatsClient, NatsMessage, NatsSubscription
 from liftlog.server.ratelimit import LogLimiter
 
@@ -129,8 +129,10 @@ class MetadataRaft:
         rng: random.Random | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         on_read_request: Callable[[str], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.server_id = server_id
+        self._clock = clock
         #: Told the sender of every read-index request that reaches this server (a sign of life, when it
         #: leads: the senders' leader leases count on the controller treating it as one).
         self._on_read_request = on_read_request
@@ -376,7 +378,7 @@ class MetadataRaft:
     def _report_role(self, node: RaftNode) -> None:
         now = (node.role, node.leader_id, node.term)
         if now != self._role:
-            self.stats.changed(self._role, now, time.monotonic())
+            self.stats.changed(self._role, now, self._clock.monotonic())
             self._role = now
             self._sm.role_changed(*now)
 

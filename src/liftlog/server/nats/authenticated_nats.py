@@ -27,7 +27,6 @@ import collections
 import itertools
 import logging
 import secrets
-import time
 from collections.abc import Callable
 
 from nats.errors import NoRespondersError
@@ -35,6 +34,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from liftlog.metadata.names import SERVER_INBOX_PREFIX
 from liftlog.security.cluster_auth import TRAILER_SIZE, AuthError, ClusterAuth, ReplayGuard
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.nats.nats_types import MessageHandler, NatsClient, NatsMessage, NatsSubscription
 from liftlog.server.ratelimit import LogLimiter
 
@@ -79,11 +79,12 @@ class AuthenticatedNats:
         inner: NatsClient,
         auth: ClusterAuth,
         is_internal: Callable[[str], bool],
-        clock: Callable[[], int] = time.time_ns,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.inner = inner
         self.auth = auth
-        self.clock = clock
+        #: Seals carry wall-clock time: the receiving server judges their age on its own.
+        self.clock = clock.wall_ns
         self._is_internal = is_internal
         self._replies = ReplayGuard()
         #: Where replies to this connection's internal requests come, one token per request.

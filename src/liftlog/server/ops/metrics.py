@@ -30,6 +30,7 @@ from liftlog import __version__
 from liftlog.api import api_pb2
 from liftlog.histogram import FSYNC_SECONDS, Histogram
 from liftlog.metadata import PartitionState
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.partitions.acks import DROP_REASONS
 from liftlog.server.rlimits import open_files_limit
 
@@ -195,10 +196,10 @@ class ServerCollector(Collector):
         server: MetricsView,
         loop_lag: LoopLagMonitor,
         partitions_max: int,
-        clock: Callable[[], int] = time.time_ns,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._server = server
-        self._clock = clock
+        self._clock = clock.wall_ns
         self._loop_lag = loop_lag
         self._partitions_max = partitions_max
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -52,6 +51,7 @@ from liftlog.replication.duplicates import (
 from liftlog.replication.follower import FollowerReplica
 from liftlog.replication.leader import FetchAnswer, HighWatermark, LeaderAction, LeaderReplica
 from liftlog.server.changes import Changes
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.nats.nats_types import IntakeNats, NatsMessage, NatsSubscription
 from liftlog.server.partitions.duplicates import Screened, record_offsets, screen
 from liftlog.server.partitions.messages import Incoming, incoming_from_nats, msg_id_in_nats_headers, record_size
@@ -184,16 +184,15 @@ class Partition:
         options: PartitionOptions,
         queue_group: str,
         ack_sink: AckSink,
-        clock: Callable[[], int] = time.time_ns,
+        clock: Clock = SYSTEM_CLOCK,
         on_fenced: FencedSink | None = None,
         group_commit: SyncSink | None = None,
         leader_actions: LeaderActionSink | None = None,
         ack_latency: AckLatency | None = None,
         intake_arrived: Callable[[], None] | None = None,
-        monotonic: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.meta = meta
-        self._monotonic = monotonic  # the leader lease's clock (a wall clock may jump; a lease is a duration)
+        self._monotonic = clock.monotonic_ns  # the leader lease's clock (a wall clock may jump; a lease is a duration)
         #: Messages not written, and LEADER acks not sent, because the leader lease had run out (metrics).
         self.lease_refused = 0
         #: What arrived while the lease had run out, with its arrival (monotonic ns) and size: written in
@@ -209,14 +208,14 @@ class Partition:
         self.options = options
         self._queue_group = queue_group
         self._ack_sink = ack_sink
-        self._clock = clock
+        self._clock = clock.wall_ns
         self.log: CommitLog | None = None
         self.messages_received = EventTimestamps()
         #: ns of the last publish or subscribe, for auto-pause.
-        self.last_activity = clock()
+        self.last_activity = self._clock()
         self.subscribers = 0
         #: ns of the last retention/compaction pass.
-        self.last_cleaned = clock()
+        self.last_cleaned = self._clock()
         self._sub: NatsSubscription | None = None
         self._local_intake = False
         self.intake_changes = Changes()  # notified as intake starts or stops and on close (``accepting``)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -70,6 +69,7 @@ from liftlog.replication.protocol import (
 )
 from liftlog.replication.roles import isr_change
 from liftlog.replication.serving import epoch_question_refusal, fetch_refusal
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.nats.nats_types import NatsClient, NatsMessage, NatsSubscription
 from liftlog.server.partitions.partition import Partition
 from liftlog.server.ratelimit import LogLimiter
@@ -205,7 +205,7 @@ class Replicator:
         settings: ReplicatorSettings,
         propose_isr: ProposeIsrCallback,
         report_leader: ReportLeaderCallback,
-        clock: Callable[[], int] = time.time_ns,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.server_id = server_id
         self._ns = namespace
@@ -215,7 +215,7 @@ class Replicator:
         self.settings = settings
         self._propose_isr = propose_isr
         self._report_leader = report_leader
-        self._clock = clock
+        self._clock = clock.wall_ns
         self._nats: NatsClient
         #: Led partitions, by key.
         self._served: dict[PartitionKey, Partition] = {}
@@ -230,7 +230,7 @@ class Replicator:
         #: take every response's byte budget.
         self._rotation: dict[str, int] = {}
         self._tasks: set[asyncio.Task[object]] = set()
-        self._throttle = ByteRate(settings.reassignment_rate, clock=time.monotonic)
+        self._throttle = ByteRate(settings.reassignment_rate, clock=clock.monotonic)
 
     async def start(self, nats: NatsClient) -> None:
         self._nats = nats

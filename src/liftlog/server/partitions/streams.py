@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ from liftlog.replication.roles import (
     decide_role,
 )
 from liftlog.server.changes import Changes
+from liftlog.server.clock import SYSTEM_CLOCK, Clock
 from liftlog.server.config import StreamsConfig
 from liftlog.server.nats.nats_types import IntakeNats, NatsClient
 from liftlog.server.partitions.group_commit import GroupCommitter
@@ -100,7 +100,7 @@ class StreamManager:
         defaults: StreamsConfig,
         batch_max: int,
         ack_sink: AckSink,
-        clock: Callable[[], int] = time.time_ns,
+        clock: Clock = SYSTEM_CLOCK,
         file_io: FileIO = DEFAULT_FILE_IO,
         segment_files: int = 0,
         replicator: Replicator | None = None,
@@ -111,7 +111,6 @@ class StreamManager:
         cipher: BatchCipher | None = None,
         intake_arrived: Callable[[], None] | None = None,
         leader_lease_ns: int | None = None,
-        monotonic: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.server_id = server_id
         #: clustering.leader.lease.time in ns (None: no lease). One lease for the whole server: the evidence
@@ -123,7 +122,8 @@ class StreamManager:
         self.lease_lapses = 0
         self.lease_renewals = 0
         self._lease_lapsed = False
-        self._monotonic = monotonic
+        self.clock = clock
+        self._monotonic = clock.monotonic_ns
         self._intake_arrived = intake_arrived
         #: Encrypts and decrypts encrypted streams' batches (its master keys may be none).
         self.cipher = cipher if cipher is not None else BatchCipher(None)
@@ -142,7 +142,7 @@ class StreamManager:
         self._defaults = defaults
         self._batch_max = batch_max
         self._ack_sink = ack_sink
-        self._clock = clock
+        self._clock = clock.wall_ns
         self._nats: IntakeNats
         self._internal_nats: IntakeNats
         #: The committed metadata; the metadata service replaces it when it restores a snapshot.
@@ -662,13 +662,12 @@ class StreamManager:
             options=options,
             queue_group=stream.group,
             ack_sink=self._ack_sink,
-            clock=self._clock,
+            clock=self.clock,
             on_fenced=self._fenced_while_leading,
             group_commit=self.committer.add if options.log_config.fsync is FsyncPolicy.ALWAYS else None,
             leader_actions=self.replicator.on_leader_actions if self.replicator is not None else None,
             ack_latency=self.ack_latency,
             intake_arrived=self._intake_arrived,
-            monotonic=self._monotonic,
         )
         return part
 
