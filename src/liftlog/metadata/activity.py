@@ -1,8 +1,8 @@
 """The activity stream's events, decided where the metadata changes (sans-IO).
 
 Every applied operation that a reader of ``__activity`` should know about
-becomes one ``ActivityStreamEvent`` (Liftbridge's message in
-``proto/api.proto``) whose id is the operation's Raft index: strictly
+becomes one ``ActivityEvent`` (``events``; the publisher sends it as
+Liftbridge's ``ActivityStreamEvent``) whose id is the operation's Raft index: strictly
 increasing, in the order every server applied them. Events are kept in the
 metadata (:class:`~liftlog.metadata.model.ActivityLog`) from the moment
 ``__activity`` exists until the controller marks them published, so they
@@ -11,8 +11,7 @@ survive a controller failover and a snapshot.
 
 from __future__ import annotations
 
-from liftlog.api import api_pb2
-
+from .events import ActivityEvent, ActivityOp
 from .model import (
     CreateStream,
     DeleteStream,
@@ -29,44 +28,29 @@ from .names import ACTIVITY_STREAM
 __all__ = ["activity_event", "apply_entry"]
 
 
-def activity_event(op: Operation, index: int) -> api_pb2.ActivityStreamEvent | None:
+def activity_event(op: Operation, index: int) -> ActivityEvent | None:
     """The event ``op`` (applied at Raft ``index``) makes, None for operations readers do not see."""
-    event = api_pb2.ActivityStreamEvent(id=index)
     match op:
         case CreateStream(stream=stream):
-            event.op = api_pb2.CREATE_STREAM
-            event.createStreamOp.stream = stream.name
-            event.createStreamOp.partitions.extend(sorted(stream.partitions))
+            return ActivityEvent(index, ActivityOp.CREATE_STREAM, stream.name, tuple(sorted(stream.partitions)))
         case DeleteStream(name=name):
-            event.op = api_pb2.DELETE_STREAM
-            event.deleteStreamOp.stream = name
+            return ActivityEvent(index, ActivityOp.DELETE_STREAM, name)
         case SetPaused(name=name, partitions=partitions, paused=True, resume_all=resume_all):
-            event.op = api_pb2.PAUSE_STREAM
-            event.pauseStreamOp.stream = name
-            event.pauseStreamOp.partitions.extend(partitions)
-            event.pauseStreamOp.resumeAll = resume_all
+            return ActivityEvent(index, ActivityOp.PAUSE_STREAM, name, tuple(partitions), resume_all=resume_all)
         case SetPaused(name=name, partitions=partitions, paused=False):
-            event.op = api_pb2.RESUME_STREAM
-            event.resumeStreamOp.stream = name
-            event.resumeStreamOp.partitions.extend(partitions)
+            return ActivityEvent(index, ActivityOp.RESUME_STREAM, name, tuple(partitions))
         case SetReadonly(name=name, partitions=partitions, readonly=readonly):
-            event.op = api_pb2.SET_STREAM_READONLY
-            event.setStreamReadonlyOp.stream = name
-            event.setStreamReadonlyOp.partitions.extend(partitions)
-            event.setStreamReadonlyOp.readonly = readonly
+            return ActivityEvent(index, ActivityOp.SET_STREAM_READONLY, name, tuple(partitions), readonly=readonly)
         case JoinGroup(group=group, consumer=consumer, streams=streams):
-            event.op = api_pb2.JOIN_CONSUMER_GROUP
-            event.joinConsumerGroupOp.groupId = group
-            event.joinConsumerGroupOp.consumerId = consumer
-            event.joinConsumerGroupOp.streams.extend(streams)
+            return ActivityEvent(
+                index, ActivityOp.JOIN_CONSUMER_GROUP, group=group, consumer=consumer, streams=tuple(streams)
+            )
         case LeaveGroup(group=group, consumer=consumer, expired=expired):
-            event.op = api_pb2.LEAVE_CONSUMER_GROUP
-            event.leaveConsumerGroupOp.groupId = group
-            event.leaveConsumerGroupOp.consumerId = consumer
-            event.leaveConsumerGroupOp.expired = expired
+            return ActivityEvent(
+                index, ActivityOp.LEAVE_CONSUMER_GROUP, group=group, consumer=consumer, expired=expired
+            )
         case _:
             return None
-    return event
 
 
 def apply_entry(metadata: Metadata, index: int, op: Operation) -> list[PartitionMeta]:
@@ -78,5 +62,5 @@ def apply_entry(metadata: Metadata, index: int, op: Operation) -> list[Partition
     if ACTIVITY_STREAM in metadata.streams:
         event = activity_event(op, index)
         if event is not None:
-            metadata.activity.record(index, event.SerializeToString())
+            metadata.activity.record(index, event)
     return changed

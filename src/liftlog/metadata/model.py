@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .events import ActivityEvent
+
 if TYPE_CHECKING:
     from liftlog.jsontypes import JSONObject
 
@@ -519,19 +521,23 @@ class MarkActivityPublished:
 MAX_PENDING_ACTIVITY = 100_000
 
 
+#: A pending event: ours, or (from a snapshot an older version wrote) Liftbridge's encoding, published as is.
+PendingEvent = ActivityEvent | bytes
+
+
 @dataclass
 class ActivityLog:
-    """The activity stream's events not yet published: (Raft index, encoded ActivityStreamEvent).
+    """The activity stream's events not yet published, by Raft index.
 
     Part of the replicated metadata, so a new controller goes on from the last event the old one marked
     published: an event published but not yet marked is published again, with the same id (at least once).
     """
 
     published: int = 0
-    pending: deque[tuple[int, bytes]] = field(default_factory=deque)
+    pending: deque[tuple[int, PendingEvent]] = field(default_factory=deque)
     dropped: int = 0
 
-    def record(self, index: int, event: bytes) -> None:
+    def record(self, index: int, event: PendingEvent) -> None:
         if index <= self.published or (self.pending and index <= self.pending[-1][0]):
             return  # applied again (a restart replays the log): already recorded or published
         self.pending.append((index, event))
@@ -548,7 +554,10 @@ class ActivityLog:
         return {
             "published": self.published,
             "dropped": self.dropped,
-            "pending": [[i, base64.b64encode(e).decode()] for i, e in self.pending],
+            "pending": [
+                [i, e.to_dict() if isinstance(e, ActivityEvent) else base64.b64encode(e).decode()]
+                for i, e in self.pending
+            ],
         }
 
     @classmethod
@@ -558,7 +567,11 @@ class ActivityLog:
         entries = data.get("pending", [])
         if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) == 2 for e in entries):
             raise TypeError("activity.pending must be a list of [index, event] pairs")
-        pending = deque((int(i), base64.b64decode(str(e), validate=True)) for i, e in entries)
+        pending: deque[tuple[int, PendingEvent]] = deque()
+        for i, e in entries:
+            # An object is ours; a string is the base64 protobuf an older version kept.
+            event = ActivityEvent.from_dict(e) if isinstance(e, dict) else base64.b64decode(str(e), validate=True)
+            pending.append((int(i), event))
         return cls(int(data.get("published", 0)), pending, int(data.get("dropped", 0)))
 
 

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from liftlog.api import api_pb2
 from liftlog.api.envelope import encode_publish_message
 from liftlog.metadata import ACTIVITY_STREAM, Metadata, partition_subject
-from liftlog.metadata.model import MarkActivityPublished, Operation
+from liftlog.metadata.events import ActivityEvent, ActivityOp
+from liftlog.metadata.model import MarkActivityPublished, Operation, PendingEvent
 from liftlog.server.nats.nats_types import NatsClient
 from liftlog.server.partitions.acks import AckRouter
 
-__all__ = ["ActivityPublisher", "ActivitySettings"]
+__all__ = ["ActivityPublisher", "ActivitySettings", "encode_event"]
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class ActivityPublisher:
             if isinstance(result, Exception):
                 log.info("marking activity event %d published: %s", index, result)
 
-    async def _publish(self, event: bytes) -> None:
+    async def _publish(self, event: PendingEvent) -> None:
         metadata = self._metadata()
         stream = metadata.streams.get(ACTIVITY_STREAM)
         if stream is None or 0 not in stream.partitions:
@@ -120,7 +121,7 @@ class ActivityPublisher:
             await self._resume(ACTIVITY_STREAM, 0)
         subject = partition_subject(stream.subject, 0)
         policy = self.settings.ack_policy
-        message = api_pb2.Message(value=event)
+        message = api_pb2.Message(value=encode_event(event))
         future = None
         if policy != api_pb2.NONE:
             message.ackInbox, message.correlationId, future = self._acks.expect(subject, policy, ACTIVITY_STREAM)
@@ -135,3 +136,36 @@ class ActivityPublisher:
         finally:
             if future is not None and not future.done():
                 future.cancel()
+
+
+def encode_event(event: PendingEvent) -> bytes:
+    """The event as Liftbridge's ``ActivityStreamEvent`` (one an older version kept encoded: as it is)."""
+    if not isinstance(event, ActivityEvent):
+        return event
+    out = api_pb2.ActivityStreamEvent(id=event.id, op=event.op.value)
+    match event.op:
+        case ActivityOp.CREATE_STREAM:
+            out.createStreamOp.stream = event.stream
+            out.createStreamOp.partitions.extend(event.partitions)
+        case ActivityOp.DELETE_STREAM:
+            out.deleteStreamOp.stream = event.stream
+        case ActivityOp.PAUSE_STREAM:
+            out.pauseStreamOp.stream = event.stream
+            out.pauseStreamOp.partitions.extend(event.partitions)
+            out.pauseStreamOp.resumeAll = event.resume_all
+        case ActivityOp.RESUME_STREAM:
+            out.resumeStreamOp.stream = event.stream
+            out.resumeStreamOp.partitions.extend(event.partitions)
+        case ActivityOp.SET_STREAM_READONLY:
+            out.setStreamReadonlyOp.stream = event.stream
+            out.setStreamReadonlyOp.partitions.extend(event.partitions)
+            out.setStreamReadonlyOp.readonly = event.readonly
+        case ActivityOp.JOIN_CONSUMER_GROUP:
+            out.joinConsumerGroupOp.groupId = event.group
+            out.joinConsumerGroupOp.consumerId = event.consumer
+            out.joinConsumerGroupOp.streams.extend(event.streams)
+        case ActivityOp.LEAVE_CONSUMER_GROUP:
+            out.leaveConsumerGroupOp.groupId = event.group
+            out.leaveConsumerGroupOp.consumerId = event.consumer
+            out.leaveConsumerGroupOp.expired = event.expired
+    return out.SerializeToString()
